@@ -1,0 +1,78 @@
+// The compiler's product: an executable plan per graph of a Module, runnable without the IR.
+// Weights are not part of it (only their names and types), so one CompiledModel can be initialised
+// with any registry that matches.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/graph/graph.h"
+
+namespace kiln::compiler {
+
+// One kernel launch of a plan. Values are indices into the plan's value table.
+struct Step {
+  graph::Op op;
+  std::vector<int32_t> inputs;
+  std::vector<int32_t> outputs;
+  graph::Attrs attrs;
+  int32_t node = -1;  // index of the node in the compiled (post-pass) graph, for error messages
+};
+
+// How a plan value gets its memory at run time.
+enum class ValueKind : uint8_t {
+  input,     // a graph input (borrowed from the caller; buffers are written in place)
+  weight,    // bound at init
+  constant,  // materialised once at init from the step that makes it
+  slot,      // an intermediate in a reused arena slot (see memory planning)
+  output,    // a graph output: fresh memory handed to the caller
+};
+
+struct PlanValue {
+  graph::Type type;  // symbolic shape, evaluated when the model runs
+  ValueKind kind = ValueKind::slot;
+  int32_t slot = -1;      // for slot values: the arena slot shared by values whose lifetimes don't overlap
+  std::string weight;     // for weight values: its name
+  int32_t input = -1;     // for input values: the input index
+};
+
+struct GraphPlan {
+  std::string name;
+  std::vector<graph::Type> input_types;
+  std::vector<graph::Type> output_types;
+  std::vector<graph::Weight> weights;
+  std::vector<PlanValue> values;
+  std::vector<Step> steps;            // in execution order
+  std::vector<int32_t> outputs;       // plan values returned, in order
+  int32_t num_slots = 0;
+};
+
+class CompiledModel {
+ public:
+  CompiledModel() = default;
+  CompiledModel(graph::Module compiled_ir, std::map<std::string, GraphPlan> plans)
+      : ir_(std::make_shared<graph::Module>(std::move(compiled_ir))), plans_(std::move(plans)) {}
+
+  std::vector<std::string> graph_names() const;
+  const GraphPlan& plan(const std::string& graph) const;  // ValueError naming the graph
+  const std::map<std::string, GraphPlan>& plans() const { return plans_; }
+  // The module after all passes (printable; what the plans were made from).
+  const graph::Module& ir() const { return *ir_; }
+
+ private:
+  std::shared_ptr<const graph::Module> ir_;
+  std::map<std::string, GraphPlan> plans_;
+};
+
+struct CompileOptions {
+  bool optimize = true;  // run canonicalize, constant-fold, CSE, DCE; verify always runs
+};
+
+// Verifies, optimizes and plans every graph in the module. VerifyError/ShapeError/DTypeError name
+// the graph, node and operand at fault; an (op, device, dtype) without a kernel is an Error naming it.
+CompiledModel compile(const graph::Module& module, const CompileOptions& options = {});
+
+}  // namespace kiln::compiler

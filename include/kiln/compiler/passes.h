@@ -1,0 +1,21 @@
+// Compiler passes: each a function graph::Module -> graph::Module, tested on its own.
+#pragma once
+
+#include "kiln/graph/graph.h"
+
+namespace kiln::compiler::passes {
+
+// Throws VerifyError naming the graph, node, op and operand when an invariant is broken: operands
+// defined before use, types equal to what infer_types gives, outputs set, call targets present.
+void verify(const graph::Module&);
+// Rewrites ops into one canonical form (x * 1 -> x, x + 0 -> x, double transpose -> one, reshape to
+// the same shape -> x, ...).
+graph::Module canonicalize(graph::Module);
+// Evaluates nodes whose operands are all constants (and small) into constants.
+graph::Module constant_fold(graph::Module);
+// Merges nodes with equal op, operands and attributes (never side-effecting ones or buffer_load).
+graph::Module cse(graph::Module);
+// Removes nodes whose results are unused and that have no side effects; drops unused weights.
+graph::Module dce(graph::Module);
+
+}  // namespace kiln::compiler::passes

@@ -1,0 +1,75 @@
+// InferenceSession compiles graph Modules and initialises them with weights into runnable Models.
+//
+//   kiln::engine::InferenceSession session({kiln::DeviceRef::CPU()});
+//   auto model = session.load(graph, weights);
+//   std::vector<kiln::Tensor> out = model.execute({x});
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/compiler/compiled_model.h"
+#include "kiln/engine/tensor.h"
+#include "kiln/graph/graph.h"
+
+namespace kiln::engine {
+
+using compiler::CompiledModel;
+
+class SessionState;  // private: devices, thread pool, kernel registry
+
+// A runnable graph: one submodel of an initialised CompiledModel. Copies share state.
+class Model {
+ public:
+  Model() = default;
+
+  const std::string& name() const;
+  // Runs the graph. Inputs are checked (count, dtype, rank, device, static dims, and symbolic dims
+  // bound consistently across inputs), each failure naming the input index and dim. Non-contiguous
+  // tensor inputs are copied; buffer inputs must be contiguous and are written in place.
+  std::vector<Tensor> execute(const std::vector<Tensor>& inputs) const;
+  const std::vector<graph::Type>& input_metadata() const;
+  const std::vector<graph::Type>& output_metadata() const;
+
+  struct Impl;
+  explicit Model(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+struct SessionOptions {
+  int num_threads = 0;  // 0: one per core
+};
+
+class InferenceSession {
+ public:
+  explicit InferenceSession(std::vector<DeviceRef> devices = {DeviceRef::CPU()},
+                            std::vector<std::filesystem::path> custom_extensions = {},
+                            SessionOptions options = {});
+  ~InferenceSession();
+  InferenceSession(InferenceSession&&) noexcept;
+  InferenceSession& operator=(InferenceSession&&) noexcept;
+
+  const std::vector<DeviceRef>& devices() const;
+
+  CompiledModel compile(const graph::Module& module) const;
+  // Binds weights: every weight of every graph present, dtype and shape equal, contiguous, on the
+  // right kind of device; each failure names the weight. Returns one Model per graph, by name.
+  std::map<std::string, Model> init(const CompiledModel& compiled, const WeightsRegistry& weights) const;
+  // Compile + init of a module with exactly one graph (ValueError otherwise).
+  Model load(const graph::Graph& graph, const WeightsRegistry& weights = {}) const;
+  Model load(const graph::Module& module, const WeightsRegistry& weights = {}) const;
+  std::map<std::string, Model> load_all(const graph::Module& module,
+                                        const WeightsRegistry& weights = {}) const;
+  // How many times this session has run the compiler (tests read it to show a group compiles once).
+  int64_t compile_count() const;
+
+ private:
+  std::shared_ptr<SessionState> state_;
+};
+
+}  // namespace kiln::engine

@@ -1,0 +1,107 @@
+// The ordered enum of built-in ops and their attributes. An op constructor in ops.h does no work
+// beyond inferring types: it stamps the op, its operands and its attributes on a new node.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "kiln/errors.h"
+#include "kiln/graph/device.h"
+#include "kiln/graph/dim.h"
+#include "kiln/graph/dtype.h"
+#include "kiln/graph/types.h"
+
+namespace kiln::graph {
+
+// X-macro: (enum name, text name). Order is stable: append new ops at the end of their group.
+#define KILN_OPS(X)                                                                         \
+  /* sources */                                                                             \
+  X(constant, "constant") X(weight, "weight") X(range, "range")                             \
+  /* elementwise unary */                                                                   \
+  X(neg, "neg") X(abs, "abs") X(exp, "exp") X(log, "log") X(sqrt, "sqrt") X(rsqrt, "rsqrt") \
+  X(sin, "sin") X(cos, "cos") X(tanh, "tanh") X(sigmoid, "sigmoid") X(silu, "silu")         \
+  X(gelu, "gelu") X(relu, "relu") X(erf, "erf") X(floor, "floor") X(ceil, "ceil")           \
+  X(round, "round") X(reciprocal, "reciprocal") X(square, "square")                         \
+  X(logical_not, "logical_not") X(is_nan, "is_nan")                                         \
+  /* elementwise binary (broadcasting) */                                                   \
+  X(add, "add") X(sub, "sub") X(mul, "mul") X(div, "div") X(mod, "mod") X(pow, "pow")       \
+  X(maximum, "maximum") X(minimum, "minimum")                                               \
+  X(equal, "equal") X(not_equal, "not_equal") X(greater, "greater")                         \
+  X(greater_equal, "greater_equal") X(less, "less") X(less_equal, "less_equal")             \
+  X(logical_and, "logical_and") X(logical_or, "logical_or") X(logical_xor, "logical_xor")   \
+  /* other elementwise */                                                                   \
+  X(where, "where") X(cast, "cast")                                                         \
+  /* linear algebra and reductions */                                                       \
+  X(matmul, "matmul") X(sum, "sum") X(mean, "mean") X(max, "max") X(min, "min")             \
+  X(argmax, "argmax") X(argmin, "argmin") X(cumsum, "cumsum") X(top_k, "top_k")             \
+  /* normalization */                                                                       \
+  X(softmax, "softmax") X(log_softmax, "log_softmax") X(rms_norm, "rms_norm")               \
+  X(layer_norm, "layer_norm")                                                               \
+  /* shape and data movement */                                                             \
+  X(reshape, "reshape") X(transpose, "transpose") X(broadcast_to, "broadcast_to")           \
+  X(concat, "concat") X(split, "split") X(slice, "slice") X(gather, "gather")               \
+  X(scatter, "scatter")                                                                     \
+  /* buffers, devices, calls, extensions */                                                 \
+  X(buffer_load, "buffer_load") X(buffer_store, "buffer_store")                             \
+  X(transfer_to, "transfer_to") X(call, "call") X(custom, "custom")                         \
+  X(inplace_custom, "inplace_custom")
+
+enum class Op : uint16_t {
+#define KILN_OP_ENUM(e, s) e,
+  KILN_OPS(KILN_OP_ENUM)
+#undef KILN_OP_ENUM
+};
+
+std::string_view op_name(Op);
+Op parse_op(std::string_view);  // ParseError for an unknown name
+bool is_elementwise_unary(Op);
+bool is_elementwise_binary(Op);  // add .. logical_xor
+bool is_comparison(Op);          // equal .. less_equal (result is bool)
+bool has_side_effects(Op);       // buffer_store, inplace_custom, custom (may be impure): never CSE'd or DCE'd
+
+// Attributes each op carries (builders normalize them: axes non-negative, slices full-rank):
+//   constant        value: Bytes, dtype, shape, device
+//   weight          name: string, dtype, shape, device
+//   range           start: double, step: double, size: Shape (one dim), dtype, device
+//   gelu            approximate: string ("none" | "tanh")
+//   cast            dtype
+//   sum mean max min argmax argmin softmax log_softmax     axis: int64
+//   cumsum          axis, exclusive: int64 (0/1), reverse: int64 (0/1)
+//   top_k           k: int64, axis
+//   rms_norm layer_norm                                    epsilon: double
+//   reshape broadcast_to                                   shape: Shape
+//   transpose       perm: vector<int64>
+//   concat gather scatter                                  axis
+//   split           sizes: Shape, axis
+//   slice buffer_load buffer_store                         starts: Shape, stops: Shape, steps: vector<int64>
+//   transfer_to     device
+//   call            callee: string
+//   custom          symbol: string, output_types: vector<Type>, param.<name>: any
+//   inplace_custom  symbol: string, param.<name>: any
+// Operand order: where(cond, x, y), rms_norm(x, weight), layer_norm(x, gamma, beta),
+// gather(input, indices), scatter(input, updates, indices), buffer_store(buffer, value).
+//
+// Attribute values. Bytes hold constant data (little-endian elements). Shape holds Dims, so slice
+// bounds and reshape targets can be symbolic.
+using Bytes = std::vector<uint8_t>;
+// std::vector<Type> declares the results of ops whose types cannot be inferred (custom).
+using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>, Shape, DType,
+                          DeviceRef, Bytes, std::vector<Type>>;
+// Ordered by name so printing is deterministic.
+using Attrs = std::map<std::string, Attr>;
+
+// Typed access with an error naming the op and attribute ("matmul: missing attribute 'axis'").
+template <class T>
+const T& get_attr(const Attrs& attrs, const std::string& name, Op op) {
+  auto it = attrs.find(name);
+  if (it == attrs.end())
+    throw ValueError(std::string(op_name(op)) + ": missing attribute '" + name + "'");
+  if (const T* v = std::get_if<T>(&it->second)) return *v;
+  throw ValueError(std::string(op_name(op)) + ": attribute '" + name + "' has the wrong kind");
+}
+
+}  // namespace kiln::graph

@@ -1,0 +1,140 @@
+// Op builders. Each adds one node to the graph of its operands (or Graph::current() when it has none)
+// and returns its results; shapes and dtypes are inferred and checked here, with errors that name the
+// op, the operand and its type. Binary ops broadcast numpy-style, symbolic dims included.
+#pragma once
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/graph/graph.h"
+
+namespace kiln::graph::ops {
+
+// ---- sources -----------------------------------------------------------------------------------
+// A tensor constant from raw little-endian element bytes (size must equal the shape's bytes).
+TensorValue constant(const Bytes& data, DType dtype, const Shape& shape,
+                     DeviceRef device = DeviceRef::CPU());
+// A scalar (rank 0) constant, converted to dtype.
+TensorValue constant(double value, DType dtype, DeviceRef device = DeviceRef::CPU());
+template <class T>
+TensorValue constant(const std::vector<T>& values, const Shape& shape,
+                     DeviceRef device = DeviceRef::CPU()) {
+  Bytes bytes(values.size() * sizeof(T));
+  if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+  return constant(bytes, dtype_of<T>(), shape, device);
+}
+// [start, start + step, ...) with `size` elements: size may be symbolic.
+TensorValue range(double start, double step, const Dim& size, DType dtype,
+                  DeviceRef device = DeviceRef::CPU());
+
+// ---- elementwise -------------------------------------------------------------------------------
+TensorValue neg(const TensorValue&);
+TensorValue abs(const TensorValue&);
+TensorValue exp(const TensorValue&);
+TensorValue log(const TensorValue&);
+TensorValue sqrt(const TensorValue&);
+TensorValue rsqrt(const TensorValue&);
+TensorValue sin(const TensorValue&);
+TensorValue cos(const TensorValue&);
+TensorValue tanh(const TensorValue&);
+TensorValue sigmoid(const TensorValue&);
+TensorValue silu(const TensorValue&);
+TensorValue gelu(const TensorValue&, bool tanh_approximation = false);  // attr "approximate"
+TensorValue relu(const TensorValue&);
+TensorValue erf(const TensorValue&);
+TensorValue floor(const TensorValue&);
+TensorValue ceil(const TensorValue&);
+TensorValue round(const TensorValue&);  // half to even
+TensorValue reciprocal(const TensorValue&);
+TensorValue square(const TensorValue&);
+TensorValue logical_not(const TensorValue&);
+TensorValue is_nan(const TensorValue&);
+
+TensorValue add(const TensorValue&, const TensorValue&);
+TensorValue sub(const TensorValue&, const TensorValue&);
+TensorValue mul(const TensorValue&, const TensorValue&);
+TensorValue div(const TensorValue&, const TensorValue&);  // integers: truncating, like C++
+TensorValue mod(const TensorValue&, const TensorValue&);  // sign follows the divisor, like Python
+TensorValue pow(const TensorValue&, const TensorValue&);
+TensorValue maximum(const TensorValue&, const TensorValue&);
+TensorValue minimum(const TensorValue&, const TensorValue&);
+TensorValue equal(const TensorValue&, const TensorValue&);
+TensorValue not_equal(const TensorValue&, const TensorValue&);
+TensorValue greater(const TensorValue&, const TensorValue&);
+TensorValue greater_equal(const TensorValue&, const TensorValue&);
+TensorValue less(const TensorValue&, const TensorValue&);
+TensorValue less_equal(const TensorValue&, const TensorValue&);
+TensorValue logical_and(const TensorValue&, const TensorValue&);
+TensorValue logical_or(const TensorValue&, const TensorValue&);
+TensorValue logical_xor(const TensorValue&, const TensorValue&);
+
+TensorValue where(const TensorValue& condition, const TensorValue& x, const TensorValue& y);
+TensorValue cast(const TensorValue&, DType);
+
+// ---- linear algebra and reductions ---------------------------------------------------------------
+// Batched, broadcasting matmul: [..., M, K] x [..., K, N] -> [..., M, N]; a rank-1 operand is
+// treated as numpy does (prepended/appended 1 then removed).
+TensorValue matmul(const TensorValue& lhs, const TensorValue& rhs);
+// Reductions keep the reduced axis with size 1 (as MAX does).
+TensorValue sum(const TensorValue&, int64_t axis = -1);
+TensorValue mean(const TensorValue&, int64_t axis = -1);
+TensorValue max(const TensorValue&, int64_t axis = -1);
+TensorValue min(const TensorValue&, int64_t axis = -1);
+TensorValue argmax(const TensorValue&, int64_t axis = -1);  // i64 result, first index on ties
+TensorValue argmin(const TensorValue&, int64_t axis = -1);
+TensorValue cumsum(const TensorValue&, int64_t axis = -1, bool exclusive = false, bool reverse = false);
+// Largest k along axis, sorted descending: {values, indices (i64)}.
+std::vector<TensorValue> top_k(const TensorValue&, int64_t k, int64_t axis = -1);
+
+// ---- normalization -----------------------------------------------------------------------------
+TensorValue softmax(const TensorValue&, int64_t axis = -1);
+TensorValue log_softmax(const TensorValue&, int64_t axis = -1);
+// x / sqrt(mean(x^2, -1) + eps) * weight; weight has the last dim's shape.
+TensorValue rms_norm(const TensorValue& x, const TensorValue& weight, double epsilon = 1e-6);
+// (x - mean) / sqrt(var + eps) * gamma + beta over the last axis.
+TensorValue layer_norm(const TensorValue& x, const TensorValue& gamma, const TensorValue& beta,
+                       double epsilon = 1e-5);
+
+// ---- shape and data movement ---------------------------------------------------------------------
+// One target dim may be -1 (inferred, static shapes only); the element counts must match.
+TensorValue reshape(const TensorValue&, const Shape& shape);
+TensorValue reshape(const TensorValue&, const std::vector<int64_t>& shape);
+TensorValue transpose(const TensorValue&, int64_t axis_a, int64_t axis_b);
+TensorValue permute(const TensorValue&, const std::vector<int64_t>& perm);  // op transpose, attr perm
+TensorValue broadcast_to(const TensorValue&, const Shape& shape);
+TensorValue concat(const std::vector<TensorValue>&, int64_t axis = 0);
+std::vector<TensorValue> split(const TensorValue&, const std::vector<Dim>& sizes, int64_t axis = 0);
+// One entry per leading axis (the rest are kept whole). Negative static start/stop count from the
+// end, as in Python; bounds are clamped to the dim when static; step >= 1.
+struct SliceIndex {
+  Dim start = 0;
+  std::optional<Dim> stop;  // nullopt: to the end
+  int64_t step = 1;
+};
+TensorValue slice(const TensorValue&, const std::vector<SliceIndex>& indices);
+// Rows of `input` along axis, selected by integer `indices`: out.shape = in[:axis] + idx + in[axis+1:].
+TensorValue gather(const TensorValue& input, const TensorValue& indices, int64_t axis = 0);
+// Copy of `input` with input[..., indices[i], ...] = updates[..., i, ...] along axis (last write wins).
+TensorValue scatter(const TensorValue& input, const TensorValue& updates, const TensorValue& indices,
+                    int64_t axis = 0);
+
+// ---- buffers, devices, calls, extensions ---------------------------------------------------------
+// A tensor copy of a slice of a buffer (all of it with no indices).
+TensorValue buffer_load(const BufferValue&, const std::vector<SliceIndex>& indices = {});
+// Writes `value` into a slice of the buffer in place; shapes must match the slice.
+void buffer_store(const BufferValue&, const TensorValue& value,
+                  const std::vector<SliceIndex>& indices = {});
+TensorValue transfer_to(const TensorValue&, DeviceRef device);
+// Calls graph `callee` of the same Module with `args`; returns its outputs.
+std::vector<Value> call(const std::string& callee, const std::vector<Value>& args);
+// A custom op resolved against loaded extensions at compile time (or at build time when loaded).
+// Parameters are attributes named "param.<name>".
+std::vector<Value> custom(const std::string& name, const std::vector<Value>& inputs,
+                          const std::vector<Type>& output_types, const Attrs& parameters = {});
+// Like custom, mutating its first input, which must be a buffer; it has no results.
+void inplace_custom(const std::string& name, const std::vector<Value>& inputs,
+                    const Attrs& parameters = {});
+
+}  // namespace kiln::graph::ops

@@ -1,0 +1,43 @@
+// kiln: build, compile and run inference graphs (after Modular MAX's graph layer), natively in C++.
+//
+//   #include <kiln/kiln.h>
+//   using namespace kiln;
+//
+//   // 1. Build a graph: a 2-layer MLP over a symbolic batch.
+//   graph::Graph g("mlp", {graph::TensorType{DType::f32, {"batch", 4}}});
+//   {
+//     graph::Graph::Scope scope(g);
+//     graph::TensorValue x = g.input(0);
+//     auto w1 = g.weight({"w1", DType::f32, {4, 8}});
+//     auto w2 = g.weight({"w2", DType::f32, {8, 2}});
+//     g.output({graph::ops::matmul(graph::ops::relu(graph::ops::matmul(x, w1)), w2)});
+//   }
+//   std::cout << g.to_string();                    // the graph's text form
+//
+//   // 2. Compile it and bind weights (weights are bound late: one compile, many inits).
+//   engine::InferenceSession session({DeviceRef::CPU()});
+//   WeightsRegistry weights{{"w1", Tensor::zeros(DType::f32, {4, 8})},
+//                           {"w2", Tensor::zeros(DType::f32, {8, 2})}};
+//   engine::Model model = session.load(g, weights);
+//
+//   // 3. Run it: "batch" is bound from the input's shape.
+//   std::vector<Tensor> out = model.execute({Tensor::zeros(DType::f32, {3, 4})});  // f32[3, 2]
+//
+// Layers (DESIGN.md): graph (types, IR, ops, text) -> compiler (passes, plans) -> engine (tensors,
+// sessions, models) -> kernels. Each header below is one concept.
+#pragma once
+
+#include "kiln/errors.h"
+#include "kiln/graph/device.h"
+#include "kiln/graph/dim.h"
+#include "kiln/graph/dtype.h"
+#include "kiln/graph/graph.h"
+#include "kiln/graph/op.h"
+#include "kiln/graph/ops.h"
+#include "kiln/graph/text.h"
+#include "kiln/graph/tree.h"
+#include "kiln/graph/types.h"
+#include "kiln/compiler/compiled_model.h"
+#include "kiln/compiler/passes.h"
+#include "kiln/engine/session.h"
+#include "kiln/engine/tensor.h"

@@ -1,0 +1,83 @@
+// Private: the CPU kernel interface and registry. A kernel sees its operands as strided views whose
+// shapes are concrete; the executor allocates outputs (contiguous) before calling it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <tuple>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/graph/op.h"
+
+namespace kiln::kernels {
+
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements
+  int64_t numel() const;
+  bool is_contiguous() const;
+  template <class T> T* as() const { return static_cast<T*>(data); }
+};
+
+// Runs fn(begin, end) over [0, n) in chunks of at least `grain`, possibly in parallel; returns when
+// all are done. The engine's thread pool implements it.
+class Parallel {
+ public:
+  virtual ~Parallel() = default;
+  virtual void for_range(int64_t n, int64_t grain,
+                         const std::function<void(int64_t, int64_t)>& fn) = 0;
+  virtual int num_threads() const = 0;
+};
+
+// Runs everything on the calling thread.
+class SerialParallel final : public Parallel {
+ public:
+  void for_range(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) override {
+    if (n > 0) fn(0, n);
+  }
+  int num_threads() const override { return 1; }
+};
+
+struct KernelContext {
+  Parallel* parallel = nullptr;
+};
+
+// inputs/outputs follow the node's operand/result order; attrs are the node's (see op.h).
+// A kernel reports bad input by throwing (Error subclasses); the executor adds the op and node.
+using KernelFn = void (*)(const KernelContext&, const graph::Attrs&, std::span<const TensorView> inputs,
+                          std::span<const TensorView> outputs);
+
+// The dtype a kernel is registered under: the first operand's, or the first result's for ops without
+// operands (constant, range, weight).
+DType kernel_dtype(graph::Op op, const std::vector<DType>& input_dtypes,
+                   const std::vector<DType>& output_dtypes);
+
+// (op, device kind, dtype) -> kernel, or nullptr when there is none.
+class KernelRegistry {
+ public:
+  void add(graph::Op op, DeviceKind device, std::initializer_list<DType> dtypes, KernelFn fn);
+  KernelFn find(graph::Op op, DeviceKind device, DType dtype) const;
+
+ private:
+  std::map<std::tuple<graph::Op, DeviceKind, DType>, KernelFn> table_;
+};
+
+// The built-in kernels, registered on first use. Explicit registration (not static initialisers),
+// because a static library drops object files nothing references.
+const KernelRegistry& builtin_kernels();
+
+// Each kernel file registers its kernels with one line per (op, dtypes) entry; builtin_kernels()
+// calls these.
+void register_cpu_elementwise(KernelRegistry&);
+void register_cpu_reductions(KernelRegistry&);
+void register_cpu_matmul(KernelRegistry&);
+void register_cpu_normalization(KernelRegistry&);
+void register_cpu_data_movement(KernelRegistry&);
+void register_cpu_sources(KernelRegistry&);
+
+}  // namespace kiln::kernels
