@@ -93,14 +93,16 @@ class Value {
   ValueId id() const { return id_; }
   GraphIR* graph() const { return graph_; }
   Module* module() const { return module_; }
-  const Type& type() const;
+  // Returned by value: the graph's type table moves when nodes are added, so a reference held across
+  // an op call would dangle.
+  Type type() const;
   DType dtype() const;
-  const Shape& shape() const;
+  Shape shape() const;
   DeviceRef device() const;
   int64_t rank() const;
   bool is_buffer() const;
-  const TensorType& tensor_type() const;  // ValueError if a buffer
-  const BufferType& buffer_type() const;  // ValueError if a tensor
+  TensorType tensor_type() const;  // ValueError if a buffer
+  BufferType buffer_type() const;  // ValueError if a tensor
 
  private:
   GraphIR* graph_ = nullptr;
@@ -162,6 +164,7 @@ class Graph {
   Module& module() { return *module_; }
   const Module& module() const { return *module_; }
   std::string to_string() const;  // the graph's text form
+  const GraphOptions& options() const { return options_; }
 
   // The innermost entered graph; ValueError if none.
   static Graph& current();
@@ -194,5 +197,11 @@ std::vector<Value> add_node(GraphIR& graph, Module* module, Op op, const std::ve
 // verifier. `module` resolves `call` targets (may be null otherwise).
 std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attrs& attrs,
                               const Module* module);
+
+// Checks one graph's invariants (operands defined before use, types equal to infer_types, weight
+// nodes declared, outputs set and valid); VerifyError naming the graph, node, op and operand.
+// Graph::output runs it; compiler::passes::verify runs it on every graph and checks call cycles.
+// `require_outputs` = false checks a graph still being built.
+void verify_graph(const GraphIR& graph, const Module* module, bool require_outputs = true);
 
 }  // namespace kiln::graph

@@ -23,7 +23,7 @@ TensorValue constant(const std::vector<T>& values, const Shape& shape,
                      DeviceRef device = DeviceRef::CPU()) {
   Bytes bytes(values.size() * sizeof(T));
   if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
-  return constant(bytes, dtype_of<T>(), shape, device);
+  return constant(bytes, kiln::dtype_of<T>(), shape, device);  // graph::dtype_of(Type) hides it
 }
 // [start, start + step, ...) with `size` elements: size may be symbolic.
 TensorValue range(double start, double step, const Dim& size, DType dtype,
@@ -108,10 +108,31 @@ TensorValue concat(const std::vector<TensorValue>&, int64_t axis = 0);
 std::vector<TensorValue> split(const TensorValue&, const std::vector<Dim>& sizes, int64_t axis = 0);
 // One entry per leading axis (the rest are kept whole). Negative static start/stop count from the
 // end, as in Python; bounds are clamped to the dim when static; step >= 1.
+// A slice bound: a Dim, or a negative integer that counts from the end of the axis (x[-2:]).
+class SliceBound {
+ public:
+  SliceBound(int64_t value) {
+    if (value < 0) from_end_ = -value; else dim_ = Dim(value);
+  }
+  SliceBound(int value) : SliceBound(int64_t{value}) {}
+  SliceBound(Dim dim) : dim_(std::move(dim)) {}
+  SliceBound(const char* symbol) : dim_(Dim(symbol)) {}
+  SliceBound(const std::string& symbol) : dim_(Dim(symbol)) {}
+  // The bound on an axis of size `dim` (before clamping): `dim - n` for a negative -n.
+  Dim resolve(const Dim& dim) const;
+  // For a negative bound, n in -n; 0 otherwise.
+  int64_t from_end() const { return from_end_; }
+
+ private:
+  std::optional<Dim> dim_;
+  int64_t from_end_ = 0;
+};
 struct SliceIndex {
-  Dim start = 0;
-  std::optional<Dim> stop;  // nullopt: to the end
-  int64_t step = 1;
+  SliceIndex(SliceBound start = 0, std::optional<SliceBound> stop = std::nullopt, int64_t step = 1)
+      : start(std::move(start)), stop(std::move(stop)), step(step) {}
+  SliceBound start;
+  std::optional<SliceBound> stop;  // nullopt: to the end
+  int64_t step;
 };
 TensorValue slice(const TensorValue&, const std::vector<SliceIndex>& indices);
 // Rows of `input` along axis, selected by integer `indices`: out.shape = in[:axis] + idx + in[axis+1:].

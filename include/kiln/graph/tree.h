@@ -19,14 +19,14 @@ class Tree {
   using List = std::vector<Tree>;
   using Map = std::vector<std::pair<std::string, Tree>>;  // insertion order is the leaf order
 
-  Tree(T leaf) : node_(std::move(leaf)) {}
-  static Tree list(List items) { return Tree(Node(std::in_place_index<1>, std::move(items))); }
+  Tree(T leaf) : node_(std::in_place_index<0>, std::move(leaf)) {}
+  static Tree list(List items) { return Tree(std::in_place, Node(std::in_place_index<1>, std::move(items))); }
   static Tree map(Map items) {
     for (size_t i = 0; i < items.size(); ++i)
       for (size_t j = 0; j < i; ++j)
         if (items[i].first == items[j].first)
           throw ValueError("Tree::map: duplicate key '" + items[i].first + "'");
-    return Tree(Node(std::in_place_index<2>, std::move(items)));
+    return Tree(std::in_place, Node(std::in_place_index<2>, std::move(items)));
   }
 
   bool is_leaf() const { return node_.index() == 0; }
@@ -82,7 +82,8 @@ class Tree {
  private:
   template <class> friend class Tree;
   using Node = std::variant<T, List, Map>;
-  explicit Tree(Node n) : node_(std::move(n)) {}
+  // Tagged so a leaf convertible to T never also converts to Node.
+  Tree(std::in_place_t, Node n) : node_(std::move(n)) {}
 
   template <size_t I>
   const auto& require(const char* what) const {

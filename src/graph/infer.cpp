@@ -1,0 +1,588 @@
+// Type inference for every built-in op: the single source of truth for what an op accepts and
+// produces, shared by the builders (ops.cpp) and the verifier. Attributes arrive normalized (see the
+// table in op.h); this file checks them rather than fixing them.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "kiln/errors.h"
+#include "kiln/graph/graph.h"
+
+namespace kiln::graph {
+
+namespace {
+
+bool is_static_one(const Dim& d) { return d.try_static() == std::optional<int64_t>(1); }
+
+// The name an operand has in messages ("lhs", "x", "indices", ...), so errors read like the API.
+std::string operand_role(Op op, size_t i) {
+  auto pick = [&](std::initializer_list<const char*> names) -> std::string {
+    if (i < names.size()) return *(names.begin() + i);
+    return fmt::format("operand {}", i);
+  };
+  if (is_elementwise_binary(op) || op == Op::matmul) return pick({"lhs", "rhs"});
+  switch (op) {
+    case Op::where: return pick({"condition", "x", "y"});
+    case Op::rms_norm: return pick({"x", "weight"});
+    case Op::layer_norm: return pick({"x", "gamma", "beta"});
+    case Op::gather: return pick({"input", "indices"});
+    case Op::scatter: return pick({"input", "updates", "indices"});
+    case Op::buffer_store: return pick({"buffer", "value"});
+    default: break;
+  }
+  if (is_elementwise_unary(op) || op == Op::cast || op == Op::transfer_to) return pick({"input"});
+  return fmt::format("operand {}", i);
+}
+
+// Everything one inference needs, with the helpers that turn a failed check into a message naming
+// the op and its operands.
+struct Ctx {
+  Op op;
+  const std::vector<Type>& in;
+  const Attrs& attrs;
+  const Module* module;
+
+  std::string name() const { return std::string(op_name(op)); }
+
+  // "(lhs f32[batch, 64], rhs f32[128, 10])"
+  std::string operands() const {
+    std::string s = "(";
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (i) s += ", ";
+      s += operand_role(op, i) + " " + to_string(in[i]);
+    }
+    return s + ")";
+  }
+
+  template <class E = ValueError, class... Args>
+  [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) const {
+    throw E(name() + ": " + fmt::format(f, std::forward<Args>(args)...));
+  }
+
+  void expect_operands(size_t n) const {
+    if (in.size() != n) fail("expected {} operand{}, got {}", n, n == 1 ? "" : "s", in.size());
+  }
+  void expect_at_least(size_t n) const {
+    if (in.size() < n) fail("expected at least {} operands, got {}", n, in.size());
+  }
+
+  const TensorType& tensor(size_t i) const {
+    if (const auto* t = std::get_if<TensorType>(&in.at(i))) return *t;
+    fail("{} must be a tensor, got {}", operand_role(op, i), to_string(in[i]));
+  }
+
+  template <class T>
+  const T& attr(const std::string& key) const { return get_attr<T>(attrs, key, op); }
+
+  // Axes are stored non-negative by the builders.
+  int64_t axis_attr(const std::string& key, int64_t rank) const {
+    int64_t axis = attr<int64_t>(key);
+    if (axis < 0 || axis >= rank) fail("{} {} out of range for rank {} {}", key, axis, rank, operands());
+    return axis;
+  }
+
+  void same_device(const std::vector<DeviceRef>& devices) const {
+    for (const DeviceRef& d : devices)
+      if (d != devices.front())
+        fail("operands are on different devices {} and {} {}", devices.front().to_string(),
+             d.to_string(), operands());
+  }
+  void same_device_all() const {
+    std::vector<DeviceRef> devices;
+    for (const Type& t : in) devices.push_back(device_of(t));
+    if (!devices.empty()) same_device(devices);
+  }
+
+  void same_dtype(DType a, DType b) const {
+    if (a != b)
+      fail<DTypeError>("operand dtypes {} and {} differ {}", dtype_name(a), dtype_name(b), operands());
+  }
+  void require_float(size_t i) const {
+    DType d = dtype_of(in.at(i));
+    if (!is_float(d))
+      fail<DTypeError>("{} must have a float dtype, got {}", operand_role(op, i), to_string(in[i]));
+  }
+  void require_numeric(size_t i) const {
+    if (dtype_of(in.at(i)) == DType::boolean)
+      fail<DTypeError>("{} must have a numeric dtype, got {}", operand_role(op, i), to_string(in[i]));
+  }
+  void require_index(size_t i) const {
+    DType d = dtype_of(in.at(i));
+    if (d != DType::i32 && d != DType::i64)
+      fail<DTypeError>("{} must be i32 or i64, got {}", operand_role(op, i), to_string(in[i]));
+  }
+
+  // Numpy broadcasting, right-aligned; a dim broadcasts when it equals the other or is static 1.
+  Shape broadcast(const std::vector<Shape>& shapes, std::string_view what = "shapes") const {
+    int64_t rank = 0;
+    for (const Shape& s : shapes) rank = std::max(rank, s.rank());
+    std::vector<Dim> out(static_cast<size_t>(rank), Dim(1));
+    for (int64_t a = 0; a < rank; ++a) {
+      Dim& result = out[static_cast<size_t>(a)];
+      for (const Shape& s : shapes) {
+        int64_t i = a - (rank - s.rank());
+        if (i < 0) continue;
+        const Dim& d = s[i];
+        if (is_static_one(result)) {
+          result = d;
+        } else if (!is_static_one(d) && !(d == result)) {
+          fail<ShapeError>("{} do not broadcast at axis {} ({} vs {}) {}", what, a,
+                           result.to_string(), d.to_string(), operands());
+        }
+      }
+    }
+    return Shape(std::move(out));
+  }
+};
+
+// ==== sources ===================================================================================
+
+std::vector<Type> infer_source(const Ctx& c) {
+  c.expect_operands(0);
+  switch (c.op) {
+    case Op::constant: {
+      TensorType t{c.attr<DType>("dtype"), c.attr<Shape>("shape"), c.attr<DeviceRef>("device")};
+      auto count = t.shape.static_num_elements();
+      if (!count) c.fail<ShapeError>("shape {} must be static", t.shape.to_string());
+      size_t expected = static_cast<size_t>(*count) * dtype_size(t.dtype);
+      size_t got = c.attr<Bytes>("value").size();
+      if (got != expected)
+        c.fail("{} bytes of data do not match {} ({} bytes)", got, t.to_string(), expected);
+      return {t};
+    }
+    case Op::weight: {
+      const std::string& name = c.attr<std::string>("name");
+      if (name.empty()) c.fail("a weight needs a non-empty name");
+      return {TensorType{c.attr<DType>("dtype"), c.attr<Shape>("shape"), c.attr<DeviceRef>("device")}};
+    }
+    case Op::range: {
+      c.attr<double>("start");
+      c.attr<double>("step");
+      const Shape& size = c.attr<Shape>("size");
+      if (size.rank() != 1) c.fail("size must have one dim, got {}", size.to_string());
+      DType dtype = c.attr<DType>("dtype");
+      if (dtype == DType::boolean) c.fail<DTypeError>("dtype must be numeric, got bool");
+      return {TensorType{dtype, size, c.attr<DeviceRef>("device")}};
+    }
+    default: break;
+  }
+  c.fail("not a source op");
+}
+
+// ==== elementwise ===============================================================================
+
+bool float_only_unary(Op op) {
+  switch (op) {
+    case Op::exp: case Op::log: case Op::sqrt: case Op::rsqrt: case Op::sin: case Op::cos:
+    case Op::tanh: case Op::sigmoid: case Op::silu: case Op::gelu: case Op::erf:
+    case Op::reciprocal: case Op::floor: case Op::ceil: case Op::round: case Op::is_nan:
+      return true;
+    default: return false;
+  }
+}
+
+std::vector<Type> infer_unary(const Ctx& c) {
+  c.expect_operands(1);
+  TensorType t = c.tensor(0);
+  if (float_only_unary(c.op)) c.require_float(0);
+  if (c.op == Op::logical_not && t.dtype != DType::boolean)
+    c.fail<DTypeError>("input must be bool, got {}", t.to_string());
+  if (c.op == Op::neg || c.op == Op::abs || c.op == Op::square || c.op == Op::relu)
+    c.require_numeric(0);
+  if (c.op == Op::neg && !is_signed(t.dtype))
+    c.fail<DTypeError>("input must be signed, got {}", t.to_string());
+  if (c.op == Op::gelu) {
+    const std::string& mode = c.attr<std::string>("approximate");
+    if (mode != "none" && mode != "tanh")
+      c.fail("attribute 'approximate' must be \"none\" or \"tanh\", got \"{}\"", mode);
+  }
+  if (c.op == Op::is_nan) t.dtype = DType::boolean;
+  return {t};
+}
+
+std::vector<Type> infer_binary(const Ctx& c) {
+  c.expect_operands(2);
+  const TensorType& a = c.tensor(0);
+  const TensorType& b = c.tensor(1);
+  c.same_device({a.device, b.device});
+  c.same_dtype(a.dtype, b.dtype);
+  bool logical = c.op == Op::logical_and || c.op == Op::logical_or || c.op == Op::logical_xor;
+  if (logical && a.dtype != DType::boolean)
+    c.fail<DTypeError>("operands must be bool {}", c.operands());
+  if (!logical && !is_comparison(c.op) && a.dtype == DType::boolean)
+    c.fail<DTypeError>("bool operands are not supported {}", c.operands());
+  Shape shape = c.broadcast({a.shape, b.shape});
+  DType dtype = is_comparison(c.op) ? DType::boolean : a.dtype;
+  return {TensorType{dtype, std::move(shape), a.device}};
+}
+
+std::vector<Type> infer_where(const Ctx& c) {
+  c.expect_operands(3);
+  const TensorType& cond = c.tensor(0);
+  const TensorType& x = c.tensor(1);
+  const TensorType& y = c.tensor(2);
+  c.same_device({cond.device, x.device, y.device});
+  if (cond.dtype != DType::boolean)
+    c.fail<DTypeError>("condition must be bool {}", c.operands());
+  c.same_dtype(x.dtype, y.dtype);
+  return {TensorType{x.dtype, c.broadcast({cond.shape, x.shape, y.shape}), x.device}};
+}
+
+std::vector<Type> infer_cast(const Ctx& c) {
+  c.expect_operands(1);
+  TensorType t = c.tensor(0);
+  t.dtype = c.attr<DType>("dtype");
+  return {t};
+}
+
+// ==== linear algebra and reductions =============================================================
+
+std::vector<Type> infer_matmul(const Ctx& c) {
+  c.expect_operands(2);
+  const TensorType& lhs = c.tensor(0);
+  const TensorType& rhs = c.tensor(1);
+  c.same_device({lhs.device, rhs.device});
+  c.same_dtype(lhs.dtype, rhs.dtype);
+  if (lhs.dtype == DType::boolean) c.fail<DTypeError>("bool operands are not supported {}", c.operands());
+  if (lhs.rank() < 1 || rhs.rank() < 1)
+    c.fail<ShapeError>("operands must have rank >= 1 {}", c.operands());
+
+  // A rank-1 lhs is a row [1, K] and a rank-1 rhs a column [K, 1]; those 1s are dropped again.
+  const auto& l = lhs.shape.dims();
+  const auto& r = rhs.shape.dims();
+  const Dim& lhs_k = l.back();
+  size_t rhs_k_index = r.size() == 1 ? 0 : r.size() - 2;
+  const Dim& rhs_k = r[rhs_k_index];
+  if (!(lhs_k == rhs_k))
+    c.fail<ShapeError>("lhs inner dim {} does not match rhs dim {} of {} (lhs {}, rhs {})",
+                       lhs_k.to_string(), rhs_k_index, rhs_k.to_string(), lhs.to_string(),
+                       rhs.to_string());
+
+  Shape lhs_batch(std::vector<Dim>(l.begin(), l.end() - std::min<ptrdiff_t>(2, l.size())));
+  Shape rhs_batch(std::vector<Dim>(r.begin(), r.end() - std::min<ptrdiff_t>(2, r.size())));
+  std::vector<Dim> out = c.broadcast({lhs_batch, rhs_batch}, "batch dims").dims();
+  if (l.size() >= 2) out.push_back(l[l.size() - 2]);
+  if (r.size() >= 2) out.push_back(r.back());
+  return {TensorType{lhs.dtype, Shape(std::move(out)), lhs.device}};
+}
+
+std::vector<Type> infer_reduction(const Ctx& c) {
+  c.expect_operands(1);
+  TensorType t = c.tensor(0);
+  if (t.rank() < 1) c.fail<ShapeError>("input must have rank >= 1, got {}", t.to_string());
+  int64_t axis = c.axis_attr("axis", t.rank());
+  switch (c.op) {
+    case Op::mean: case Op::softmax: case Op::log_softmax: c.require_float(0); break;
+    default: c.require_numeric(0); break;
+  }
+  switch (c.op) {
+    case Op::softmax:
+    case Op::log_softmax:
+      return {t};
+    case Op::cumsum:
+      for (const char* flag : {"exclusive", "reverse"}) {
+        int64_t v = c.attr<int64_t>(flag);
+        if (v != 0 && v != 1) c.fail("attribute '{}' must be 0 or 1, got {}", flag, v);
+      }
+      return {t};
+    case Op::top_k: {
+      int64_t k = c.attr<int64_t>("k");
+      if (k < 1) c.fail("k must be >= 1, got {}", k);
+      auto dim = t.shape[axis].try_static();
+      if (dim && k > *dim)
+        c.fail<ShapeError>("k {} exceeds dim {} of size {} (input {})", k, axis, *dim, t.to_string());
+      t.shape[axis] = Dim(k);
+      TensorType indices{DType::i64, t.shape, t.device};
+      return {t, indices};
+    }
+    default: break;
+  }
+  t.shape[axis] = Dim(1);
+  if (c.op == Op::argmax || c.op == Op::argmin) t.dtype = DType::i64;
+  return {t};
+}
+
+// ==== normalization =============================================================================
+
+std::vector<Type> infer_norm(const Ctx& c) {
+  size_t n = c.op == Op::rms_norm ? 2 : 3;
+  c.expect_operands(n);
+  const TensorType& x = c.tensor(0);
+  c.require_float(0);
+  if (x.rank() < 1) c.fail<ShapeError>("x must have rank >= 1 {}", c.operands());
+  c.attr<double>("epsilon");
+  std::vector<DeviceRef> devices{x.device};
+  for (size_t i = 1; i < n; ++i) {
+    const TensorType& p = c.tensor(i);
+    devices.push_back(p.device);
+    c.same_dtype(x.dtype, p.dtype);
+    if (p.rank() != 1 || !(p.shape[0] == x.shape.dims().back()))
+      c.fail<ShapeError>("{} must be [{}] (x's last dim) {}", operand_role(c.op, i),
+                         x.shape.dims().back().to_string(), c.operands());
+  }
+  c.same_device(devices);
+  return {x};
+}
+
+// ==== shape and data movement ===================================================================
+
+std::vector<Type> infer_reshape(const Ctx& c) {
+  c.expect_operands(1);
+  TensorType t = c.tensor(0);
+  const Shape& target = c.attr<Shape>("shape");
+  auto from_count = t.shape.static_num_elements();
+  auto to_count = target.static_num_elements();
+  bool equal = (from_count && to_count) ? *from_count == *to_count
+                                        : t.shape.num_elements() == target.num_elements();
+  if (!equal)
+    c.fail<ShapeError>("cannot reshape {} to {}: element counts {} and {} differ", t.to_string(),
+                       target.to_string(), t.shape.num_elements().to_string(),
+                       target.num_elements().to_string());
+  t.shape = target;
+  return {t};
+}
+
+std::vector<Type> infer_transpose(const Ctx& c) {
+  c.expect_operands(1);
+  TensorType t = c.tensor(0);
+  const auto& perm = c.attr<std::vector<int64_t>>("perm");
+  std::vector<bool> seen(static_cast<size_t>(t.rank()), false);
+  bool ok = static_cast<int64_t>(perm.size()) == t.rank();
+  for (int64_t p : perm) {
+    if (!ok) break;
+    ok = p >= 0 && p < t.rank() && !seen[static_cast<size_t>(p)];
+    if (ok) seen[static_cast<size_t>(p)] = true;
+  }
+  if (!ok)
+    c.fail("perm [{}] is not a permutation of the axes of {}", fmt::join(perm, ", "), t.to_string());
+  std::vector<Dim> dims;
+  for (int64_t p : perm) dims.push_back(t.shape[p]);
+  t.shape = Shape(std::move(dims));
+  return {t};
+}
+
+std::vector<Type> infer_broadcast_to(const Ctx& c) {
+  c.expect_operands(1);
+  TensorType t = c.tensor(0);
+  const Shape& target = c.attr<Shape>("shape");
+  if (target.rank() < t.rank())
+    c.fail<ShapeError>("cannot broadcast {} to {}: target rank is smaller", t.to_string(),
+                       target.to_string());
+  int64_t offset = target.rank() - t.rank();
+  for (int64_t i = 0; i < t.rank(); ++i) {
+    const Dim& d = t.shape[i];
+    if (!is_static_one(d) && !(d == target[i + offset]))
+      c.fail<ShapeError>("cannot broadcast {} to {}: dim {} ({}) vs target axis {} ({})",
+                         t.to_string(), target.to_string(), i, d.to_string(), i + offset,
+                         target[i + offset].to_string());
+  }
+  t.shape = target;
+  return {t};
+}
+
+std::vector<Type> infer_concat(const Ctx& c) {
+  c.expect_at_least(1);
+  const TensorType& first = c.tensor(0);
+  int64_t axis = c.axis_attr("axis", first.rank());
+  Dim total = 0;
+  std::vector<DeviceRef> devices;
+  for (size_t i = 0; i < c.in.size(); ++i) {
+    const TensorType& t = c.tensor(i);
+    devices.push_back(t.device);
+    c.same_dtype(first.dtype, t.dtype);
+    if (t.rank() != first.rank())
+      c.fail<ShapeError>("operand {} has rank {}, operand 0 has rank {} {}", i, t.rank(),
+                         first.rank(), c.operands());
+    for (int64_t a = 0; a < t.rank(); ++a)
+      if (a != axis && !(t.shape[a] == first.shape[a]))
+        c.fail<ShapeError>("operand {} differs from operand 0 at axis {} ({} vs {}) {}", i, a,
+                           t.shape[a].to_string(), first.shape[a].to_string(), c.operands());
+    total = total + t.shape[axis];
+  }
+  c.same_device(devices);
+  TensorType out = first;
+  out.shape[axis] = total;
+  return {out};
+}
+
+std::vector<Type> infer_split(const Ctx& c) {
+  c.expect_operands(1);
+  const TensorType& t = c.tensor(0);
+  int64_t axis = c.axis_attr("axis", t.rank());
+  const Shape& sizes = c.attr<Shape>("sizes");
+  if (sizes.rank() == 0) c.fail("sizes must not be empty");
+  Dim total = 0;
+  for (const Dim& s : sizes) total = total + s;
+  auto a = total.try_static();
+  auto b = t.shape[axis].try_static();
+  bool equal = (a && b) ? *a == *b : total == t.shape[axis];
+  if (!equal)
+    c.fail<ShapeError>("sizes {} sum to {}, not to dim {} ({}) of {}", sizes.to_string(),
+                       total.to_string(), axis, t.shape[axis].to_string(), t.to_string());
+  std::vector<Type> out;
+  for (const Dim& s : sizes) {
+    TensorType piece = t;
+    piece.shape[axis] = s;
+    out.push_back(piece);
+  }
+  return out;
+}
+
+// The shape of shape[starts:stops:steps]; the attributes are full-rank and already clamped.
+Shape slice_shape(const Ctx& c, const Shape& shape) {
+  const Shape& starts = c.attr<Shape>("starts");
+  const Shape& stops = c.attr<Shape>("stops");
+  const auto& steps = c.attr<std::vector<int64_t>>("steps");
+  if (starts.rank() != shape.rank() || stops.rank() != shape.rank() ||
+      static_cast<int64_t>(steps.size()) != shape.rank())
+    c.fail("starts, stops and steps must each have {} entries (the input's rank), got {}, {}, {}",
+           shape.rank(), starts.rank(), stops.rank(), steps.size());
+  std::vector<Dim> out;
+  for (int64_t a = 0; a < shape.rank(); ++a) {
+    int64_t step = steps[static_cast<size_t>(a)];
+    if (step < 1) c.fail("step {} at axis {} must be >= 1", step, a);
+    const Dim& start = starts[a];
+    const Dim& stop = stops[a];
+    auto s0 = start.try_static();
+    auto s1 = stop.try_static();
+    auto n = shape[a].try_static();
+    if (s0 && s1) {
+      if (*s0 > *s1 || (n && *s1 > *n))
+        c.fail<ShapeError>("axis {}: bounds [{}, {}) out of range for dim {} {}", a, *s0, *s1,
+                           shape[a].to_string(), c.operands());
+      out.emplace_back((*s1 - *s0 + step - 1) / step);
+    } else if (step == 1) {
+      out.push_back(stop - start);
+    } else {
+      out.push_back((stop - start + Dim(step - 1)) / Dim(step));
+    }
+  }
+  return Shape(std::move(out));
+}
+
+std::vector<Type> infer_slice(const Ctx& c) {
+  c.expect_operands(1);
+  TensorType t = c.tensor(0);
+  t.shape = slice_shape(c, t.shape);
+  return {t};
+}
+
+std::vector<Type> infer_gather(const Ctx& c) {
+  c.expect_operands(2);
+  const TensorType& input = c.tensor(0);
+  const TensorType& indices = c.tensor(1);
+  c.require_index(1);
+  c.same_device({input.device, indices.device});
+  int64_t axis = c.axis_attr("axis", input.rank());
+  std::vector<Dim> dims(input.shape.begin(), input.shape.begin() + axis);
+  dims.insert(dims.end(), indices.shape.begin(), indices.shape.end());
+  dims.insert(dims.end(), input.shape.begin() + axis + 1, input.shape.end());
+  return {TensorType{input.dtype, Shape(std::move(dims)), input.device}};
+}
+
+std::vector<Type> infer_scatter(const Ctx& c) {
+  c.expect_operands(3);
+  const TensorType& input = c.tensor(0);
+  const TensorType& updates = c.tensor(1);
+  const TensorType& indices = c.tensor(2);
+  c.require_index(2);
+  c.same_device({input.device, updates.device, indices.device});
+  c.same_dtype(input.dtype, updates.dtype);
+  int64_t axis = c.axis_attr("axis", input.rank());
+  if (indices.rank() != 1) c.fail<ShapeError>("indices must have rank 1 {}", c.operands());
+  Shape expected = input.shape;
+  expected[axis] = indices.shape[0];
+  if (!(updates.shape == expected))
+    c.fail<ShapeError>("updates must have shape {} {}", expected.to_string(), c.operands());
+  return {input};
+}
+
+// ==== buffers, devices, calls, extensions =======================================================
+
+const BufferType& buffer_operand(const Ctx& c, size_t i) {
+  if (const auto* b = std::get_if<BufferType>(&c.in.at(i))) return *b;
+  c.fail("{} must be a buffer, got {}", operand_role(c.op, i), to_string(c.in[i]));
+}
+
+std::vector<Type> infer_buffer(const Ctx& c) {
+  if (c.op == Op::buffer_load) {
+    c.expect_operands(1);
+    const BufferType& b = buffer_operand(c, 0);
+    return {TensorType{b.dtype, slice_shape(c, b.shape), b.device}};
+  }
+  c.expect_operands(2);
+  const BufferType& b = buffer_operand(c, 0);
+  const TensorType& v = c.tensor(1);
+  c.same_device({b.device, v.device});
+  c.same_dtype(b.dtype, v.dtype);
+  Shape expected = slice_shape(c, b.shape);
+  if (!(v.shape == expected))
+    c.fail<ShapeError>("value must have the slice's shape {} {}", expected.to_string(), c.operands());
+  return {};
+}
+
+std::vector<Type> infer_call(const Ctx& c) {
+  const std::string& callee = c.attr<std::string>("callee");
+  if (!c.module) c.fail("no module to resolve callee '{}'", callee);
+  const GraphIR* g = c.module->find(callee);
+  if (!g) c.fail("no graph named '{}' in the module", callee);
+  if (c.in.size() != g->inputs.size())
+    c.fail("'{}' takes {} arguments, got {}", callee, g->inputs.size(), c.in.size());
+  for (size_t i = 0; i < c.in.size(); ++i)
+    if (!(c.in[i] == g->type(g->inputs[i])))
+      c.fail("argument {} has type {}, but '{}' expects {}", i, to_string(c.in[i]), callee,
+             to_string(g->type(g->inputs[i])));
+  if (g->outputs.empty()) c.fail("'{}' has no outputs (call output() on it first)", callee);
+  return g->output_types();
+}
+
+std::vector<Type> infer_custom(const Ctx& c) {
+  const std::string& symbol = c.attr<std::string>("symbol");
+  if (symbol.empty()) c.fail("a custom op needs a non-empty symbol");
+  if (c.op == Op::custom) return c.attr<std::vector<Type>>("output_types");
+  c.expect_at_least(1);
+  if (!is_buffer(c.in[0]))
+    c.fail("'{}': operand 0 must be a buffer, got {}", symbol, to_string(c.in[0]));
+  return {};
+}
+
+}  // namespace
+
+std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attrs& attrs,
+                              const Module* module) {
+  Ctx c{op, inputs, attrs, module};
+  if (is_elementwise_unary(op)) return infer_unary(c);
+  if (is_elementwise_binary(op)) return infer_binary(c);
+  switch (op) {
+    case Op::constant: case Op::weight: case Op::range: return infer_source(c);
+    case Op::where: return infer_where(c);
+    case Op::cast: return infer_cast(c);
+    case Op::matmul: return infer_matmul(c);
+    case Op::sum: case Op::mean: case Op::max: case Op::min: case Op::argmax: case Op::argmin:
+    case Op::cumsum: case Op::top_k: case Op::softmax: case Op::log_softmax:
+      return infer_reduction(c);
+    case Op::rms_norm: case Op::layer_norm: return infer_norm(c);
+    case Op::reshape: return infer_reshape(c);
+    case Op::transpose: return infer_transpose(c);
+    case Op::broadcast_to: return infer_broadcast_to(c);
+    case Op::concat: return infer_concat(c);
+    case Op::split: return infer_split(c);
+    case Op::slice: return infer_slice(c);
+    case Op::gather: return infer_gather(c);
+    case Op::scatter: return infer_scatter(c);
+    case Op::buffer_load: case Op::buffer_store: return infer_buffer(c);
+    case Op::transfer_to: {
+      c.expect_operands(1);
+      TensorType t = c.tensor(0);
+      t.device = c.attr<DeviceRef>("device");
+      return {t};
+    }
+    case Op::call: return infer_call(c);
+    case Op::custom: case Op::inplace_custom: return infer_custom(c);
+    default: break;
+  }
+  throw ValueError(fmt::format("infer_types: unknown op {}", static_cast<int>(op)));
+}
+
+}  // namespace kiln::graph
