@@ -26,10 +26,12 @@ struct Step {
 enum class ValueKind : uint8_t {
   input,     // a graph input (borrowed from the caller; buffers are written in place)
   weight,    // bound at init
-  constant,  // materialised once at init from the step that makes it
+  constant,  // materialised once at init from the step that makes it (GraphPlan::constants)
   slot,      // an intermediate in a reused arena slot (see memory planning)
   output,    // a graph output: fresh memory handed to the caller
 };
+// A graph output whose value is an input, weight or constant keeps that kind; the engine returns a
+// copy of it, so an output never shares memory with the caller's inputs or the model's state.
 
 struct PlanValue {
   graph::Type type;  // symbolic shape, evaluated when the model runs
@@ -45,7 +47,8 @@ struct GraphPlan {
   std::vector<graph::Type> output_types;
   std::vector<graph::Weight> weights;
   std::vector<PlanValue> values;
-  std::vector<Step> steps;            // in execution order
+  std::vector<Step> steps;            // in execution order (no weight or constant steps)
+  std::vector<Step> constants;        // `constant` kernels, run once at init
   std::vector<int32_t> outputs;       // plan values returned, in order
   int32_t num_slots = 0;
 };

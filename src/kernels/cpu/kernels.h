@@ -24,6 +24,17 @@ struct TensorView {
   template <class T> T* as() const { return static_cast<T*>(data); }
 };
 
+// "f32[2, 64]": a view's dtype and shape, for error messages.
+inline std::string describe(const TensorView& v) {
+  std::string s(dtype_name(v.dtype));
+  s += '[';
+  for (size_t i = 0; i < v.shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v.shape[i]);
+  }
+  return s + ']';
+}
+
 // Runs fn(begin, end) over [0, n) in chunks of at least `grain`, possibly in parallel; returns when
 // all are done. The engine's thread pool implements it.
 class Parallel {

@@ -1,0 +1,174 @@
+// The compile driver: verify, inline calls, optimize, verify again, then turn each graph into a
+// GraphPlan (value table, kernel launches, arena slots) that the engine runs without the IR.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "compiler/inline_calls.h"
+#include "kernels/cpu/kernels.h"
+#include "kiln/compiler/compiled_model.h"
+#include "kiln/compiler/passes.h"
+#include "kiln/errors.h"
+
+namespace kiln::compiler {
+
+namespace {
+
+using graph::GraphIR;
+using graph::Node;
+using graph::Op;
+
+std::string_view device_kind_name(DeviceKind kind) { return kind == DeviceKind::CPU ? "cpu" : "gpu"; }
+
+// The device whose kernel runs a node: where its results live (or its operands, for ops without any).
+DeviceKind step_device(const GraphIR& g, const Node& node) {
+  if (!node.outputs.empty()) return graph::device_of(g.type(node.outputs.front())).kind;
+  if (!node.inputs.empty()) return graph::device_of(g.type(node.inputs.front())).kind;
+  return DeviceKind::CPU;
+}
+
+void check_kernel_exists(const GraphIR& g, size_t node_index, const Node& node) {
+  std::vector<DType> input_dtypes, output_dtypes;
+  for (auto v : node.inputs) input_dtypes.push_back(graph::dtype_of(g.type(v)));
+  for (auto v : node.outputs) output_dtypes.push_back(graph::dtype_of(g.type(v)));
+  DType dtype = kernels::kernel_dtype(node.op, input_dtypes, output_dtypes);
+  DeviceKind device = step_device(g, node);
+  if (!kernels::builtin_kernels().find(node.op, device, dtype))
+    throw Error(fmt::format("compile: graph '{}' node {}: no {} kernel for {} on {}", g.name,
+                            node_index, device_kind_name(device), graph::op_name(node.op),
+                            dtype_name(dtype)));
+}
+
+// Greedy arena assignment by liveness: an intermediate takes a free slot of its dtype (or a new one)
+// when its step runs and gives it back after the step of its last use. Outputs of a step never share a
+// slot with that step's operands, since a slot is freed only after the step that last reads it.
+void assign_slots(GraphPlan& plan) {
+  const auto num_values = plan.values.size();
+  std::vector<int32_t> last_use(num_values, -1);
+  for (size_t s = 0; s < plan.steps.size(); ++s) {
+    for (int32_t v : plan.steps[s].inputs) last_use[static_cast<size_t>(v)] = static_cast<int32_t>(s);
+    for (int32_t v : plan.steps[s].outputs)
+      last_use[static_cast<size_t>(v)] = std::max(last_use[static_cast<size_t>(v)], static_cast<int32_t>(s));
+  }
+  std::vector<DType> slot_dtypes;
+  std::multimap<DType, int32_t> free_slots;
+  for (size_t s = 0; s < plan.steps.size(); ++s) {
+    const Step& step = plan.steps[s];
+    for (int32_t v : step.outputs) {
+      PlanValue& value = plan.values[static_cast<size_t>(v)];
+      if (value.kind != ValueKind::slot) continue;
+      DType dtype = graph::dtype_of(value.type);
+      if (auto it = free_slots.find(dtype); it != free_slots.end()) {
+        value.slot = it->second;
+        free_slots.erase(it);
+      } else {
+        value.slot = static_cast<int32_t>(slot_dtypes.size());
+        slot_dtypes.push_back(dtype);
+      }
+    }
+    // Release every slot value whose last use is this step (each value once: operands may repeat).
+    std::vector<int32_t> released;
+    for (const auto* list : {&step.inputs, &step.outputs})
+      for (int32_t v : *list) {
+        const PlanValue& value = plan.values[static_cast<size_t>(v)];
+        if (value.kind != ValueKind::slot || last_use[static_cast<size_t>(v)] != static_cast<int32_t>(s))
+          continue;
+        if (std::find(released.begin(), released.end(), v) != released.end()) continue;
+        released.push_back(v);
+        free_slots.emplace(graph::dtype_of(value.type), value.slot);
+      }
+  }
+  plan.num_slots = static_cast<int32_t>(slot_dtypes.size());
+}
+
+Step make_step(const Node& node, size_t node_index) {
+  return Step{node.op, {node.inputs.begin(), node.inputs.end()},
+              {node.outputs.begin(), node.outputs.end()}, node.attrs, static_cast<int32_t>(node_index)};
+}
+
+GraphPlan plan_graph(const GraphIR& g) {
+  GraphPlan plan;
+  plan.name = g.name;
+  plan.input_types = g.input_types();
+  plan.output_types = g.output_types();
+  plan.weights = g.weights;
+  plan.values.resize(g.value_types.size());
+  for (size_t v = 0; v < g.value_types.size(); ++v) plan.values[v].type = g.value_types[v];
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    PlanValue& value = plan.values.at(static_cast<size_t>(g.inputs[i]));
+    value.kind = ValueKind::input;
+    value.input = static_cast<int32_t>(i);
+  }
+
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node& node = g.nodes[n];
+    switch (node.op) {
+      case Op::weight: {
+        PlanValue& value = plan.values.at(static_cast<size_t>(node.outputs.at(0)));
+        value.kind = ValueKind::weight;
+        value.weight = graph::get_attr<std::string>(node.attrs, "name", Op::weight);
+        continue;
+      }
+      case Op::custom:
+      case Op::inplace_custom:
+        throw ExtensionError(fmt::format(
+            "compile: graph '{}' node {}: custom op '{}' needs a loaded extension (not supported yet)",
+            g.name, n, graph::get_attr<std::string>(node.attrs, "symbol", node.op)));
+      case Op::call:
+        throw Error(fmt::format("compile: graph '{}' node {}: call left after inlining", g.name, n));
+      default: break;
+    }
+    check_kernel_exists(g, n, node);
+    if (node.op == Op::constant) {
+      plan.values.at(static_cast<size_t>(node.outputs.at(0))).kind = ValueKind::constant;
+      plan.constants.push_back(make_step(node, n));
+    } else {
+      plan.steps.push_back(make_step(node, n));
+    }
+  }
+
+  plan.outputs.assign(g.outputs.begin(), g.outputs.end());
+  for (int32_t v : plan.outputs) {
+    PlanValue& value = plan.values.at(static_cast<size_t>(v));
+    if (value.kind == ValueKind::slot) value.kind = ValueKind::output;
+  }
+  assign_slots(plan);
+  return plan;
+}
+
+}  // namespace
+
+std::vector<std::string> CompiledModel::graph_names() const {
+  return ir_ ? ir_->graph_names() : std::vector<std::string>{};
+}
+
+const GraphPlan& CompiledModel::plan(const std::string& graph) const {
+  auto it = plans_.find(graph);
+  if (it == plans_.end()) {
+    std::string known;
+    for (const auto& [name, p] : plans_) known += (known.empty() ? "'" : ", '") + name + "'";
+    throw ValueError(fmt::format("CompiledModel: no graph '{}' (graphs: {})", graph,
+                                 known.empty() ? "none" : known));
+  }
+  return it->second;
+}
+
+CompiledModel compile(const graph::Module& module, const CompileOptions& options) {
+  passes::verify(module);
+  graph::Module ir = inline_calls(module);
+  if (options.optimize) {
+    ir = passes::canonicalize(std::move(ir));
+    ir = passes::constant_fold(std::move(ir));
+    ir = passes::cse(std::move(ir));
+    ir = passes::dce(std::move(ir));
+  }
+  passes::verify(ir);
+  std::map<std::string, GraphPlan> plans;
+  for (const auto& g : ir.graphs()) plans.emplace(g->name, plan_graph(*g));
+  return CompiledModel(std::move(ir), std::move(plans));
+}
+
+}  // namespace kiln::compiler

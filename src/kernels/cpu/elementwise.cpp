@@ -1,0 +1,603 @@
+// CPU kernels of the elementwise ops: unary, binary (numpy broadcasting of strided operands into a
+// contiguous result), where and cast. Each op is a small functor; a few loop templates apply it.
+// 16-bit floats compute in f32 and round back; signed integer arithmetic wraps (two's complement)
+// instead of being undefined on overflow.
+#include <cmath>
+#include <numbers>
+#include <type_traits>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/strided.h"
+
+namespace kiln::kernels {
+namespace {
+
+using graph::Op;
+
+// ---- which dtypes an op accepts ------------------------------------------------------------------
+
+enum class Accepts { numeric, signed_numeric, floats, booleans, all };
+
+constexpr bool accepts(Accepts a, DType d) {
+  switch (a) {
+    case Accepts::numeric: return d != DType::boolean;
+    case Accepts::signed_numeric:
+      return d != DType::boolean && d != DType::u8 && d != DType::u16 && d != DType::u32 &&
+             d != DType::u64;
+    case Accepts::floats:
+      return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::f64;
+    case Accepts::booleans: return d == DType::boolean;
+    case Accepts::all: return true;
+  }
+  return false;
+}
+
+// ---- wrapping integer arithmetic -------------------------------------------------------------------
+
+// Unsigned arithmetic is modular; promoting through at least `unsigned` avoids int overflow on
+// narrow types (uint16 * uint16 would otherwise multiply as int).
+template <class T>
+using wrap_t = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+
+template <class T> T wrapping_add(T a, T b) {
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<wrap_t<T>>(a) + static_cast<wrap_t<T>>(b));
+  else
+    return a + b;
+}
+template <class T> T wrapping_sub(T a, T b) {
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<wrap_t<T>>(a) - static_cast<wrap_t<T>>(b));
+  else
+    return a - b;
+}
+template <class T> T wrapping_mul(T a, T b) {
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<wrap_t<T>>(a) * static_cast<wrap_t<T>>(b));
+  else
+    return a * b;
+}
+template <class T> T wrapping_neg(T a) { return wrapping_sub(T(0), a); }
+
+// ---- unary functors: C is the compute type (float, double or an integer) -------------------------
+
+struct Neg {
+  static constexpr Accepts kAccepts = Accepts::signed_numeric;
+  template <class C> C operator()(C x) const { return wrapping_neg(x); }
+};
+struct Abs {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> C operator()(C x) const {
+    if constexpr (std::is_floating_point_v<C>)
+      return std::fabs(x);
+    else if constexpr (std::is_unsigned_v<C>)
+      return x;
+    else
+      return x < 0 ? wrapping_neg(x) : x;
+  }
+};
+struct Relu {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  // x < 0 rather than x > 0 so NaN passes through, as in PyTorch.
+  template <class C> C operator()(C x) const {
+    if constexpr (std::is_unsigned_v<C>)
+      return x;
+    else
+      return x < C(0) ? C(0) : x;
+  }
+};
+struct Square {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> C operator()(C x) const { return wrapping_mul(x, x); }
+};
+struct Exp {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::exp(x); }
+};
+struct Log {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::log(x); }
+};
+struct Sqrt {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::sqrt(x); }
+};
+struct Rsqrt {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return C(1) / std::sqrt(x); }
+};
+struct Sin {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::sin(x); }
+};
+struct Cos {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::cos(x); }
+};
+struct Tanh {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::tanh(x); }
+};
+struct Sigmoid {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return C(1) / (C(1) + std::exp(-x)); }
+};
+struct Silu {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return x / (C(1) + std::exp(-x)); }
+};
+struct GeluErf {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const {
+    return C(0.5) * x * (C(1) + std::erf(x * C(std::numbers::sqrt2 / 2)));
+  }
+};
+struct GeluTanh {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const {
+    const C k = C(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2 / pi)
+    return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
+  }
+};
+struct Erf {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::erf(x); }
+};
+struct Floor {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::floor(x); }
+};
+struct Ceil {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return std::ceil(x); }
+};
+struct RoundHalfEven {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  // Explicit rather than std::nearbyint, which depends on the thread's rounding mode.
+  template <class C> C operator()(C x) const {
+    const C r = std::round(x);  // halves away from zero
+    if (std::fabs(x - std::trunc(x)) == C(0.5)) return C(2) * std::round(x * C(0.5));
+    return r;
+  }
+};
+struct Reciprocal {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  template <class C> C operator()(C x) const { return C(1) / x; }
+};
+struct IsNan {
+  static constexpr Accepts kAccepts = Accepts::floats;
+  static constexpr bool kBoolResult = true;
+  template <class C> bool operator()(C x) const { return std::isnan(x); }
+};
+struct LogicalNot {
+  static constexpr Accepts kAccepts = Accepts::booleans;
+  bool operator()(bool x) const { return !x; }
+};
+
+// ---- binary functors ------------------------------------------------------------------------------
+
+struct Add {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> C operator()(C a, C b) const { return wrapping_add(a, b); }
+};
+struct Sub {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> C operator()(C a, C b) const { return wrapping_sub(a, b); }
+};
+struct Mul {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> C operator()(C a, C b) const { return wrapping_mul(a, b); }
+};
+
+// Integer divisors are checked for zero before any element is computed (check_rhs), so the loops
+// stay branch-free and nothing throws from inside a parallel region.
+template <class C> void check_nonzero_divisor(Op op, C b) {
+  if constexpr (std::is_integral_v<C>)
+    if (b == C(0))
+      throw ExecutionError(fmt::format("{}: integer division by zero", graph::op_name(op)));
+}
+
+struct Div {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> static void check_rhs(C b) { check_nonzero_divisor(Op::div, b); }
+  // Integers truncate toward zero, as C++ does; MIN / -1 wraps to MIN instead of trapping.
+  template <class C> C operator()(C a, C b) const {
+    if constexpr (std::is_integral_v<C> && std::is_signed_v<C>)
+      if (b == C(-1)) return wrapping_neg(a);
+    return static_cast<C>(a / b);
+  }
+};
+struct Mod {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> static void check_rhs(C b) { check_nonzero_divisor(Op::mod, b); }
+  // The result takes the divisor's sign, as Python's %: -7 mod 3 == 2, 7 mod -3 == -2.
+  template <class C> C operator()(C a, C b) const {
+    if constexpr (std::is_floating_point_v<C>) {
+      C r = std::fmod(a, b);
+      if (r != C(0) && ((r < C(0)) != (b < C(0)))) r += b;
+      if (r == C(0)) r = std::copysign(C(0), b);
+      return r;
+    } else if constexpr (std::is_signed_v<C>) {
+      if (b == C(-1)) return C(0);  // MIN % -1 would trap
+      C r = static_cast<C>(a % b);
+      if (r != 0 && ((r < 0) != (b < 0))) r = static_cast<C>(r + b);
+      return r;
+    } else {
+      return static_cast<C>(a % b);
+    }
+  }
+};
+struct Pow {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> static void check_rhs(C b) {
+    if constexpr (std::is_integral_v<C> && std::is_signed_v<C>)
+      if (b < 0)
+        throw ExecutionError(fmt::format(
+            "pow: negative integer exponent {} (integers to negative powers are not allowed)",
+            static_cast<int64_t>(b)));
+  }
+  template <class C> C operator()(C a, C b) const {
+    if constexpr (std::is_floating_point_v<C>) {
+      return std::pow(a, b);
+    } else {
+      // Exponentiation by squaring, wrapping like repeated multiplication.
+      C result = 1;
+      for (auto e = static_cast<std::make_unsigned_t<C>>(b); e != 0; e >>= 1) {
+        if (e & 1) result = wrapping_mul(result, a);
+        a = wrapping_mul(a, a);
+      }
+      return result;
+    }
+  }
+};
+// NaN propagates, as PyTorch's maximum/minimum do (b is returned when it is NaN).
+template <class C> bool nan_value(C x) {
+  if constexpr (std::is_floating_point_v<C>)
+    return std::isnan(x);
+  else
+    return false;
+}
+struct Maximum {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> C operator()(C a, C b) const { return (a > b || nan_value(a)) ? a : b; }
+};
+struct Minimum {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  template <class C> C operator()(C a, C b) const { return (a < b || nan_value(a)) ? a : b; }
+};
+struct Equal {
+  static constexpr Accepts kAccepts = Accepts::all;
+  static constexpr bool kBoolResult = true;
+  template <class C> bool operator()(C a, C b) const { return a == b; }
+};
+struct NotEqual {
+  static constexpr Accepts kAccepts = Accepts::all;
+  static constexpr bool kBoolResult = true;
+  template <class C> bool operator()(C a, C b) const { return a != b; }
+};
+struct Greater {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  static constexpr bool kBoolResult = true;
+  template <class C> bool operator()(C a, C b) const { return a > b; }
+};
+struct GreaterEqual {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  static constexpr bool kBoolResult = true;
+  template <class C> bool operator()(C a, C b) const { return a >= b; }
+};
+struct Less {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  static constexpr bool kBoolResult = true;
+  template <class C> bool operator()(C a, C b) const { return a < b; }
+};
+struct LessEqual {
+  static constexpr Accepts kAccepts = Accepts::numeric;
+  static constexpr bool kBoolResult = true;
+  template <class C> bool operator()(C a, C b) const { return a <= b; }
+};
+struct LogicalAnd {
+  static constexpr Accepts kAccepts = Accepts::booleans;
+  bool operator()(bool a, bool b) const { return a && b; }
+};
+struct LogicalOr {
+  static constexpr Accepts kAccepts = Accepts::booleans;
+  bool operator()(bool a, bool b) const { return a || b; }
+};
+struct LogicalXor {
+  static constexpr Accepts kAccepts = Accepts::booleans;
+  bool operator()(bool a, bool b) const { return a != b; }
+};
+
+// ---- loops -----------------------------------------------------------------------------------------
+
+template <class F> constexpr bool bool_result() {
+  if constexpr (requires { F::kBoolResult; })
+    return F::kBoolResult;
+  else
+    return false;
+}
+
+// The element type F writes for inputs of type T.
+template <class F, class T> using result_t = std::conditional_t<bool_result<F>(), bool, T>;
+
+// Throws ShapeError unless `v` broadcasts to `out_shape` (the executor has checked; this keeps a
+// wrong call from reading out of bounds).
+void check_broadcastable(Op op, const char* operand, const TensorView& v,
+                         const std::vector<int64_t>& out_shape) {
+  bool ok = v.shape.size() <= out_shape.size();
+  for (size_t i = 0; ok && i < v.shape.size(); ++i) {
+    const int64_t d = v.shape[v.shape.size() - 1 - i];
+    ok = d == 1 || d == out_shape[out_shape.size() - 1 - i];
+  }
+  if (!ok)
+    throw ShapeError(fmt::format("{}: {} of shape [{}] does not broadcast to the result shape [{}]",
+                                 graph::op_name(op), operand, fmt::join(v.shape, ", "),
+                                 fmt::join(out_shape, ", ")));
+}
+
+// Same shape as the result and contiguous: the loop can read it flat.
+bool is_flat(const TensorView& v, const std::vector<int64_t>& out_shape) {
+  return v.shape == out_shape && v.is_contiguous();
+}
+
+template <class F, class T>
+void unary_loop(const KernelContext& ctx, const TensorView& in, const TensorView& out) {
+  using Out = result_t<F, T>;
+  const F f;
+  const T* x = in.as<T>();
+  Out* o = out.as<Out>();
+  if (is_flat(in, out.shape)) {
+    parallel_for(ctx, out.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) o[i] = convert<Out>(f(widen(x[i])));
+    });
+    return;
+  }
+  const std::vector<int64_t> strides = broadcast_strides(in, out.shape);
+  const int64_t step = strides.empty() ? 0 : strides.back();
+  parallel_for(ctx, out.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for_each_run<1>(out.shape, {strides.data()}, begin, end,
+                    [&](int64_t first, const std::array<int64_t, 1>& off, int64_t count) {
+                      const T* xs = x + off[0];
+                      Out* os = o + first;
+                      for (int64_t j = 0; j < count; ++j) os[j] = convert<Out>(f(widen(xs[j * step])));
+                    });
+  });
+}
+
+// Calls F::check_rhs on every element of `b`, when F has one.
+template <class F, class T> void check_rhs_elements(const TensorView& b) {
+  if constexpr (requires(compute_t<T> v) { F::check_rhs(v); }) {
+    const T* y = b.as<T>();
+    for_each_run<1>(b.shape, {b.strides.data()}, 0, b.numel(),
+                    [&](int64_t, const std::array<int64_t, 1>& off, int64_t count) {
+                      const int64_t step = b.shape.empty() ? 0 : b.strides.back();
+                      for (int64_t j = 0; j < count; ++j) F::check_rhs(widen(y[off[0] + j * step]));
+                    });
+  }
+}
+
+template <class F, class T>
+void binary_loop(const KernelContext& ctx, const TensorView& a, const TensorView& b,
+                 const TensorView& out) {
+  using Out = result_t<F, T>;
+  check_rhs_elements<F, T>(b);
+  const F f;
+  const T* x = a.as<T>();
+  const T* y = b.as<T>();
+  Out* o = out.as<Out>();
+  const int64_t n = out.numel();
+  // Fast paths: both flat, or one flat and the other a single element (x * 0.5).
+  if (is_flat(a, out.shape) && is_flat(b, out.shape)) {
+    parallel_for(ctx, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) o[i] = convert<Out>(f(widen(x[i]), widen(y[i])));
+    });
+    return;
+  }
+  if (is_flat(a, out.shape) && b.numel() == 1) {
+    const compute_t<T> y0 = widen(y[0]);
+    parallel_for(ctx, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) o[i] = convert<Out>(f(widen(x[i]), y0));
+    });
+    return;
+  }
+  if (a.numel() == 1 && is_flat(b, out.shape)) {
+    const compute_t<T> x0 = widen(x[0]);
+    parallel_for(ctx, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) o[i] = convert<Out>(f(x0, widen(y[i])));
+    });
+    return;
+  }
+  const std::vector<int64_t> sa = broadcast_strides(a, out.shape);
+  const std::vector<int64_t> sb = broadcast_strides(b, out.shape);
+  const int64_t step_a = sa.empty() ? 0 : sa.back();
+  const int64_t step_b = sb.empty() ? 0 : sb.back();
+  parallel_for(ctx, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for_each_run<2>(out.shape, {sa.data(), sb.data()}, begin, end,
+                    [&](int64_t first, const std::array<int64_t, 2>& off, int64_t count) {
+                      const T* xs = x + off[0];
+                      const T* ys = y + off[1];
+                      Out* os = o + first;
+                      for (int64_t j = 0; j < count; ++j)
+                        os[j] = convert<Out>(f(widen(xs[j * step_a]), widen(ys[j * step_b])));
+                    });
+  });
+}
+
+// ---- kernels ---------------------------------------------------------------------------------------
+
+[[noreturn]] void throw_unsupported(Op op, DType d) {
+  throw DTypeError(fmt::format("{}: the CPU kernel does not accept {}", graph::op_name(op),
+                               dtype_name(d)));
+}
+
+template <Op kOp, class F>
+void unary_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+                  std::span<const TensorView> outputs) {
+  check_broadcastable(kOp, "operand", inputs[0], outputs[0].shape);
+  visit_dtype(inputs[0].dtype, [&]<class T>() {
+    if constexpr (accepts(F::kAccepts, dtype_of<T>()))
+      unary_loop<F, T>(ctx, inputs[0], outputs[0]);
+    else
+      throw_unsupported(kOp, inputs[0].dtype);
+  });
+}
+
+void gelu_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
+                 std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+  const std::string& approximate = graph::get_attr<std::string>(attrs, "approximate", Op::gelu);
+  if (approximate == "none")
+    unary_kernel<Op::gelu, GeluErf>(ctx, attrs, inputs, outputs);
+  else if (approximate == "tanh")
+    unary_kernel<Op::gelu, GeluTanh>(ctx, attrs, inputs, outputs);
+  else
+    throw ValueError(fmt::format("gelu: attribute 'approximate' is '{}'; expected 'none' or 'tanh'",
+                                 approximate));
+}
+
+template <Op kOp, class F>
+void binary_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+                   std::span<const TensorView> outputs) {
+  const TensorView& a = inputs[0];
+  const TensorView& b = inputs[1];
+  if (a.dtype != b.dtype)
+    throw DTypeError(fmt::format("{}: operands are {} and {}; expected the same dtype",
+                                 graph::op_name(kOp), dtype_name(a.dtype), dtype_name(b.dtype)));
+  check_broadcastable(kOp, "lhs", a, outputs[0].shape);
+  check_broadcastable(kOp, "rhs", b, outputs[0].shape);
+  visit_dtype(a.dtype, [&]<class T>() {
+    if constexpr (accepts(F::kAccepts, dtype_of<T>()))
+      binary_loop<F, T>(ctx, a, b, outputs[0]);
+    else
+      throw_unsupported(kOp, a.dtype);
+  });
+}
+
+// where(condition, x, y): a byte move by element size; condition is bool.
+void where_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+                  std::span<const TensorView> outputs) {
+  const TensorView& cond = inputs[0];
+  const TensorView& x = inputs[1];
+  const TensorView& y = inputs[2];
+  const TensorView& out = outputs[0];
+  if (cond.dtype != DType::boolean || x.dtype != y.dtype)
+    throw DTypeError(fmt::format("where: got condition {}, x {}, y {}; expected a bool condition "
+                                 "and x, y of one dtype",
+                                 dtype_name(cond.dtype), dtype_name(x.dtype), dtype_name(y.dtype)));
+  check_broadcastable(Op::where, "condition", cond, out.shape);
+  check_broadcastable(Op::where, "x", x, out.shape);
+  check_broadcastable(Op::where, "y", y, out.shape);
+  const std::vector<int64_t> sc = broadcast_strides(cond, out.shape);
+  const std::vector<int64_t> sx = broadcast_strides(x, out.shape);
+  const std::vector<int64_t> sy = broadcast_strides(y, out.shape);
+  const int64_t step_c = sc.empty() ? 0 : sc.back();
+  const int64_t step_x = sx.empty() ? 0 : sx.back();
+  const int64_t step_y = sy.empty() ? 0 : sy.back();
+  const bool* c = cond.as<bool>();
+  visit_element_size(x.dtype, [&]<class U>() {
+    const U* xs = x.as<U>();
+    const U* ys = y.as<U>();
+    U* o = out.as<U>();
+    parallel_for(ctx, out.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for_each_run<3>(out.shape, {sc.data(), sx.data(), sy.data()}, begin, end,
+                      [&](int64_t first, const std::array<int64_t, 3>& off, int64_t count) {
+                        for (int64_t j = 0; j < count; ++j)
+                          o[first + j] = c[off[0] + j * step_c] ? xs[off[1] + j * step_x]
+                                                                : ys[off[2] + j * step_y];
+                      });
+    });
+  });
+}
+
+// cast: any dtype to any (see convert() for the semantics); the result's dtype is the target.
+void cast_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+                 std::span<const TensorView> outputs) {
+  const TensorView& in = inputs[0];
+  const TensorView& out = outputs[0];
+  check_broadcastable(Op::cast, "operand", in, out.shape);
+  if (in.dtype == out.dtype && in.shape == out.shape) {
+    copy_strided(ctx, in.dtype, in.shape, in.data, in.strides, out.data);
+    return;
+  }
+  const std::vector<int64_t> strides = broadcast_strides(in, out.shape);
+  const int64_t step = strides.empty() ? 0 : strides.back();
+  visit_dtype(in.dtype, [&]<class From>() {
+    visit_dtype(out.dtype, [&]<class To>() {
+      const From* x = in.as<From>();
+      To* o = out.as<To>();
+      parallel_for(ctx, out.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        for_each_run<1>(out.shape, {strides.data()}, begin, end,
+                        [&](int64_t first, const std::array<int64_t, 1>& off, int64_t count) {
+                          for (int64_t j = 0; j < count; ++j)
+                            o[first + j] = convert<To>(x[off[0] + j * step]);
+                        });
+      });
+    });
+  });
+}
+
+// Registers `fn` for op on every dtype `accepted` allows.
+void add_for(KernelRegistry& r, Op op, Accepts accepted, KernelFn fn) {
+  for (DType d : kAllDTypes)
+    if (accepts(accepted, d)) r.add(op, DeviceKind::CPU, {d}, fn);
+}
+
+template <Op kOp, class F> void add_unary(KernelRegistry& r) {
+  add_for(r, kOp, F::kAccepts, unary_kernel<kOp, F>);
+}
+template <Op kOp, class F> void add_binary(KernelRegistry& r) {
+  add_for(r, kOp, F::kAccepts, binary_kernel<kOp, F>);
+}
+
+}  // namespace
+
+void register_cpu_elementwise(KernelRegistry& r) {
+  add_unary<Op::neg, Neg>(r);
+  add_unary<Op::abs, Abs>(r);
+  add_unary<Op::exp, Exp>(r);
+  add_unary<Op::log, Log>(r);
+  add_unary<Op::sqrt, Sqrt>(r);
+  add_unary<Op::rsqrt, Rsqrt>(r);
+  add_unary<Op::sin, Sin>(r);
+  add_unary<Op::cos, Cos>(r);
+  add_unary<Op::tanh, Tanh>(r);
+  add_unary<Op::sigmoid, Sigmoid>(r);
+  add_unary<Op::silu, Silu>(r);
+  add_for(r, Op::gelu, Accepts::floats, gelu_kernel);
+  add_unary<Op::relu, Relu>(r);
+  add_unary<Op::erf, Erf>(r);
+  add_unary<Op::floor, Floor>(r);
+  add_unary<Op::ceil, Ceil>(r);
+  add_unary<Op::round, RoundHalfEven>(r);
+  add_unary<Op::reciprocal, Reciprocal>(r);
+  add_unary<Op::square, Square>(r);
+  add_unary<Op::logical_not, LogicalNot>(r);
+  add_unary<Op::is_nan, IsNan>(r);
+
+  add_binary<Op::add, Add>(r);
+  add_binary<Op::sub, Sub>(r);
+  add_binary<Op::mul, Mul>(r);
+  add_binary<Op::div, Div>(r);
+  add_binary<Op::mod, Mod>(r);
+  add_binary<Op::pow, Pow>(r);
+  add_binary<Op::maximum, Maximum>(r);
+  add_binary<Op::minimum, Minimum>(r);
+  add_binary<Op::equal, Equal>(r);
+  add_binary<Op::not_equal, NotEqual>(r);
+  add_binary<Op::greater, Greater>(r);
+  add_binary<Op::greater_equal, GreaterEqual>(r);
+  add_binary<Op::less, Less>(r);
+  add_binary<Op::less_equal, LessEqual>(r);
+  add_binary<Op::logical_and, LogicalAnd>(r);
+  add_binary<Op::logical_or, LogicalOr>(r);
+  add_binary<Op::logical_xor, LogicalXor>(r);
+
+  // Registered under the condition's dtype (kernel_dtype takes the first operand's).
+  r.add(Op::where, DeviceKind::CPU, {DType::boolean}, where_kernel);
+  add_for(r, Op::cast, Accepts::all, cast_kernel);
+}
+
+}  // namespace kiln::kernels
