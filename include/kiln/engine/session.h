@@ -21,7 +21,10 @@ using compiler::CompiledModel;
 
 class SessionState;  // private: devices, thread pool, kernel registry
 
-// A runnable graph: one submodel of an initialised CompiledModel. Copies share state.
+// A runnable graph: one submodel of an initialised CompiledModel. Copies share state (weights and the
+// scratch arena), so execute() calls on one Model or its copies run one at a time; use one Model per
+// thread (init the CompiledModel again) to run a graph concurrently. Weights are not copied: borrowed
+// registry memory must outlive the Model.
 class Model {
  public:
   Model() = default;
@@ -60,8 +63,10 @@ class InferenceSession {
   // Binds weights: every weight of every graph present, dtype and shape equal, contiguous, on the
   // right kind of device; each failure names the weight. Returns one Model per graph, by name.
   std::map<std::string, Model> init(const CompiledModel& compiled, const WeightsRegistry& weights) const;
-  // Compile + init of a module with exactly one graph (ValueError otherwise).
+  // Compile + init of a graph's module; returns that graph's model (its module may also hold the
+  // graphs it calls).
   Model load(const graph::Graph& graph, const WeightsRegistry& weights = {}) const;
+  // Compile + init of a module with exactly one graph (ValueError otherwise).
   Model load(const graph::Module& module, const WeightsRegistry& weights = {}) const;
   std::map<std::string, Model> load_all(const graph::Module& module,
                                         const WeightsRegistry& weights = {}) const;

@@ -1,0 +1,314 @@
+#include "engine/executor.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "kiln/errors.h"
+
+namespace kiln::engine {
+
+namespace {
+
+using compiler::GraphPlan;
+using compiler::PlanValue;
+using compiler::Step;
+using compiler::ValueKind;
+
+kernels::KernelFn resolve_kernel(const GraphPlan& plan, const Step& step) {
+  std::vector<DType> input_dtypes, output_dtypes;
+  for (int32_t v : step.inputs) input_dtypes.push_back(graph::dtype_of(plan.values.at(v).type));
+  for (int32_t v : step.outputs) output_dtypes.push_back(graph::dtype_of(plan.values.at(v).type));
+  DType dtype = kernels::kernel_dtype(step.op, input_dtypes, output_dtypes);
+  DeviceKind device = DeviceKind::CPU;
+  if (!step.outputs.empty())
+    device = graph::device_of(plan.values.at(step.outputs.front()).type).kind;
+  else if (!step.inputs.empty())
+    device = graph::device_of(plan.values.at(step.inputs.front()).type).kind;
+  kernels::KernelFn fn = kernels::builtin_kernels().find(step.op, device, dtype);
+  if (!fn)
+    throw Error(fmt::format("init: graph '{}' node {}: no {} kernel for {} on {}", plan.name, step.node,
+                            device == DeviceKind::CPU ? "cpu" : "gpu", graph::op_name(step.op),
+                            dtype_name(dtype)));
+  return fn;
+}
+
+bool has_symbolic_shape_attr(const graph::Attrs& attrs) {
+  for (const auto& [name, attr] : attrs)
+    if (const auto* shape = std::get_if<graph::Shape>(&attr); shape && !shape->is_static()) return true;
+  return false;
+}
+
+kernels::TensorView view_of(const Tensor& t) {
+  // Kernels write through views of buffer inputs (in place) and of outputs; both are ours to write.
+  return {const_cast<void*>(t.data()), t.dtype(), t.shape(), t.strides()};
+}
+
+std::string describe_type(const graph::Type& type) { return graph::to_string(type); }
+
+}  // namespace
+
+// ---- init ----------------------------------------------------------------------------------------
+
+void check_weights(const GraphPlan& plan, const WeightsRegistry& weights) {
+  for (const graph::Weight& w : plan.weights) {
+    auto it = weights.find(w.name);
+    if (it == weights.end())
+      throw ValueError(fmt::format("init: graph '{}' needs weight '{}' ({}), which the registry lacks",
+                                   plan.name, w.name, w.type().to_string()));
+    if (!w.shape.is_static())
+      throw ValueError(fmt::format("init: weight '{}' has symbolic shape {}; weights need static shapes",
+                                   w.name, w.shape.to_string()));
+    const Tensor& t = it->second;
+    if (!t.defined())
+      throw ValueError(fmt::format("init: weight '{}' is an undefined tensor, expected {}", w.name,
+                                   w.type().to_string()));
+    if (t.dtype() != w.dtype)
+      throw ValueError(fmt::format("init: weight '{}' has dtype {}, expected {}", w.name,
+                                   dtype_name(t.dtype()), dtype_name(w.dtype)));
+    if (t.shape() != w.shape.static_dims())
+      throw ValueError(fmt::format("init: weight '{}' has shape {}, expected {}", w.name, t.shape(),
+                                   w.shape.static_dims()));
+    if (!t.is_contiguous())
+      throw ValueError(fmt::format("init: weight '{}' is not contiguous (shape {}, strides {})", w.name,
+                                   t.shape(), t.strides()));
+    if (t.device().kind != DeviceKind::CPU)
+      throw ValueError(fmt::format("init: weight '{}' is on {}, expected a cpu device", w.name,
+                                   t.device().to_string()));
+  }
+  for (const PlanValue& value : plan.values)
+    if (value.kind == ValueKind::weight && !weights.count(value.weight))
+      throw ValueError(fmt::format("init: graph '{}' needs weight '{}', which the registry lacks",
+                                   plan.name, value.weight));
+}
+
+Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, kernels::Parallel* parallel)
+    : plan_(std::move(plan)), parallel_(parallel) {
+  const size_t num_values = plan_.values.size();
+  bound_.resize(num_values);
+  static_shapes_.resize(num_values);
+  for (size_t v = 0; v < num_values; ++v) {
+    const graph::Shape& shape = graph::shape_of(plan_.values[v].type);
+    if (shape.is_static()) static_shapes_[v] = shape.static_dims();
+  }
+  for (size_t v = 0; v < num_values; ++v)
+    if (plan_.values[v].kind == ValueKind::weight) bound_[v] = weights.at(plan_.values[v].weight);
+
+  for (const Step& step : plan_.steps)
+    steps_.push_back({resolve_kernel(plan_, step), has_symbolic_shape_attr(step.attrs)});
+
+  for (const Step& step : plan_.constants) {
+    StepInfo info{resolve_kernel(plan_, step), false};
+    std::vector<kernels::TensorView> views;
+    for (int32_t v : step.outputs) {
+      const auto& type = plan_.values.at(v).type;
+      if (!static_shapes_.at(v))
+        throw ValueError(fmt::format("init: graph '{}' node {}: constant has symbolic shape {}",
+                                     plan_.name, step.node, describe_type(type)));
+      bound_[v] = Tensor::empty(graph::dtype_of(type), *static_shapes_[v], graph::device_of(type));
+      views.push_back(view_of(bound_[v]));
+    }
+    launch(step, info, step.attrs, views);
+  }
+  slots_.resize(static_cast<size_t>(plan_.num_slots));
+}
+
+// ---- one run ---------------------------------------------------------------------------------------
+
+graph::SymbolBindings Executor::bind_inputs(const std::vector<Tensor>& inputs) const {
+  struct Origin {
+    size_t input, dim;
+  };
+  graph::SymbolBindings bindings;
+  std::map<std::string, Origin> origins;
+  std::vector<std::pair<size_t, size_t>> algebraic;  // (input, dim) checked once all symbols are bound
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const graph::Type& type = plan_.input_types[i];
+    const graph::Shape& shape = graph::shape_of(type);
+    for (size_t d = 0; d < static_cast<size_t>(shape.rank()); ++d) {
+      const graph::Dim& dim = shape[static_cast<int64_t>(d)];
+      int64_t actual = inputs[i].shape()[d];
+      if (dim.is_static()) {
+        if (actual != dim.static_value())
+          throw ValueError(fmt::format("execute: input {} dim {} is {}, expected {} ({})", i, d, actual,
+                                       dim.static_value(), describe_type(type)));
+      } else if (dim.is_symbolic()) {
+        auto [it, inserted] = bindings.emplace(dim.symbol(), actual);
+        if (inserted) {
+          origins[dim.symbol()] = {i, d};
+        } else if (it->second != actual) {
+          const Origin& o = origins.at(dim.symbol());
+          throw ValueError(fmt::format(
+              "execute: input {} dim {} is {} but symbol '{}' was bound to {} by input {} dim {}", i, d,
+              actual, dim.symbol(), it->second, o.input, o.dim));
+        }
+      } else {
+        algebraic.emplace_back(i, d);
+      }
+    }
+  }
+  for (auto [i, d] : algebraic) {
+    const graph::Dim& dim = graph::shape_of(plan_.input_types[i])[static_cast<int64_t>(d)];
+    for (const std::string& symbol : dim.symbols())
+      if (!bindings.count(symbol))
+        throw ValueError(fmt::format(
+            "execute: input {} dim {} is '{}', but no input binds symbol '{}' by a plain dim", i, d,
+            dim.to_string(), symbol));
+    int64_t expected = dim.evaluate(bindings);
+    int64_t actual = inputs[i].shape()[d];
+    if (actual != expected)
+      throw ValueError(fmt::format("execute: input {} dim {} is {}, expected {} = {} ({})", i, d, actual,
+                                   dim.to_string(), expected, describe_type(plan_.input_types[i])));
+  }
+  return bindings;
+}
+
+std::vector<int64_t> Executor::value_shape(size_t value, const graph::SymbolBindings& bindings) const {
+  if (static_shapes_[value]) return *static_shapes_[value];
+  const graph::Shape& shape = graph::shape_of(plan_.values[value].type);
+  std::vector<int64_t> dims;
+  try {
+    dims = shape.evaluate(bindings);
+  } catch (const std::exception& e) {
+    throw ValueError(fmt::format("execute: graph '{}': cannot evaluate shape {} of value %{}: {}",
+                                 plan_.name, shape.to_string(), value, e.what()));
+  }
+  for (int64_t d : dims)
+    if (d < 0)
+      throw ValueError(fmt::format("execute: graph '{}': value %{} has shape {} = {}, which is negative",
+                                   plan_.name, value, shape.to_string(), dims));
+  return dims;
+}
+
+void Executor::launch(const Step& step, const StepInfo& info, const graph::Attrs& attrs,
+                      const std::vector<kernels::TensorView>& views) const {
+  kernels::SerialParallel serial;
+  kernels::KernelContext context{parallel_ ? parallel_ : &serial};
+  const size_t num_inputs = step.inputs.size();
+  std::span<const kernels::TensorView> all(views);
+  try {
+    info.kernel(context, attrs, all.subspan(0, num_inputs), all.subspan(num_inputs));
+  } catch (const std::exception& e) {
+    throw ExecutionError(fmt::format("execute: graph '{}' op '{}' (node {}): {}", plan_.name,
+                                     graph::op_name(step.op), step.node, e.what()));
+  }
+}
+
+std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) {
+  const GraphPlan& plan = plan_;
+  if (given.size() != plan.input_types.size())
+    throw ValueError(fmt::format("execute: graph '{}' takes {} inputs, got {}", plan.name,
+                                 plan.input_types.size(), given.size()));
+
+  // Check each input against its declared type; pack non-contiguous tensors.
+  std::vector<Tensor> inputs(given.size());
+  for (size_t i = 0; i < given.size(); ++i) {
+    const Tensor& t = given[i];
+    const graph::Type& type = plan.input_types[i];
+    if (!t.defined())
+      throw ValueError(fmt::format("execute: input {} is an undefined tensor, expected {}", i,
+                                   describe_type(type)));
+    if (t.dtype() != graph::dtype_of(type))
+      throw ValueError(fmt::format("execute: input {} has dtype {}, expected {} ({})", i,
+                                   dtype_name(t.dtype()), dtype_name(graph::dtype_of(type)),
+                                   describe_type(type)));
+    if (t.rank() != graph::shape_of(type).rank())
+      throw ValueError(fmt::format("execute: input {} has rank {} (shape {}), expected rank {} ({})", i,
+                                   t.rank(), t.shape(), graph::shape_of(type).rank(),
+                                   describe_type(type)));
+    if (t.device() != graph::device_of(type))
+      throw ValueError(fmt::format("execute: input {} is on {}, expected {} ({})", i,
+                                   t.device().to_string(), graph::device_of(type).to_string(),
+                                   describe_type(type)));
+    if (graph::is_buffer(type)) {
+      if (!t.is_contiguous())
+        throw ValueError(fmt::format(
+            "execute: input {} is a buffer ({}) and must be contiguous to be written in place "
+            "(shape {}, strides {})",
+            i, describe_type(type), t.shape(), t.strides()));
+      inputs[i] = t;
+    } else {
+      inputs[i] = t.is_contiguous() ? t : t.contiguous();
+    }
+  }
+  const graph::SymbolBindings bindings = bind_inputs(inputs);
+
+  // Memory for every value: the caller's inputs, bound weights and constants, fresh outputs, and
+  // intermediates in arena slots sized for this run.
+  const size_t num_values = plan.values.size();
+  std::vector<Tensor> tensors(num_values);
+  std::vector<kernels::TensorView> views(num_values);
+  std::vector<size_t> slot_bytes(slots_.size(), 0);
+  for (size_t v = 0; v < num_values; ++v) {
+    const PlanValue& value = plan.values[v];
+    switch (value.kind) {
+      case ValueKind::input: tensors[v] = inputs.at(static_cast<size_t>(value.input)); break;
+      case ValueKind::weight:
+      case ValueKind::constant: tensors[v] = bound_[v]; break;
+      case ValueKind::output:
+        tensors[v] = Tensor::empty(graph::dtype_of(value.type), value_shape(v, bindings),
+                                   graph::device_of(value.type));
+        break;
+      case ValueKind::slot: {
+        views[v].dtype = graph::dtype_of(value.type);
+        views[v].shape = value_shape(v, bindings);
+        views[v].strides = contiguous_strides(views[v].shape);
+        auto bytes = static_cast<size_t>(views[v].numel()) * dtype_size(views[v].dtype);
+        auto& needed = slot_bytes.at(static_cast<size_t>(value.slot));
+        needed = std::max(needed, bytes);
+        continue;
+      }
+    }
+    if (tensors[v].defined()) views[v] = view_of(tensors[v]);
+  }
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    auto capacity = slots_[s].defined() ? slots_[s].nbytes() : size_t{0};
+    if (slot_bytes[s] > capacity)
+      slots_[s] = Tensor::empty(DType::u8, {static_cast<int64_t>(std::max(slot_bytes[s], capacity * 3 / 2))});
+  }
+  for (size_t v = 0; v < num_values; ++v)
+    if (plan.values[v].kind == ValueKind::slot && slots_[static_cast<size_t>(plan.values[v].slot)].defined())
+      views[v].data = slots_[static_cast<size_t>(plan.values[v].slot)].data();
+
+  // The steps, in order.
+  std::vector<kernels::TensorView> step_views;
+  for (size_t s = 0; s < plan.steps.size(); ++s) {
+    const Step& step = plan.steps[s];
+    step_views.clear();
+    for (int32_t v : step.inputs) step_views.push_back(views[static_cast<size_t>(v)]);
+    for (int32_t v : step.outputs) step_views.push_back(views[static_cast<size_t>(v)]);
+    if (!steps_[s].symbolic_attrs) {
+      launch(step, steps_[s], step.attrs, step_views);
+      continue;
+    }
+    graph::Attrs attrs = step.attrs;
+    for (auto& [name, attr] : attrs)
+      if (auto* shape = std::get_if<graph::Shape>(&attr); shape && !shape->is_static()) {
+        try {
+          *shape = graph::Shape::of(shape->evaluate(bindings));
+        } catch (const std::exception& e) {
+          throw ValueError(fmt::format("execute: graph '{}' op '{}' (node {}): cannot evaluate {} {}: {}",
+                                       plan.name, graph::op_name(step.op), step.node, name,
+                                       shape->to_string(), e.what()));
+        }
+      }
+    launch(step, steps_[s], attrs, step_views);
+  }
+
+  // Results: fresh memory, never the caller's inputs or the model's weights and constants, and never
+  // the same memory twice.
+  std::vector<Tensor> results;
+  std::set<int32_t> returned;
+  for (int32_t v : plan.outputs) {
+    const Tensor& t = tensors.at(static_cast<size_t>(v));
+    bool fresh = plan.values.at(static_cast<size_t>(v)).kind == ValueKind::output;
+    results.push_back(fresh && returned.insert(v).second ? t : t.clone());
+  }
+  return results;
+}
+
+}  // namespace kiln::engine

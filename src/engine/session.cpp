@@ -1,0 +1,82 @@
+// InferenceSession: compiles modules and binds weights into runnable Models (CPU devices for now).
+#include <atomic>
+
+#include <fmt/format.h>
+
+#include "engine/executor.h"
+#include "engine/thread_pool.h"
+#include "kiln/engine/session.h"
+#include "kiln/errors.h"
+
+namespace kiln::engine {
+
+class SessionState {
+ public:
+  SessionState(std::vector<DeviceRef> devices, int num_threads)
+      : devices(std::move(devices)), pool(num_threads) {}
+
+  std::vector<DeviceRef> devices;
+  ThreadPool pool;  // shared by every model of the session
+  std::atomic<int64_t> compile_count{0};
+};
+
+InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
+                                   std::vector<std::filesystem::path> custom_extensions,
+                                   SessionOptions options) {
+  if (devices.empty()) throw ValueError("InferenceSession: needs at least one device, got none");
+  for (const DeviceRef& d : devices)
+    if (d.kind != DeviceKind::CPU)
+      throw ValueError(fmt::format("InferenceSession: device {} is not supported (only cpu devices are)",
+                                   d.to_string()));
+  if (!custom_extensions.empty())
+    throw ExtensionError(fmt::format("InferenceSession: custom extensions are not supported yet (got '{}')",
+                                     custom_extensions.front().string()));
+  if (options.num_threads < 0)
+    throw ValueError(fmt::format("InferenceSession: num_threads must be >= 0, got {}", options.num_threads));
+  state_ = std::make_shared<SessionState>(std::move(devices), options.num_threads);
+}
+
+InferenceSession::~InferenceSession() = default;
+InferenceSession::InferenceSession(InferenceSession&&) noexcept = default;
+InferenceSession& InferenceSession::operator=(InferenceSession&&) noexcept = default;
+
+const std::vector<DeviceRef>& InferenceSession::devices() const { return state_->devices; }
+
+CompiledModel InferenceSession::compile(const graph::Module& module) const {
+  CompiledModel compiled = compiler::compile(module);
+  ++state_->compile_count;
+  return compiled;
+}
+
+std::map<std::string, Model> InferenceSession::init(const CompiledModel& compiled,
+                                                    const WeightsRegistry& weights) const {
+  std::map<std::string, Model> models;
+  for (const auto& [name, plan] : compiled.plans()) check_weights(plan, weights);
+  for (const auto& [name, plan] : compiled.plans())
+    models.emplace(name, Model(std::make_shared<Model::Impl>(
+                             state_, Executor(plan, weights, &state_->pool))));
+  return models;
+}
+
+Model InferenceSession::load(const graph::Graph& graph, const WeightsRegistry& weights) const {
+  // The graph's module may also hold graphs it calls; the model returned is this graph's.
+  return load_all(graph.module(), weights).at(graph.name());
+}
+
+Model InferenceSession::load(const graph::Module& module, const WeightsRegistry& weights) const {
+  if (module.size() != 1)
+    throw ValueError(fmt::format(
+        "InferenceSession::load: the module has {} graphs, expected exactly one (use load_all)",
+        module.size()));
+  auto models = load_all(module, weights);
+  return models.begin()->second;
+}
+
+std::map<std::string, Model> InferenceSession::load_all(const graph::Module& module,
+                                                        const WeightsRegistry& weights) const {
+  return init(compile(module), weights);
+}
+
+int64_t InferenceSession::compile_count() const { return state_->compile_count.load(); }
+
+}  // namespace kiln::engine
