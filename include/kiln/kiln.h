@@ -41,3 +41,5 @@
 #include "kiln/compiler/passes.h"
 #include "kiln/engine/session.h"
 #include "kiln/engine/tensor.h"
+#include "kiln/nn/module.h"
+#include "kiln/pipelines/graph_spec.h"

@@ -1,0 +1,78 @@
+// Grouped-query causal self-attention with rotary embeddings and a KV cache (Llama, Mistral, Qwen2).
+//
+// KV cache calling convention (batch 1). A model graph takes, as one named tree:
+//   {"tokens":         i64[seq]                  the new tokens
+//    "attention_mask": i64[total]                as Hugging Face passes it: past + new tokens, 1 = attend,
+//                                                0 = padding (masked as a key); its length binds "total"
+//    "cache": {"k": buffer<f32[n_layers, max_seq, n_kv_heads, head_dim]>,
+//              "v": buffer<same>}}                written in place
+// The new tokens sit at positions start .. total-1 with start = total - seq, a symbolic Dim; there
+// are no data-dependent shapes. Layer L stores its new keys and values at cache[L, start:total] and
+// then attends over cache[L, 0:total]. Rows past `total` are never read, so a fresh (or reused)
+// cache needs no clearing; a caller running a new sequence simply starts again with total = seq.
+// total > max_seq fails at execute with an out-of-bounds slice error naming buffer_store.
+//
+//   KVCache cache{inputs["cache"]["k"], inputs["cache"]["v"]};
+//   AttentionContext ctx = make_attention_context(cache, attention_mask, seq, rope);  // once per graph
+//   h = h + (*attn)(x, ctx);                                                         // per layer
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kiln/graph/graph.h"
+#include "kiln/nn/linear.h"
+#include "kiln/nn/module.h"
+#include "kiln/nn/rotary_embedding.h"
+
+namespace kiln::nn {
+
+// The two cache buffers of a model: [n_layers, max_seq, n_kv_heads, head_dim] each.
+struct KVCache {
+  graph::BufferValue k;
+  graph::BufferValue v;
+};
+
+// What every attention layer of one forward call shares, built once per graph.
+struct AttentionContext {
+  KVCache cache;
+  graph::Dim start;           // position of the first new token: total - seq
+  graph::Dim total;           // past + new tokens
+  graph::TensorValue cos;     // [seq, head_dim] rope tables for positions start .. total-1
+  graph::TensorValue sin;     // [seq, head_dim]
+  graph::TensorValue masked;  // bool [seq, total]: true where a query must not see a key
+};
+
+// positions = [start, total); a key is masked when it lies after the query or its attention_mask
+// entry is 0. `seq` is the new tokens' count; attention_mask is integer or bool [total].
+AttentionContext make_attention_context(const KVCache& cache, const graph::TensorValue& attention_mask,
+                                        graph::Dim seq, const RotaryEmbedding& rope);
+
+class AttentionWithRope : public Module {
+ public:
+  // Weights "q_proj", "k_proj", "v_proj" (with bias when has_bias, as Qwen2) and "o_proj" (no bias).
+  // n_heads must be a multiple of n_kv_heads; layer_index selects the cache row. ValueError otherwise.
+  AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads, int64_t n_kv_heads,
+                    int64_t head_dim, DType dtype = DType::f32, bool has_bias = false,
+                    DeviceRef device = DeviceRef::CPU());
+
+  // x [seq, hidden_dim] -> [seq, hidden_dim]. Writes this layer's keys and values into the cache.
+  graph::TensorValue operator()(const graph::TensorValue& x, const AttentionContext& ctx) const;
+
+  int64_t layer_index() const { return layer_index_; }
+  int64_t n_heads() const { return n_heads_; }
+  int64_t n_kv_heads() const { return n_kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+
+ private:
+  int64_t layer_index_;
+  int64_t n_heads_;
+  int64_t n_kv_heads_;
+  int64_t head_dim_;
+  std::shared_ptr<Linear> q_proj_;
+  std::shared_ptr<Linear> k_proj_;
+  std::shared_ptr<Linear> v_proj_;
+  std::shared_ptr<Linear> o_proj_;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,35 @@
+// Linear: y = x @ weight^T + bias, with Hugging Face / PyTorch's weight layout [out, in].
+//
+//   auto proj = std::make_shared<nn::Linear>(64, 128, DType::f32, /*has_bias=*/true);
+//   graph::TensorValue y = (*proj)(x);  // x [..., 64] -> y [..., 128]
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/nn/module.h"
+
+namespace kiln::nn {
+
+class Linear : public Module {
+ public:
+  // Weights: "weight" [out_dim, in_dim] and, with has_bias, "bias" [out_dim].
+  Linear(int64_t in_dim, int64_t out_dim, DType dtype = DType::f32, bool has_bias = false,
+         DeviceRef device = DeviceRef::CPU());
+
+  // x [..., in_dim] -> [..., out_dim]. ShapeError naming the layer if x's last dim is not in_dim.
+  graph::TensorValue operator()(const graph::TensorValue& x) const;
+  // One argument, a leaf: x.
+  Values forward(const std::vector<Values>& args) override;
+
+  int64_t in_dim() const { return in_dim_; }
+  int64_t out_dim() const { return out_dim_; }
+  bool has_bias() const { return bias_.has_value(); }
+
+ private:
+  int64_t in_dim_;
+  int64_t out_dim_;
+  WeightId weight_;
+  std::optional<WeightId> bias_;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,103 @@
+// Llama-family decoder-only transformers (Llama 2/3, Mistral, Qwen2 with attention_bias), with Hugging
+// Face's weight names so checkpoints load unchanged:
+//   model.embed_tokens.weight, model.layers.N.self_attn.{q,k,v,o}_proj.weight,
+//   model.layers.N.mlp.{gate,up,down}_proj.weight, model.layers.N.{input,post_attention}_layernorm.weight,
+//   model.norm.weight, lm_head.weight (absent when tie_word_embeddings: embed_tokens' table is used).
+// The graph's inputs are input_tree() (see attention.h for the KV cache convention); its output is the
+// logits f32[seq, vocab_size] for every new token.
+//
+//   auto model = std::make_shared<nn::Transformer>(config);
+//   pipelines::GraphSpec spec{.module = model, .name = "llama", .input_types = *model->input_tree()};
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "kiln/nn/attention.h"
+#include "kiln/nn/embedding.h"
+#include "kiln/nn/linear.h"
+#include "kiln/nn/mlp.h"
+#include "kiln/nn/module.h"
+#include "kiln/nn/norm.h"
+#include "kiln/nn/rotary_embedding.h"
+
+namespace kiln::nn {
+
+// The fields of a Hugging Face LlamaConfig (config.json) that shape the model.
+struct LlamaConfig {
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;
+  std::optional<int64_t> head_dim;  // nullopt: hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::optional<Llama3RopeScaling> rope_scaling;  // "rope_type": "llama3"
+  int64_t max_position_embeddings = 2048;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // bias on q, k, v projections (Qwen2)
+  DType dtype = DType::f32;
+
+  int64_t resolved_head_dim() const { return head_dim.value_or(hidden_size / num_attention_heads); }
+  // ValueError naming the first field that is inconsistent (non-positive sizes, heads not dividing).
+  void validate() const;
+};
+
+// Pre-norm residual block: h = x + attn(norm(x)); out = h + mlp(norm(h)).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const LlamaConfig& config, int64_t layer_index);
+  graph::TensorValue operator()(const graph::TensorValue& x,
+                                const AttentionContext& ctx) const;  // [seq, hidden]
+
+ private:
+  std::shared_ptr<RMSNorm> input_layernorm_;
+  std::shared_ptr<AttentionWithRope> self_attn_;
+  std::shared_ptr<RMSNorm> post_attention_layernorm_;
+  std::shared_ptr<MLP> mlp_;
+};
+
+// Hugging Face's LlamaModel (the "model." prefix): embeddings, blocks, final norm.
+class TransformerModel : public Module {
+ public:
+  explicit TransformerModel(const LlamaConfig& config);
+  // tokens [seq] -> final hidden states [seq, hidden].
+  graph::TensorValue operator()(const graph::TensorValue& tokens, const AttentionContext& ctx) const;
+  const Embedding& embed_tokens() const { return *embed_tokens_; }
+
+ private:
+  std::shared_ptr<Embedding> embed_tokens_;
+  std::shared_ptr<ModuleList<TransformerBlock>> layers_;
+  std::shared_ptr<RMSNorm> norm_;
+};
+
+// Hugging Face's LlamaForCausalLM.
+class Transformer : public Module {
+ public:
+  // max_seq_len: the cache's length (0: max_position_embeddings). ValueError on a bad config.
+  explicit Transformer(const LlamaConfig& config, int64_t max_seq_len = 0);
+
+  // {"tokens": i64[seq], "attention_mask": i64[total],
+  //  "cache": {"k": buffer<f32[layers, max_seq, kv_heads, head_dim]>, "v": same}}
+  std::optional<TypeTree> input_tree() const override;
+  // args: the one tree of input_tree(). Returns the logits f32[seq, vocab_size] (a leaf).
+  Values forward(const std::vector<Values>& args) override;
+  graph::TensorValue operator()(const graph::TensorValue& tokens, const graph::TensorValue& attention_mask,
+                                const KVCache& cache) const;
+
+  const LlamaConfig& config() const { return config_; }
+  int64_t max_seq_len() const { return max_seq_len_; }
+  const RotaryEmbedding& rope() const { return rope_; }
+
+ private:
+  LlamaConfig config_;
+  int64_t max_seq_len_;
+  RotaryEmbedding rope_;
+  std::shared_ptr<TransformerModel> model_;
+  std::shared_ptr<Linear> lm_head_;  // null when tied
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,145 @@
+#include "kiln/nn/attention.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kiln/graph/ops.h"
+#include "nn/expect_last_dim.h"
+
+namespace kiln::nn {
+
+namespace ops = graph::ops;
+using graph::Dim;
+using graph::Shape;
+using graph::TensorValue;
+
+namespace {
+
+// Both buffers valid, rank 4 and of one type; returns that type (a copy: adding nodes moves the
+// graph's type table).
+graph::BufferType checked_cache_type(const KVCache& cache, const char* who) {
+  if (!cache.k.valid() || !cache.v.valid())
+    throw ValueError(fmt::format("{}: the cache's k and v must be buffer values of the graph", who));
+  const auto& k = cache.k.buffer_type();
+  const auto& v = cache.v.buffer_type();
+  if (k.rank() != 4 || !(k == v))
+    throw ShapeError(
+        fmt::format("{}: cache k and v must both be buffer<[n_layers, max_seq, n_kv_heads, head_dim]>, "
+                    "got {} and {}",
+                    who, k.to_string(), v.to_string()));
+  return k;
+}
+
+}  // namespace
+
+AttentionContext make_attention_context(const KVCache& cache, const TensorValue& attention_mask, Dim seq,
+                                        const RotaryEmbedding& rope) {
+  const graph::BufferType cache_type = checked_cache_type(cache, "make_attention_context");
+  if (!attention_mask.valid() || attention_mask.rank() != 1)
+    throw ShapeError(
+        fmt::format("make_attention_context: attention_mask must have rank 1 ([total]), got {}",
+                    attention_mask.valid() ? attention_mask.tensor_type().to_string() : "an empty value"));
+  if (!(cache_type.shape[3] == Dim(rope.head_dim())))
+    throw ShapeError(fmt::format("make_attention_context: cache {} has head_dim {}, the rotary embedding {}",
+                                 cache_type.to_string(), cache_type.shape[3].to_string(), rope.head_dim()));
+  const Dim total = attention_mask.shape()[0];
+  const Dim start = total - seq;
+  const DeviceRef device = attention_mask.device();
+
+  auto key_positions = ops::range(0, 1, total, DType::i64, device);    // [total]
+  auto query_positions = ops::slice(key_positions, {{start, total}});  // [seq]
+  auto [cos, sin] = rope.cos_sin(query_positions);                     // [seq, head_dim]
+  auto future = ops::greater(ops::reshape(key_positions, Shape{1, total}),
+                             ops::reshape(query_positions, Shape{seq, 1}));  // [seq, total]
+  TensorValue padding = attention_mask.dtype() == DType::boolean
+                            ? ops::logical_not(attention_mask)
+                            : ops::equal(attention_mask, ops::constant(0.0, attention_mask.dtype(), device));
+  auto masked = ops::logical_or(future, ops::reshape(padding, Shape{1, total}));  // [seq, total]
+  return AttentionContext{cache, start, total, cos, sin, masked};
+}
+
+AttentionWithRope::AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads,
+                                     int64_t n_kv_heads, int64_t head_dim, DType dtype, bool has_bias,
+                                     DeviceRef device)
+    : layer_index_(layer_index), n_heads_(n_heads), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {
+  if (layer_index < 0 || hidden_dim <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
+      n_heads % n_kv_heads != 0)
+    throw ValueError(fmt::format(
+        "AttentionWithRope: need layer_index >= 0, positive dims and n_heads a multiple of n_kv_heads; got "
+        "layer_index {}, hidden_dim {}, n_heads {}, n_kv_heads {}, head_dim {}",
+        layer_index, hidden_dim, n_heads, n_kv_heads, head_dim));
+  q_proj_ = register_module(
+      "q_proj", std::make_shared<Linear>(hidden_dim, n_heads * head_dim, dtype, has_bias, device));
+  k_proj_ = register_module(
+      "k_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype, has_bias, device));
+  v_proj_ = register_module(
+      "v_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype, has_bias, device));
+  o_proj_ = register_module("o_proj",
+                            std::make_shared<Linear>(n_heads * head_dim, hidden_dim, dtype, false, device));
+}
+
+TensorValue AttentionWithRope::operator()(const TensorValue& x, const AttentionContext& ctx) const {
+  const graph::BufferType cache_type = checked_cache_type(ctx.cache, "AttentionWithRope");
+  const Shape& cs = cache_type.shape;
+  auto n_layers = cs[0].try_static();
+  if (!n_layers || layer_index_ >= *n_layers || !(cs[2] == Dim(n_kv_heads_)) || !(cs[3] == Dim(head_dim_)))
+    throw ShapeError(
+        fmt::format("AttentionWithRope '{}': layer {} with {} kv heads of dim {} does not fit the "
+                    "cache {}",
+                    path(), layer_index_, n_kv_heads_, head_dim_, cache_type.to_string()));
+  if (!x.valid() || x.rank() != 2)
+    throw ShapeError(fmt::format("AttentionWithRope '{}': x must be [seq, hidden], got {}", path(),
+                                 x.valid() ? x.tensor_type().to_string() : "an empty value"));
+  const int64_t group = n_heads_ / n_kv_heads_;
+  const int64_t layer = layer_index_;
+  const Dim seq = x.shape()[0];
+  const Dim& total = ctx.total;
+
+  auto q = ops::reshape((*q_proj_)(x), Shape{seq, n_heads_, head_dim_});     // [seq, heads, head_dim]
+  auto k = ops::reshape((*k_proj_)(x), Shape{seq, n_kv_heads_, head_dim_});  // [seq, kv_heads, head_dim]
+  auto v = ops::reshape((*v_proj_)(x), Shape{seq, n_kv_heads_, head_dim_});
+  q = RotaryEmbedding::apply(q, ctx.cos, ctx.sin);
+  k = RotaryEmbedding::apply(k, ctx.cos, ctx.sin);
+
+  // Append this call's keys and values, then read the whole history back (the store comes first in
+  // program order, which the executor keeps for buffer ops). The cache may hold another dtype than
+  // the model computes in (an f32 cache for a bf16 model).
+  const DType cache_dtype = cache_type.dtype;
+  auto to_cache = [&](const TensorValue& t) {
+    auto rows = ops::reshape(t, Shape{1, seq, n_kv_heads_, head_dim_});  // [1, seq, kv_heads, head_dim]
+    return t.dtype() == cache_dtype ? rows : ops::cast(rows, cache_dtype);
+  };
+  auto from_cache = [&](const graph::BufferValue& buffer) {
+    auto rows = ops::reshape(ops::buffer_load(buffer, {{layer, layer + 1}, {0, total}}),
+                             Shape{total, n_kv_heads_, head_dim_});  // [total, kv_heads, head_dim]
+    return x.dtype() == cache_dtype ? rows : ops::cast(rows, x.dtype());
+  };
+  ops::buffer_store(ctx.cache.k, to_cache(k), {{layer, layer + 1}, {ctx.start, total}});
+  ops::buffer_store(ctx.cache.v, to_cache(v), {{layer, layer + 1}, {ctx.start, total}});
+  auto k_all = from_cache(ctx.cache.k);
+  auto v_all = from_cache(ctx.cache.v);
+
+  // Query head h reads kv head h / group (Hugging Face's repeat_kv), so split heads as [kv, group].
+  auto qh = ops::permute(ops::reshape(q, Shape{seq, n_kv_heads_, group, head_dim_}),
+                         {1, 2, 0, 3});  // [kv, group, seq, hd]
+  auto kt = ops::reshape(ops::permute(k_all, {1, 2, 0}),
+                         Shape{n_kv_heads_, 1, head_dim_, total});  // [kv, 1, hd, total]
+  auto vh = ops::reshape(ops::permute(v_all, {1, 0, 2}),
+                         Shape{n_kv_heads_, 1, total, head_dim_});  // [kv, 1, total, hd]
+
+  auto scores =
+      ops::matmul(qh, kt) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [kv, group, seq, total]
+  const DType dtype = scores.dtype();
+  if (dtype != DType::f32) scores = ops::cast(scores, DType::f32);  // softmax in f32, as Hugging Face
+  scores = ops::where(ctx.masked, ops::constant(std::numeric_limits<float>::lowest(), DType::f32, x.device()),
+                      scores);
+  auto probs = ops::softmax(scores, -1);
+  if (dtype != DType::f32) probs = ops::cast(probs, dtype);
+  auto out = ops::matmul(probs, vh);  // [kv, group, seq, hd]
+  out = ops::reshape(ops::permute(out, {2, 0, 1, 3}), Shape{seq, n_heads_ * head_dim_});  // [seq, heads * hd]
+  return (*o_proj_)(out);
+}
+
+}  // namespace kiln::nn

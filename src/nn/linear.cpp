@@ -1,0 +1,30 @@
+#include "kiln/nn/linear.h"
+
+#include "kiln/graph/ops.h"
+#include "nn/expect_last_dim.h"
+
+namespace kiln::nn {
+
+namespace ops = graph::ops;
+
+Linear::Linear(int64_t in_dim, int64_t out_dim, DType dtype, bool has_bias, DeviceRef device)
+    : in_dim_(in_dim), out_dim_(out_dim) {
+  if (in_dim <= 0 || out_dim <= 0)
+    throw ValueError(fmt::format("Linear: dims must be positive, got in {} out {}", in_dim, out_dim));
+  weight_ = register_weight("weight", dtype, {out_dim, in_dim}, device);
+  if (has_bias) bias_ = register_weight("bias", dtype, {out_dim}, device);
+}
+
+graph::TensorValue Linear::operator()(const graph::TensorValue& x) const {
+  expect_last_dim("Linear", path(), x, in_dim_);
+  // [out, in] -> [in, out]; the compiler folds this transpose into the matmul.
+  graph::TensorValue y = ops::matmul(x, ops::transpose(weight(weight_), 0, 1));  // [..., out]
+  if (bias_) y = y + weight(*bias_);
+  return y;
+}
+
+Values Linear::forward(const std::vector<Values>& args) {
+  return Values((*this)(single_tensor_arg("Linear", args)));
+}
+
+}  // namespace kiln::nn

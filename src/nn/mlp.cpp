@@ -1,0 +1,38 @@
+#include "kiln/nn/mlp.h"
+
+#include "kiln/graph/ops.h"
+#include "nn/expect_last_dim.h"
+
+namespace kiln::nn {
+
+namespace ops = graph::ops;
+
+MLP::MLP(int64_t hidden_dim, int64_t intermediate_dim, MLPActivation activation, DType dtype, bool has_bias,
+         DeviceRef device)
+    : activation_(activation) {
+  if (activation == MLPActivation::swiglu)
+    gate_proj_ = register_module(
+        "gate_proj", std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype, has_bias, device));
+  up_proj_ = register_module("up_proj",
+                             std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype, has_bias, device));
+  down_proj_ = register_module(
+      "down_proj", std::make_shared<Linear>(intermediate_dim, hidden_dim, dtype, has_bias, device));
+}
+
+graph::TensorValue MLP::operator()(const graph::TensorValue& x) const {
+  switch (activation_) {
+    case MLPActivation::swiglu:
+      return (*down_proj_)(ops::silu((*gate_proj_)(x)) * (*up_proj_)(x));  // [..., intermediate] inside
+    case MLPActivation::gelu:
+      return (*down_proj_)(ops::gelu((*up_proj_)(x), /*tanh_approximation=*/false));
+    case MLPActivation::gelu_tanh:
+      return (*down_proj_)(ops::gelu((*up_proj_)(x), /*tanh_approximation=*/true));
+  }
+  throw ValueError(fmt::format("MLP '{}': unknown activation {}", path(), static_cast<int>(activation_)));
+}
+
+Values MLP::forward(const std::vector<Values>& args) {
+  return Values((*this)(single_tensor_arg("MLP", args)));
+}
+
+}  // namespace kiln::nn

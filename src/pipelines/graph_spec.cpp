@@ -1,0 +1,121 @@
+#include "kiln/pipelines/graph_spec.h"
+
+#include <cstring>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace kiln::pipelines {
+
+namespace {
+
+const std::shared_ptr<nn::Module>& v2_module(const GraphSpec& spec, const char* what) {
+  const auto* m = std::get_if<std::shared_ptr<nn::Module>>(&spec.module);
+  if (!m) throw ValueError(fmt::format("GraphSpec '{}': {}: ModuleV3 graphs are not supported yet", spec.name, what));
+  if (!*m) throw ValueError(fmt::format("GraphSpec '{}': {}: module is null", spec.name, what));
+  return *m;
+}
+
+bool is_v3(const GraphSpec& spec) { return spec.module.index() == 1; }
+
+// Two registry entries are the same array when they view the same memory, or hold equal bytes.
+bool same_array(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  if (a.data() == b.data() && a.strides() == b.strides()) return true;
+  Tensor pa = a.contiguous(), pb = b.contiguous();
+  return std::memcmp(pa.data(), pb.data(), pa.nbytes()) == 0;
+}
+
+}  // namespace
+
+graph::Graph GraphSpec::trace(graph::Module* into) const {
+  const auto& module_ptr = v2_module(*this, "trace");
+  if (is_device_graph) throw ValueError(fmt::format("GraphSpec '{}': is_device_graph is not supported yet", name));
+
+  // One tree per forward argument; the graph's inputs are all their leaves, in order.
+  std::vector<nn::TypeTree> arg_types;
+  if (const auto* seq = std::get_if<std::vector<nn::TypeTree>>(&input_types))
+    arg_types = *seq;
+  else
+    arg_types.push_back(std::get<nn::TypeTree>(input_types));
+  std::vector<graph::Type> flat_types;
+  for (const auto& t : arg_types)
+    for (const auto& leaf : t.flatten()) flat_types.push_back(leaf);
+
+  graph::Graph g(name, flat_types, into);
+  graph::Graph::Scope scope(g);
+  std::vector<graph::Value> inputs = g.inputs();
+  std::vector<nn::Values> args;
+  size_t next = 0;
+  for (const auto& t : arg_types) {
+    std::vector<graph::Value> leaves(inputs.begin() + next, inputs.begin() + next + t.num_leaves());
+    next += t.num_leaves();
+    args.push_back(t.unflatten(leaves));
+  }
+  nn::Values results = module_ptr->forward(args);
+  g.output(results.flatten());
+  return g;
+}
+
+WeightsRegistry GraphSpec::weights_registry() const {
+  if (weights) return *weights;
+  return v2_module(*this, "weights_registry")->state_dict();
+}
+
+std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSession& session,
+                                                         const std::vector<GraphSpec>& specs) {
+  // Names key the result, so they must be unique across all specs, not only within a group.
+  std::map<std::string, const GraphSpec*> by_name;
+  for (const auto& spec : specs) {
+    auto [it, inserted] = by_name.emplace(spec.name, &spec);
+    if (!inserted) {
+      const GraphSpec& first = *it->second;
+      throw ValueError(fmt::format(
+          "compile_graph_specs: two specs are named '{}' (groups '{}' and '{}')", spec.name,
+          first.group.value_or("<none>"), spec.group.value_or("<none>")));
+    }
+    if (is_v3(spec) && spec.group)
+      throw ValueError(fmt::format("compile_graph_specs: spec '{}' is a ModuleV3 graph with group '{}'; "
+                                   "ModuleV3 graphs compile on their own (group must be empty)",
+                                   spec.name, *spec.group));
+    if (!spec.custom_extensions.empty())
+      throw ExtensionError(fmt::format("compile_graph_specs: spec '{}': custom extensions are not supported yet",
+                                       spec.name));
+  }
+
+  // Compile units in first-appearance order: one per group, one per ungrouped spec.
+  std::vector<std::vector<const GraphSpec*>> units;
+  std::map<std::string, size_t> unit_of_group;
+  for (const auto& spec : specs) {
+    if (!spec.group) {
+      units.push_back({&spec});
+      continue;
+    }
+    auto [it, inserted] = unit_of_group.emplace(*spec.group, units.size());
+    if (inserted) units.emplace_back();
+    units[it->second].push_back(&spec);
+  }
+
+  std::map<std::string, engine::Model> models;
+  for (const auto& unit : units) {
+    graph::Module module;
+    WeightsRegistry registry;
+    std::map<std::string, std::string> bound_by;  // weight name -> spec that bound it
+    for (const GraphSpec* spec : unit) {
+      spec->trace(&module);
+      for (auto& [weight_name, array] : spec->weights_registry()) {
+        auto [it, inserted] = registry.emplace(weight_name, array);
+        if (!inserted && !same_array(it->second, array))
+          throw ValueError(fmt::format(
+              "compile_graph_specs: weight '{}' is bound to different arrays by specs '{}' and '{}'",
+              weight_name, bound_by[weight_name], spec->name));
+        bound_by.emplace(weight_name, spec->name);
+      }
+    }
+    auto unit_models = session.init(session.compile(module), registry);
+    for (const GraphSpec* spec : unit) models.emplace(spec->name, unit_models.at(spec->name));
+  }
+  return models;
+}
+
+}  // namespace kiln::pipelines

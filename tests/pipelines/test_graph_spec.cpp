@@ -1,0 +1,257 @@
+// GraphSpec: one test per row of DESIGN.md's contract table (nn::Module rows), and compile_graph_specs.
+#include <gtest/gtest.h>
+
+#include <kiln/kiln.h>
+
+using namespace kiln;
+using graph::TensorType;
+using graph::BufferType;
+namespace ops = kiln::graph::ops;
+
+namespace {
+
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+// y = x * scale + offset, with a weight of its own.
+class ScaleShift : public nn::Module {
+ public:
+  explicit ScaleShift(int64_t n) { scale_ = register_weight("scale", DType::f32, {n}); }
+  nn::Values forward(const std::vector<nn::Values>& args) override {
+    graph::TensorValue x = args.at(0).leaf();
+    graph::TensorValue offset = args.at(1).leaf();
+    return nn::Values(x * weight(scale_) + offset);
+  }
+
+ private:
+  WeightId scale_;
+};
+
+// Argmax over the last axis: a "sampler" with no weights.
+class Greedy : public nn::Module {
+ public:
+  nn::Values forward(const std::vector<nn::Values>& args) override {
+    return nn::Values(ops::argmax(graph::TensorValue(args.at(0).leaf()), -1));
+  }
+};
+
+// Takes {"tokens", "cache": {"k", "v"}}, records the tree it received, writes tokens into both
+// cache buffers and returns the tokens doubled.
+class TreeModule : public nn::Module {
+ public:
+  std::optional<nn::TypeTree> input_tree() const override {
+    using T = nn::TypeTree;
+    return T::map({{"tokens", T(TensorType{DType::f32, {"seq"}})},
+                   {"cache", T::map({{"k", T(BufferType{DType::f32, {8}})},
+                                     {"v", T(BufferType{DType::f32, {8}})}})}});
+  }
+  nn::Values forward(const std::vector<nn::Values>& args) override {
+    received = args;
+    const nn::Values& tree = args.at(0);
+    graph::TensorValue tokens = tree["tokens"].leaf();
+    ops::buffer_store(tree["cache"]["k"].leaf(), tokens, {{0, "seq"}});
+    ops::buffer_store(tree["cache"]["v"].leaf(), tokens * 2.0, {{0, "seq"}});
+    return nn::Values(tokens * 2.0);
+  }
+  std::vector<nn::Values> received;
+};
+
+Tensor vec(std::vector<float> v) { return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}); }
+
+pipelines::GraphSpec scale_shift_spec(std::shared_ptr<nn::Module> m, std::string name = "scale_shift") {
+  pipelines::GraphSpec spec;
+  spec.module = std::move(m);
+  spec.name = std::move(name);
+  spec.input_types = std::vector<nn::TypeTree>{nn::TypeTree(TensorType{DType::f32, {3}}),
+                                               nn::TypeTree(TensorType{DType::f32, {3}})};
+  return spec;
+}
+
+}  // namespace
+
+// Row `module`: forward runs inside the graph on its inputs; its results are the outputs.
+TEST(GraphSpec, ModuleForwardBecomesTheGraph) {
+  auto m = std::make_shared<ScaleShift>(3);
+  m->load_state_dict({{"scale", vec({1, 2, 3})}});
+  auto spec = scale_shift_spec(m);
+  graph::Graph g = spec.trace();
+  EXPECT_EQ(g.ir().inputs.size(), 2u);
+  EXPECT_EQ(g.ir().outputs.size(), 1u);
+
+  engine::InferenceSession session;
+  auto models = pipelines::compile_graph_specs(session, {spec});
+  auto out = models.at("scale_shift").execute({vec({1, 1, 1}), vec({10, 20, 30})});
+  EXPECT_EQ(out.at(0).to_vector<float>(), (std::vector<float>{11, 22, 33}));
+}
+
+// Row `name`: the graph's name; the result is keyed by it.
+TEST(GraphSpec, NameNamesTheGraphAndTheModel) {
+  auto spec = scale_shift_spec(std::make_shared<ScaleShift>(3), "affine");
+  EXPECT_EQ(spec.trace().name(), "affine");
+  engine::InferenceSession session;
+  auto models = pipelines::compile_graph_specs(session, {spec});
+  ASSERT_EQ(models.count("affine"), 1u);
+  EXPECT_EQ(models.at("affine").name(), "affine");
+}
+
+TEST(GraphSpec, DuplicateNamesInAGroupNameBoth) {
+  auto a = scale_shift_spec(std::make_shared<ScaleShift>(3), "model");
+  auto b = scale_shift_spec(std::make_shared<ScaleShift>(3), "model");
+  a.group = b.group = "llm";
+  engine::InferenceSession session;
+  std::string msg = error_of<ValueError>([&] { pipelines::compile_graph_specs(session, {a, b}); });
+  EXPECT_NE(msg.find("two specs are named 'model'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'llm' and 'llm'"), std::string::npos) << msg;
+}
+
+// Row `input_types`, sequence form: one tree per forward argument.
+TEST(GraphSpec, SequenceInputTypesGiveOneArgumentPerTree) {
+  auto m = std::make_shared<ScaleShift>(3);
+  auto spec = scale_shift_spec(m);
+  graph::Graph g = spec.trace();
+  ASSERT_EQ(g.ir().input_types().size(), 2u);
+  EXPECT_EQ(graph::to_string(g.ir().input_types()[1]), "f32[3]");
+}
+
+// Row `input_types`, named-tree form: the module receives the same tree, leaves in input order.
+TEST(GraphSpec, NamedTreeInputTypesReachTheModuleAsTheSameTree) {
+  auto m = std::make_shared<TreeModule>();
+  pipelines::GraphSpec spec;
+  spec.module = m;
+  spec.name = "tree";
+  spec.input_types = m->input_tree().value();
+  graph::Graph g = spec.trace();
+
+  ASSERT_EQ(m->received.size(), 1u);
+  const nn::Values& tree = m->received[0];
+  ASSERT_TRUE(tree.is_map());
+  EXPECT_EQ(tree.entries()[0].first, "tokens");
+  EXPECT_EQ(tree.entries()[1].first, "cache");
+  EXPECT_EQ(tree["cache"].entries()[0].first, "k");
+  EXPECT_EQ(tree["cache"].entries()[1].first, "v");
+  EXPECT_EQ(tree["tokens"].leaf().id(), g.ir().inputs[0]);
+  EXPECT_EQ(tree["cache"]["k"].leaf().id(), g.ir().inputs[1]);
+  EXPECT_EQ(tree["cache"]["v"].leaf().id(), g.ir().inputs[2]);
+  EXPECT_TRUE(tree["cache"]["v"].leaf().is_buffer());
+
+  // And it runs: the buffers are written in place.
+  engine::InferenceSession session;
+  auto model = pipelines::compile_graph_specs(session, {spec}).at("tree");
+  Tensor k = Tensor::zeros(DType::f32, {8}), v = Tensor::zeros(DType::f32, {8});
+  auto out = model.execute({vec({1, 2, 3}), k, v});
+  EXPECT_EQ(out.at(0).to_vector<float>(), (std::vector<float>{2, 4, 6}));
+  EXPECT_EQ(k.to_vector<float>(), (std::vector<float>{1, 2, 3, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(v.to_vector<float>(), (std::vector<float>{2, 4, 6, 0, 0, 0, 0, 0}));
+}
+
+// Row `weights`: an explicit registry wins over the module's state_dict.
+TEST(GraphSpec, ExplicitWeightsAreWhatTheGraphBinds) {
+  auto m = std::make_shared<ScaleShift>(3);
+  m->load_state_dict({{"scale", vec({1, 1, 1})}});
+  auto spec = scale_shift_spec(m);
+  spec.weights = WeightsRegistry{{"scale", vec({2, 3, 4})}};
+  EXPECT_EQ(spec.weights_registry().at("scale").to_vector<float>(), (std::vector<float>{2, 3, 4}));
+  engine::InferenceSession session;
+  auto out = pipelines::compile_graph_specs(session, {spec}).at("scale_shift").execute({vec({1, 1, 1}), vec({0, 0, 0})});
+  EXPECT_EQ(out.at(0).to_vector<float>(), (std::vector<float>{2, 3, 4}));
+}
+
+// Row `weights`, default: the module's state_dict(), named by the trace.
+TEST(GraphSpec, DefaultWeightsAreTheStateDictAfterTracing) {
+  struct Outer : nn::Module {
+    Outer() { inner = register_module("inner", std::make_shared<ScaleShift>(3)); }
+    nn::Values forward(const std::vector<nn::Values>& args) override { return inner->forward(args); }
+    std::shared_ptr<ScaleShift> inner;
+  };
+  auto m = std::make_shared<Outer>();
+  m->load_state_dict({{"inner.scale", vec({5, 6, 7})}});
+  auto spec = scale_shift_spec(m);
+  graph::Graph g = spec.trace();
+  ASSERT_EQ(g.ir().weights.size(), 1u);
+  EXPECT_EQ(g.ir().weights[0].name, "inner.scale");
+  auto reg = spec.weights_registry();
+  ASSERT_EQ(reg.size(), 1u);
+  EXPECT_EQ(reg.at("inner.scale").to_vector<float>(), (std::vector<float>{5, 6, 7}));
+}
+
+// Row `group`: one graph::Module, compiled once; each spec a named submodel; one merged registry.
+TEST(GraphSpec, GroupCompilesOnceWithANamedSubmodelPerSpec) {
+  auto model_module = std::make_shared<ScaleShift>(3);
+  model_module->load_state_dict({{"scale", vec({1, -1, 2})}});
+  auto model = scale_shift_spec(model_module, "model");
+  model.group = "llm";
+  pipelines::GraphSpec sampler;
+  sampler.module = std::make_shared<Greedy>();
+  sampler.name = "sampler";
+  sampler.input_types = std::vector<nn::TypeTree>{nn::TypeTree(TensorType{DType::f32, {"batch", 3}})};
+  sampler.group = "llm";
+
+  engine::InferenceSession session;
+  int64_t before = session.compile_count();
+  auto models = pipelines::compile_graph_specs(session, {model, sampler});
+  EXPECT_EQ(session.compile_count() - before, 1);
+  ASSERT_EQ(models.size(), 2u);
+
+  auto logits = models.at("model").execute({vec({3, 3, 3}), vec({0, 10, 0})}).at(0);  // [3, 7, 6]
+  EXPECT_EQ(logits.to_vector<float>(), (std::vector<float>{3, 7, 6}));
+  auto token = models.at("sampler").execute({Tensor::from_vector<float>({3, 7, 6}, {1, 3})}).at(0);
+  EXPECT_EQ(token.to_vector<int64_t>(), std::vector<int64_t>{1});
+
+  // Ungrouped specs compile alone: two specs, two compiles.
+  model.group.reset();
+  sampler.group.reset();
+  before = session.compile_count();
+  pipelines::compile_graph_specs(session, {model, sampler});
+  EXPECT_EQ(session.compile_count() - before, 2);
+}
+
+TEST(GraphSpec, GroupRegistryConflictNamesBothSpecsAndTheWeight) {
+  auto a = scale_shift_spec(std::make_shared<ScaleShift>(3), "a");
+  auto b = scale_shift_spec(std::make_shared<ScaleShift>(3), "b");
+  a.group = b.group = "g";
+  a.weights = WeightsRegistry{{"scale", vec({1, 2, 3})}};
+  b.weights = WeightsRegistry{{"scale", vec({1, 2, 4})}};
+  engine::InferenceSession session;
+  std::string msg = error_of<ValueError>([&] { pipelines::compile_graph_specs(session, {a, b}); });
+  EXPECT_NE(msg.find("weight 'scale' is bound to different arrays by specs 'a' and 'b'"), std::string::npos) << msg;
+
+  // Equal arrays (even separately allocated) are not a conflict.
+  b.weights = WeightsRegistry{{"scale", vec({1, 2, 3})}};
+  EXPECT_EQ(pipelines::compile_graph_specs(session, {a, b}).size(), 2u);
+}
+
+// Row `trace(into)`: the graph is added to the given compile unit.
+TEST(GraphSpec, TraceIntoAddsToTheModule) {
+  graph::Module unit;
+  auto a = scale_shift_spec(std::make_shared<ScaleShift>(3), "a");
+  auto b = scale_shift_spec(std::make_shared<ScaleShift>(3), "b");
+  a.trace(&unit);
+  b.trace(&unit);
+  EXPECT_EQ(unit.graph_names(), (std::vector<std::string>{"a", "b"}));
+  // Tracing a second graph of the same name into the unit is an error naming it.
+  std::string msg = error_of<ValueError>([&] { a.trace(&unit); });
+  EXPECT_NE(msg.find("'a'"), std::string::npos) << msg;
+}
+
+// Row `custom_extensions` (until the extension loader lands): a clear error naming the spec.
+TEST(GraphSpec, CustomExtensionsAreRejectedUntilSupported) {
+  auto spec = scale_shift_spec(std::make_shared<ScaleShift>(3));
+  spec.custom_extensions = {"/tmp/libmissing.so"};
+  engine::InferenceSession session;
+  std::string msg = error_of<ExtensionError>([&] { pipelines::compile_graph_specs(session, {spec}); });
+  EXPECT_NE(msg.find("'scale_shift'"), std::string::npos) << msg;
+}
+
+TEST(GraphSpec, WrongArgumentCountForTheModuleIsAnError) {
+  auto spec = scale_shift_spec(std::make_shared<ScaleShift>(3));
+  spec.input_types = std::vector<nn::TypeTree>{nn::TypeTree(TensorType{DType::f32, {3}})};
+  EXPECT_ANY_THROW(spec.trace());
+}
