@@ -4,29 +4,18 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include "kiln/kiln.h"
 
 namespace {
 
 using namespace kiln;
+using kiln::testing::error_message;
+using kiln::testing::expect_error;
 namespace ops = kiln::graph::ops;
 using graph::BufferType;
 using graph::TensorType;
-
-// Runs fn, expecting exception E whose message contains every piece of `parts`.
-template <class E, class F>
-void expect_error(F&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no exception; expected one mentioning '" << parts.front() << "'";
-  } catch (const E& e) {
-    std::string message = e.what();
-    for (const auto& part : parts)
-      EXPECT_NE(message.find(part), std::string::npos) << "message: " << message << "\nmissing: " << part;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
 
 // add(x, y) over f32[batch, 4] inputs.
 engine::Model add_model(engine::InferenceSession& session) {

@@ -1,23 +1,17 @@
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cstdint>
 #include <numeric>
 
 #include "kiln/engine/tensor.h"
 
 using namespace kiln;
+using kiln::testing::error_message;
+using kiln::testing::expect_error;
 
 namespace {
-
-template <class E, class F>
-void expect_throw_containing(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception mentioning '" << needle << "'";
-  } catch (const E& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 // A DLPack producer that owns its buffer, shape and strides, and counts deleter calls.
 template <class Managed>
@@ -84,7 +78,7 @@ TEST(Tensor, ShapeQueries) {
   EXPECT_EQ(t.dim(0), 2);
   EXPECT_EQ(t.dim(-1), 3);
   EXPECT_EQ(t.strides(), (std::vector<int64_t>{3, 1}));
-  expect_throw_containing<ValueError>([&] { (void)t.dim(2); }, "index 2 out of range for rank 2");
+  expect_error<ValueError>([&] { (void)t.dim(2); }, "index 2 out of range for rank 2");
   EXPECT_EQ(t.to_string(), "Tensor(f32[2, 3], cpu:0)");
   EXPECT_EQ(Tensor::scalar<int64_t>(7).to_string(), "Tensor(i64[], cpu:0)");
   EXPECT_EQ(Tensor::scalar<int64_t>(7).numel(), 1);
@@ -97,20 +91,20 @@ TEST(Tensor, ContiguousStridesAreRowMajor) {
 }
 
 TEST(Tensor, RejectsNegativeAndOverflowingShapes) {
-  expect_throw_containing<ValueError>([] { Tensor::empty(DType::f32, {2, -1}); }, "dim 1 of shape [2, -1]");
-  expect_throw_containing<ValueError>([] { Tensor::empty(DType::f32, {INT64_MAX, 4}); }, "overflow");
-  expect_throw_containing<ValueError>([] { Tensor::empty(DType::f64, {INT64_MAX / 4}); }, "overflow");
-  expect_throw_containing<ValueError>([] { Tensor::from_vector<float>({1, 2, 3}, {2, 2}); }, "3 values");
+  expect_error<ValueError>([] { Tensor::empty(DType::f32, {2, -1}); }, "dim 1 of shape [2, -1]");
+  expect_error<ValueError>([] { Tensor::empty(DType::f32, {INT64_MAX, 4}); }, "overflow");
+  expect_error<ValueError>([] { Tensor::empty(DType::f64, {INT64_MAX / 4}); }, "overflow");
+  expect_error<ValueError>([] { Tensor::from_vector<float>({1, 2, 3}, {2, 2}); }, "3 values");
 }
 
 TEST(Tensor, EmptyOnGpuIsRejectedNamingTheDevice) {
-  expect_throw_containing<ValueError>([] { Tensor::empty(DType::f32, {2}, DeviceRef::GPU(0)); }, "gpu:0");
+  expect_error<ValueError>([] { Tensor::empty(DType::f32, {2}, DeviceRef::GPU(0)); }, "gpu:0");
 }
 
 TEST(Tensor, DataAsChecksTheDtype) {
   Tensor t = Tensor::from_vector<int32_t>({1, 2}, {2});
   EXPECT_EQ(t.data_as<int32_t>()[1], 2);
-  expect_throw_containing<DTypeError>([&] { (void)t.data_as<float>(); }, "tensor is i32, asked for f32");
+  expect_error<DTypeError>([&] { (void)t.data_as<float>(); }, "tensor is i32, asked for f32");
 }
 
 TEST(Tensor, BorrowDoesNotOwnAndSeesWrites) {
@@ -120,8 +114,8 @@ TEST(Tensor, BorrowDoesNotOwnAndSeesWrites) {
   EXPECT_EQ(t.data(), memory);
   memory[3] = 40;
   EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 2, 3, 40}));
-  expect_throw_containing<ValueError>([&] { Tensor::borrow(memory, DType::f32, {2, 2}, {1}); }, "1 strides");
-  expect_throw_containing<ValueError>([] { Tensor::borrow(nullptr, DType::f32, {2}); }, "null");
+  expect_error<ValueError>([&] { Tensor::borrow(memory, DType::f32, {2, 2}, {1}); }, "1 strides");
+  expect_error<ValueError>([] { Tensor::borrow(nullptr, DType::f32, {2}); }, "null");
 }
 
 TEST(Tensor, ViewKeepsItsOwnerAlive) {
@@ -293,11 +287,11 @@ TEST(DLPack, FailedImportRunsTheDeleterImmediately) {
       if (versioned) {
         auto* m = Versioned::make({1, 2, 3, 4}, {2, 2}, {}, &deleted);
         c.corrupt(m->dl_tensor);
-        expect_throw_containing<ValueError>([&] { Tensor::from_dlpack(m); }, c.message);
+        expect_error<ValueError>([&] { Tensor::from_dlpack(m); }, c.message);
       } else {
         auto* m = Legacy::make({1, 2, 3, 4}, {2, 2}, {}, &deleted);
         c.corrupt(m->dl_tensor);
-        expect_throw_containing<ValueError>([&] { Tensor::from_dlpack(m); }, c.message);
+        expect_error<ValueError>([&] { Tensor::from_dlpack(m); }, c.message);
       }
       EXPECT_EQ(deleted, 1);
     }
@@ -308,7 +302,7 @@ TEST(DLPack, VersionedImportRejectsANewerMajorVersion) {
   int deleted = 0;
   auto* m = Versioned::make({1}, {1}, {}, &deleted);
   m->version = {2, 0};
-  expect_throw_containing<ValueError>([&] { Tensor::from_dlpack(m); }, "version 2.0");
+  expect_error<ValueError>([&] { Tensor::from_dlpack(m); }, "version 2.0");
   EXPECT_EQ(deleted, 1);
 }
 

@@ -1,6 +1,8 @@
 // Module, Graph, Value and the operators: the builder API of the graph IR.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cstring>
 #include <thread>
 
@@ -9,22 +11,13 @@
 #include "kiln/graph/ops.h"
 
 using namespace kiln;
+using kiln::testing::error_message;
+using kiln::testing::expect_error;
 using namespace kiln::graph;
 
 namespace {
 
 TensorType F32(Shape shape) { return TensorType{DType::f32, std::move(shape), DeviceRef::CPU()}; }
-
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
 
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
@@ -37,12 +30,12 @@ TEST(Module, GraphNamesAreUniqueAndKeepInsertionOrder) {
   m.add_graph("b", {});
   m.add_graph("a", {F32({2})});
   EXPECT_EQ(m.graph_names(), (std::vector<std::string>{"b", "a"}));
-  std::string msg = message_of<ValueError>([&] { m.add_graph("a", {}); });
+  std::string msg = error_message<ValueError>([&] { m.add_graph("a", {}); });
   EXPECT_TRUE(contains(msg, "'a'")) << msg;
   EXPECT_EQ(m.size(), 2u);
   EXPECT_EQ(m.at("a").num_inputs(), 1);
   EXPECT_EQ(m.find("zzz"), nullptr);
-  msg = message_of<ValueError>([&] { m.at("zzz"); });
+  msg = error_message<ValueError>([&] { m.at("zzz"); });
   EXPECT_TRUE(contains(msg, "'zzz'")) << msg;
 }
 
@@ -97,9 +90,9 @@ TEST(Graph, InputsHaveTheDeclaredTypes) {
 
 TEST(Graph, InputOutOfRangeNamesIndexAndCount) {
   Graph g("g", {F32({1}), F32({2})});
-  std::string msg = message_of<ValueError>([&] { g.input(2); });
+  std::string msg = error_message<ValueError>([&] { g.input(2); });
   EXPECT_TRUE(contains(msg, "2") && contains(msg, "2 inputs")) << msg;
-  msg = message_of<ValueError>([&] { g.input(-1); });
+  msg = error_message<ValueError>([&] { g.input(-1); });
   EXPECT_TRUE(contains(msg, "-1")) << msg;
 }
 
@@ -127,9 +120,9 @@ TEST(Graph, WeightsAreDeclaredOnceAndReused) {
 TEST(Graph, WeightWithConflictingTypeNamesBothTypes) {
   Graph g("g", {});
   g.weight({"w", DType::f32, {4}, DeviceRef::CPU()});
-  std::string msg = message_of<ValueError>([&] { g.weight({"w", DType::f16, {4}, DeviceRef::CPU()}); });
+  std::string msg = error_message<ValueError>([&] { g.weight({"w", DType::f16, {4}, DeviceRef::CPU()}); });
   EXPECT_TRUE(contains(msg, "'w'") && contains(msg, "f32[4]") && contains(msg, "f16[4]")) << msg;
-  msg = message_of<ValueError>([&] { g.weight({"w", DType::f32, {4}, DeviceRef::GPU()}); });
+  msg = error_message<ValueError>([&] { g.weight({"w", DType::f32, {4}, DeviceRef::GPU()}); });
   EXPECT_TRUE(contains(msg, "f32[4]@gpu:0")) << msg;
   EXPECT_EQ(g.ir().weights.size(), 1u);
   EXPECT_EQ(g.ir().nodes.size(), 1u);
@@ -237,7 +230,7 @@ TEST(Graph, OutputIsSetOnceAndVerified) {
   EXPECT_TRUE(g.has_output());
   EXPECT_EQ(g.ir().outputs, std::vector<ValueId>{y.id()});
   EXPECT_EQ(g.ir().output_types(), std::vector<Type>{F32({2})});
-  std::string msg = message_of<ValueError>([&] { g.output({y}); });
+  std::string msg = error_message<ValueError>([&] { g.output({y}); });
   EXPECT_TRUE(contains(msg, "'g'") && contains(msg, "already")) << msg;
 }
 
@@ -245,7 +238,7 @@ TEST(Graph, OutputMustBelongToTheGraph) {
   Module m;
   Graph a("a", {F32({2})}, &m);
   Graph b("b", {F32({2})}, &m);
-  std::string msg = message_of<ValueError>([&] { a.output({a.input(0), b.input(0)}); });
+  std::string msg = error_message<ValueError>([&] { a.output({a.input(0), b.input(0)}); });
   EXPECT_TRUE(contains(msg, "output 1") && contains(msg, "'b'")) << msg;
   EXPECT_FALSE(a.has_output());
   EXPECT_THROW(a.output({Value()}), ValueError);
@@ -256,7 +249,7 @@ TEST(Graph, OutputRunsTheVerifier) {
   TensorValue y = ops::exp(g.input(0));
   // Corrupt the recorded type behind the builder's back: output() must notice.
   g.ir().value_types[static_cast<size_t>(y.id())] = F32({3});
-  std::string msg = message_of<VerifyError>([&] { g.output({y}); });
+  std::string msg = error_message<VerifyError>([&] { g.output({y}); });
   EXPECT_TRUE(contains(msg, "'g'") && contains(msg, "exp") && contains(msg, "f32[3]") &&
               contains(msg, "f32[2]"))
       << msg;
@@ -272,7 +265,7 @@ TEST(Graph, VerifyEachOpCatchesCorruptionAtTheNextOp) {
 
 TEST(Graph, EmptyValuesAreRejectedByName) {
   Graph g("g", {F32({2})});
-  std::string msg = message_of<ValueError>([&] { ops::add(g.input(0), TensorValue()); });
+  std::string msg = error_message<ValueError>([&] { ops::add(g.input(0), TensorValue()); });
   EXPECT_TRUE(contains(msg, "add") && contains(msg, "operand 1")) << msg;
   EXPECT_THROW(Value().type(), ValueError);
 }

@@ -2,6 +2,8 @@
 // bad input raises.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cstring>
 #include <functional>
 #include <set>
@@ -11,6 +13,8 @@
 #include "kiln/graph/ops.h"
 
 using namespace kiln;
+using kiln::testing::error_message;
+using kiln::testing::expect_error;
 using namespace kiln::graph;
 
 namespace {
@@ -22,20 +26,6 @@ BufferType B(DType dtype, Shape shape) { return BufferType{dtype, std::move(shap
 
 constexpr DType f32 = DType::f32, f16 = DType::f16, i32 = DType::i32, i64 = DType::i64,
                 u8 = DType::u8, boolean = DType::boolean;
-
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
 
 void expect_contains(const std::string& text, std::initializer_list<std::string> needles) {
   for (const auto& n : needles) EXPECT_NE(text.find(n), std::string::npos) << "'" << n << "' not in: " << text;
@@ -350,7 +340,7 @@ TEST(OpTypes, SliceFollowsPythonIndexing) {
 TEST(OpTypes, ReshapeRejectsTwoInferredDims) {
   Graph g("r", {T(f32, {2, 6})});
   EXPECT_THROW(ops::reshape(g.input(0), std::vector<int64_t>{-1, -1}), ValueError);
-  auto msg = message_of<ValueError>([&] { ops::reshape(g.input(0), std::vector<int64_t>{-1, 5}); });
+  auto msg = error_message<ValueError>([&] { ops::reshape(g.input(0), std::vector<int64_t>{-1, 5}); });
   expect_contains(msg, {"reshape", "f32[2, 6]", "-1"});
 }
 
@@ -371,68 +361,68 @@ TEST(OpTypes, ScalarConstantHoldsTheConvertedValue) {
 
 TEST(OpErrors, BroadcastMismatchNamesOpTypesAndAxis) {
   Graph g("e", {T(f32, {"batch", 3}), T(f32, {4})});
-  auto msg = message_of<ShapeError>([&] { ops::add(g.input(0), g.input(1)); });
+  auto msg = error_message<ShapeError>([&] { ops::add(g.input(0), g.input(1)); });
   expect_contains(msg, {"add", "f32[batch, 3]", "f32[4]", "axis 1"});
 }
 
 TEST(OpErrors, SymbolicDimsThatDifferDoNotBroadcast) {
   Graph g("e", {T(f32, {"a"}), T(f32, {"b"})});
-  auto msg = message_of<ShapeError>([&] { ops::mul(g.input(0), g.input(1)); });
+  auto msg = error_message<ShapeError>([&] { ops::mul(g.input(0), g.input(1)); });
   expect_contains(msg, {"mul", "f32[a]", "f32[b]", "axis 0"});
 }
 
 TEST(OpErrors, DTypeMismatchNamesBothTypes) {
   Graph g("e", {T(f32, {2}), T(i32, {2})});
-  auto msg = message_of<DTypeError>([&] { ops::sub(g.input(0), g.input(1)); });
+  auto msg = error_message<DTypeError>([&] { ops::sub(g.input(0), g.input(1)); });
   expect_contains(msg, {"sub", "f32[2]", "i32[2]"});
 }
 
 TEST(OpErrors, ArithmeticRejectsBoolAndLogicalRequiresBool) {
   Graph g("e", {T(boolean, {2}), T(f32, {2})});
-  expect_contains(message_of<DTypeError>([&] { ops::add(g.input(0), g.input(0)); }), {"add", "bool[2]"});
-  expect_contains(message_of<DTypeError>([&] { ops::logical_or(g.input(1), g.input(1)); }),
+  expect_contains(error_message<DTypeError>([&] { ops::add(g.input(0), g.input(0)); }), {"add", "bool[2]"});
+  expect_contains(error_message<DTypeError>([&] { ops::logical_or(g.input(1), g.input(1)); }),
                   {"logical_or", "f32[2]"});
-  expect_contains(message_of<DTypeError>([&] { ops::logical_not(g.input(1)); }), {"logical_not", "f32[2]"});
+  expect_contains(error_message<DTypeError>([&] { ops::logical_not(g.input(1)); }), {"logical_not", "f32[2]"});
 }
 
 TEST(OpErrors, FloatOnlyUnaryRejectsIntegers) {
   Graph g("e", {T(i32, {4}), T(u8, {4})});
   for (auto fn : {ops::exp, ops::sqrt, ops::sigmoid, ops::is_nan, ops::floor}) {
-    auto msg = message_of<DTypeError>([&] { fn(g.input(0)); });
+    auto msg = error_message<DTypeError>([&] { fn(g.input(0)); });
     expect_contains(msg, {"i32[4]"});
   }
-  expect_contains(message_of<DTypeError>([&] { ops::exp(g.input(0)); }), {"exp", "float"});
-  expect_contains(message_of<DTypeError>([&] { ops::neg(g.input(1)); }), {"neg", "u8[4]"});
-  expect_contains(message_of<DTypeError>([&] { ops::mean(g.input(0)); }), {"mean", "i32[4]"});
-  expect_contains(message_of<DTypeError>([&] { ops::softmax(g.input(0)); }), {"softmax", "i32[4]"});
+  expect_contains(error_message<DTypeError>([&] { ops::exp(g.input(0)); }), {"exp", "float"});
+  expect_contains(error_message<DTypeError>([&] { ops::neg(g.input(1)); }), {"neg", "u8[4]"});
+  expect_contains(error_message<DTypeError>([&] { ops::mean(g.input(0)); }), {"mean", "i32[4]"});
+  expect_contains(error_message<DTypeError>([&] { ops::softmax(g.input(0)); }), {"softmax", "i32[4]"});
 }
 
 TEST(OpErrors, MatmulInnerDimMismatchMessage) {
   Graph g("e", {T(f32, {"batch", 64}), T(f32, {128, 10}), T(f32, {2, 3, 64}), T(f32, {2, 128, 10})});
-  EXPECT_EQ(message_of<ShapeError>([&] { ops::matmul(g.input(0), g.input(1)); }),
+  EXPECT_EQ(error_message<ShapeError>([&] { ops::matmul(g.input(0), g.input(1)); }),
             "matmul: lhs inner dim 64 does not match rhs dim 0 of 128 (lhs f32[batch, 64], rhs f32[128, 10])");
-  EXPECT_EQ(message_of<ShapeError>([&] { ops::matmul(g.input(2), g.input(3)); }),
+  EXPECT_EQ(error_message<ShapeError>([&] { ops::matmul(g.input(2), g.input(3)); }),
             "matmul: lhs inner dim 64 does not match rhs dim 1 of 128 (lhs f32[2, 3, 64], rhs f32[2, 128, 10])");
 }
 
 TEST(OpErrors, MatmulBatchAndDTypeChecks) {
   Graph g("e", {T(f32, {2, 3, 4}), T(f32, {5, 4, 6}), T(boolean, {2, 2}), T(f16, {4, 6})});
-  expect_contains(message_of<ShapeError>([&] { ops::matmul(g.input(0), g.input(1)); }),
+  expect_contains(error_message<ShapeError>([&] { ops::matmul(g.input(0), g.input(1)); }),
                   {"matmul", "batch", "f32[2, 3, 4]", "f32[5, 4, 6]"});
-  expect_contains(message_of<DTypeError>([&] { ops::matmul(g.input(2), g.input(2)); }), {"matmul", "bool"});
-  expect_contains(message_of<DTypeError>([&] { ops::matmul(g.input(0), g.input(3)); }),
+  expect_contains(error_message<DTypeError>([&] { ops::matmul(g.input(2), g.input(2)); }), {"matmul", "bool"});
+  expect_contains(error_message<DTypeError>([&] { ops::matmul(g.input(0), g.input(3)); }),
                   {"matmul", "f32[2, 3, 4]", "f16[4, 6]"});
 }
 
 TEST(OpErrors, DevicesMustMatch) {
   Graph g("e", {T(f32, {2}), T(f32, {2}, DeviceRef::GPU(0))});
-  expect_contains(message_of<ValueError>([&] { ops::add(g.input(0), g.input(1)); }),
+  expect_contains(error_message<ValueError>([&] { ops::add(g.input(0), g.input(1)); }),
                   {"add", "cpu:0", "gpu:0"});
 }
 
 TEST(OpErrors, BufferIsNotATensorOperand) {
   Graph g("e", {B(f32, {2}), T(f32, {2})});
-  expect_contains(message_of<ValueError>([&] { infer_types(Op::add, {B(f32, {2}), T(f32, {2})}, {}, nullptr); }),
+  expect_contains(error_message<ValueError>([&] { infer_types(Op::add, {B(f32, {2}), T(f32, {2})}, {}, nullptr); }),
                   {"add", "lhs", "buffer<f32[2]>"});
   // The typed handle itself refuses the conversion.
   EXPECT_THROW(TensorValue(g.input(0)), ValueError);
@@ -442,33 +432,33 @@ TEST(OpErrors, OperandFromAnotherGraphNamesOpAndIndex) {
   Module m;
   Graph a("a", {T(f32, {2})}, &m);
   Graph b("b", {T(f32, {2})}, &m);
-  expect_contains(message_of<ValueError>([&] { ops::add(a.input(0), b.input(0)); }),
+  expect_contains(error_message<ValueError>([&] { ops::add(a.input(0), b.input(0)); }),
                   {"add", "operand 1", "'b'"});
 }
 
 TEST(OpErrors, ShapeOpsRejectBadShapes) {
   Graph g("e", {T(f32, {"batch", 4}), T(f32, {2, 3}), T(f32, {2, 4})});
-  expect_contains(message_of<ShapeError>([&] { ops::reshape(g.input(0), Shape{"batch", 3}); }),
+  expect_contains(error_message<ShapeError>([&] { ops::reshape(g.input(0), Shape{"batch", 3}); }),
                   {"reshape", "f32[batch, 4]", "[batch, 3]"});
-  expect_contains(message_of<ShapeError>([&] { ops::reshape(g.input(0), Shape{"other", 4}); }),
+  expect_contains(error_message<ShapeError>([&] { ops::reshape(g.input(0), Shape{"other", 4}); }),
                   {"reshape", "[other, 4]"});
-  expect_contains(message_of<ShapeError>([&] { ops::reshape(g.input(1), Shape{5}); }), {"reshape", "f32[2, 3]"});
-  expect_contains(message_of<ValueError>([&] { ops::permute(g.input(1), {0, 0}); }),
+  expect_contains(error_message<ShapeError>([&] { ops::reshape(g.input(1), Shape{5}); }), {"reshape", "f32[2, 3]"});
+  expect_contains(error_message<ValueError>([&] { ops::permute(g.input(1), {0, 0}); }),
                   {"transpose", "perm", "f32[2, 3]"});
-  expect_contains(message_of<ShapeError>([&] { ops::broadcast_to(g.input(1), Shape{4, 3}); }),
+  expect_contains(error_message<ShapeError>([&] { ops::broadcast_to(g.input(1), Shape{4, 3}); }),
                   {"broadcast_to", "f32[2, 3]", "[4, 3]"});
   // [2, 3] and [2, 4] join along axis 1 but not along axis 0, where axis 1 differs.
   EXPECT_EQ(ops::concat({g.input(1), g.input(2)}, 1).shape(), (Shape{2, 7}));
-  expect_contains(message_of<ShapeError>([&] { ops::concat({g.input(1), g.input(2)}, 0); }),
+  expect_contains(error_message<ShapeError>([&] { ops::concat({g.input(1), g.input(2)}, 0); }),
                   {"concat", "axis 1", "f32[2, 3]", "f32[2, 4]"});
-  expect_contains(message_of<ShapeError>([&] { ops::split(g.input(2), {1, 2}, 1); }),
+  expect_contains(error_message<ShapeError>([&] { ops::split(g.input(2), {1, 2}, 1); }),
                   {"split", "[1, 2]", "f32[2, 4]"});
-  expect_contains(message_of<ShapeError>([&] { ops::top_k(g.input(1), 4); }), {"top_k", "f32[2, 3]"});
+  expect_contains(error_message<ShapeError>([&] { ops::top_k(g.input(1), 4); }), {"top_k", "f32[2, 3]"});
 }
 
 TEST(OpErrors, SliceAttrsOutOfRangeAreShapeErrors) {
   Attrs attrs{{"starts", Shape{2}}, {"stops", Shape{6}}, {"steps", std::vector<int64_t>{1}}};
-  expect_contains(message_of<ShapeError>([&] { infer_types(Op::slice, {T(f32, {4})}, attrs, nullptr); }),
+  expect_contains(error_message<ShapeError>([&] { infer_types(Op::slice, {T(f32, {4})}, attrs, nullptr); }),
                   {"slice", "f32[4]", "axis 0"});
   Attrs short_attrs{{"starts", Shape{}}, {"stops", Shape{}}, {"steps", std::vector<int64_t>{}}};
   EXPECT_THROW(infer_types(Op::slice, {T(f32, {4})}, short_attrs, nullptr), ValueError);
@@ -476,33 +466,33 @@ TEST(OpErrors, SliceAttrsOutOfRangeAreShapeErrors) {
 
 TEST(OpErrors, IndexedOpsCheckIndicesAndUpdates) {
   Graph g("e", {T(f32, {5, 6}), T(f32, {2}), T(i64, {2}), T(f32, {5, 3})});
-  expect_contains(message_of<DTypeError>([&] { ops::gather(g.input(0), g.input(1)); }),
+  expect_contains(error_message<DTypeError>([&] { ops::gather(g.input(0), g.input(1)); }),
                   {"gather", "indices", "f32[2]"});
-  expect_contains(message_of<ShapeError>([&] { ops::scatter(g.input(0), g.input(3), g.input(2), 1); }),
+  expect_contains(error_message<ShapeError>([&] { ops::scatter(g.input(0), g.input(3), g.input(2), 1); }),
                   {"scatter", "[5, 2]", "f32[5, 3]"});
 }
 
 TEST(OpErrors, NormParametersMustMatchLastDim) {
   Graph g("e", {T(f32, {"b", 64}), T(f32, {32}), T(f16, {64}), T(i32, {"b", 64})});
-  expect_contains(message_of<ShapeError>([&] { ops::rms_norm(g.input(0), g.input(1)); }),
+  expect_contains(error_message<ShapeError>([&] { ops::rms_norm(g.input(0), g.input(1)); }),
                   {"rms_norm", "weight", "f32[32]", "f32[b, 64]"});
-  expect_contains(message_of<DTypeError>([&] { ops::layer_norm(g.input(0), g.input(2), g.input(2)); }),
+  expect_contains(error_message<DTypeError>([&] { ops::layer_norm(g.input(0), g.input(2), g.input(2)); }),
                   {"layer_norm", "f16[64]"});
   EXPECT_THROW(ops::rms_norm(g.input(3), g.input(2)), DTypeError);
 }
 
 TEST(OpErrors, WhereNeedsBoolCondition) {
   Graph g("e", {T(f32, {2}), T(f32, {2})});
-  expect_contains(message_of<DTypeError>([&] { ops::where(g.input(0), g.input(0), g.input(1)); }),
+  expect_contains(error_message<DTypeError>([&] { ops::where(g.input(0), g.input(0), g.input(1)); }),
                   {"where", "condition f32[2]"});
 }
 
 TEST(OpErrors, BufferStoreValueMustMatchSlice) {
   Graph g("e", {B(f32, {16, 64}), T(f32, {2, 64}), T(f16, {1, 64})});
-  expect_contains(message_of<ShapeError>([&] { ops::buffer_store(g.input(0), g.input(1), {{0, 1}}); }),
+  expect_contains(error_message<ShapeError>([&] { ops::buffer_store(g.input(0), g.input(1), {{0, 1}}); }),
                   {"buffer_store", "[1, 64]", "f32[2, 64]"});
   EXPECT_THROW(ops::buffer_store(g.input(0), g.input(2), {{0, 1}}), DTypeError);
-  expect_contains(message_of<ValueError>([&] { ops::inplace_custom("k", {g.input(1)}); }),
+  expect_contains(error_message<ValueError>([&] { ops::inplace_custom("k", {g.input(1)}); }),
                   {"inplace_custom", "buffer"});
 }
 
@@ -511,20 +501,20 @@ TEST(OpErrors, CallChecksCalleeAndArguments) {
   Graph callee("f", {T(f32, {4})}, &m);
   callee.output({ops::exp(callee.input(0))});
   Graph caller("main", {T(f32, {4}), T(f32, {5})}, &m);
-  expect_contains(message_of<ValueError>([&] { ops::call("nope", {caller.input(0)}); }), {"call", "'nope'"});
-  expect_contains(message_of<ValueError>([&] { ops::call("f", {caller.input(1)}); }),
+  expect_contains(error_message<ValueError>([&] { ops::call("nope", {caller.input(0)}); }), {"call", "'nope'"});
+  expect_contains(error_message<ValueError>([&] { ops::call("f", {caller.input(1)}); }),
                   {"call", "argument 0", "f32[5]", "f32[4]"});
   Graph unfinished("g", {T(f32, {4})}, &m);
-  expect_contains(message_of<ValueError>([&] { ops::call("g", {caller.input(0)}); }), {"'g'", "no outputs"});
+  expect_contains(error_message<ValueError>([&] { ops::call("g", {caller.input(0)}); }), {"'g'", "no outputs"});
 }
 
 TEST(OpErrors, ConstantDataMustFillShape) {
   Graph g("e", {});
   Graph::Scope scope(g);
-  expect_contains(message_of<ValueError>([&] { ops::constant(Bytes(7), f32, {2}); }),
+  expect_contains(error_message<ValueError>([&] { ops::constant(Bytes(7), f32, {2}); }),
                   {"constant", "7 bytes", "f32[2]"});
 }
 
 TEST(OpErrors, OpsWithoutOperandsNeedAnEnteredGraph) {
-  expect_contains(message_of<ValueError>([&] { ops::constant(1.0, f32); }), {"Graph::current"});
+  expect_contains(error_message<ValueError>([&] { ops::constant(1.0, f32); }), {"Graph::current"});
 }

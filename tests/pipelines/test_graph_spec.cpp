@@ -1,25 +1,18 @@
 // GraphSpec: one test per row of DESIGN.md's contract table (nn::Module rows), and compile_graph_specs.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <kiln/kiln.h>
 
 using namespace kiln;
+using kiln::testing::error_message;
+using kiln::testing::expect_error;
 using graph::TensorType;
 using graph::BufferType;
 namespace ops = kiln::graph::ops;
 
 namespace {
-
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
 
 // y = x * scale + offset, with a weight of its own.
 class ScaleShift : public nn::Module {
@@ -107,7 +100,7 @@ TEST(GraphSpec, DuplicateNamesInAGroupNameBoth) {
   auto b = scale_shift_spec(std::make_shared<ScaleShift>(3), "model");
   a.group = b.group = "llm";
   engine::InferenceSession session;
-  std::string msg = error_of<ValueError>([&] { pipelines::compile_graph_specs(session, {a, b}); });
+  std::string msg = error_message<ValueError>([&] { pipelines::compile_graph_specs(session, {a, b}); });
   EXPECT_NE(msg.find("two specs are named 'model'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'llm' and 'llm'"), std::string::npos) << msg;
 }
@@ -220,7 +213,7 @@ TEST(GraphSpec, GroupRegistryConflictNamesBothSpecsAndTheWeight) {
   a.weights = WeightsRegistry{{"scale", vec({1, 2, 3})}};
   b.weights = WeightsRegistry{{"scale", vec({1, 2, 4})}};
   engine::InferenceSession session;
-  std::string msg = error_of<ValueError>([&] { pipelines::compile_graph_specs(session, {a, b}); });
+  std::string msg = error_message<ValueError>([&] { pipelines::compile_graph_specs(session, {a, b}); });
   EXPECT_NE(msg.find("weight 'scale' is bound to different arrays by specs 'a' and 'b'"), std::string::npos) << msg;
 
   // Equal arrays (even separately allocated) are not a conflict.
@@ -237,7 +230,7 @@ TEST(GraphSpec, TraceIntoAddsToTheModule) {
   b.trace(&unit);
   EXPECT_EQ(unit.graph_names(), (std::vector<std::string>{"a", "b"}));
   // Tracing a second graph of the same name into the unit is an error naming it.
-  std::string msg = error_of<ValueError>([&] { a.trace(&unit); });
+  std::string msg = error_message<ValueError>([&] { a.trace(&unit); });
   EXPECT_NE(msg.find("'a'"), std::string::npos) << msg;
 }
 
@@ -246,7 +239,7 @@ TEST(GraphSpec, CustomExtensionsAreRejectedUntilSupported) {
   auto spec = scale_shift_spec(std::make_shared<ScaleShift>(3));
   spec.custom_extensions = {"/tmp/libmissing.so"};
   engine::InferenceSession session;
-  std::string msg = error_of<ExtensionError>([&] { pipelines::compile_graph_specs(session, {spec}); });
+  std::string msg = error_message<ExtensionError>([&] { pipelines::compile_graph_specs(session, {spec}); });
   EXPECT_NE(msg.find("'scale_shift'"), std::string::npos) << msg;
 }
 

@@ -1,0 +1,39 @@
+// Shared test helpers: asserting on exceptions and their messages.
+#pragma once
+
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace kiln::testing {
+
+// The message of the E that `fn` throws; a test failure (and "") if it throws nothing or another type.
+template <class E, class F>
+std::string error_message(F&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+// Asserts that `fn` throws E whose message contains every one of `parts`.
+template <class E, class F>
+void expect_error(F&& fn, const std::vector<std::string>& parts) {
+  std::string message = error_message<E>(fn);
+  for (const auto& part : parts)
+    EXPECT_NE(message.find(part), std::string::npos) << "message: " << message << "\nmissing: " << part;
+}
+template <class E, class F>
+void expect_error(F&& fn, const char* part) {
+  expect_error<E>(fn, std::vector<std::string>{part});
+}
+
+}  // namespace kiln::testing
