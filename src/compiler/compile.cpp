@@ -2,6 +2,7 @@
 // GraphPlan (value table, kernel launches, arena slots) that the engine runs without the IR.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,8 @@
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/compiler/passes.h"
 #include "kiln/errors.h"
+#include "kiln/ext/extensions.h"
+#include "kiln/graph/text.h"
 
 namespace kiln::compiler {
 
@@ -84,12 +87,36 @@ void assign_slots(GraphPlan& plan) {
   plan.num_slots = static_cast<int32_t>(slot_dtypes.size());
 }
 
+// Resolves a custom op against the compile's extensions and checks the call; returns the index of
+// its library in plan.extensions.
+int32_t resolve_custom_op(const GraphIR& g, size_t node_index, const Node& node,
+                          const ext::ExtensionRegistry* extensions, GraphPlan& plan) {
+  const std::string& symbol = graph::get_attr<std::string>(node.attrs, "symbol", node.op);
+  const std::string where = fmt::format("compile: graph '{}' node {}", g.name, node_index);
+  const ext::CustomOp* op = extensions ? extensions->find(symbol) : nullptr;
+  if (!op)
+    throw ExtensionError(fmt::format("{}: custom op '{}' is not defined by any loaded extension (loaded: {})",
+                                     where, symbol, extensions ? extensions->loaded_paths() : "none"));
+  std::vector<graph::Type> input_types;
+  for (auto v : node.inputs) input_types.push_back(g.type(v));
+  op->check_call(node.op, input_types, node.attrs, where);
+  DeviceKind device = step_device(g, node);
+  if (!op->has_kernel(device))
+    throw ExtensionError(fmt::format("{}: custom op '{}' of {} has no {} kernel", where, symbol,
+                                     op->library_path().string(), device_kind_name(device)));
+  compiler::ExtensionRef ref{op->library_path(), op->library().content_hash()};
+  auto it = std::find(plan.extensions.begin(), plan.extensions.end(), ref);
+  if (it != plan.extensions.end()) return static_cast<int32_t>(it - plan.extensions.begin());
+  plan.extensions.push_back(std::move(ref));
+  return static_cast<int32_t>(plan.extensions.size() - 1);
+}
+
 Step make_step(const Node& node, size_t node_index) {
   return Step{node.op, {node.inputs.begin(), node.inputs.end()},
               {node.outputs.begin(), node.outputs.end()}, node.attrs, static_cast<int32_t>(node_index)};
 }
 
-GraphPlan plan_graph(const GraphIR& g) {
+GraphPlan plan_graph(const GraphIR& g, const ext::ExtensionRegistry* extensions) {
   GraphPlan plan;
   plan.name = g.name;
   plan.input_types = g.input_types();
@@ -113,10 +140,12 @@ GraphPlan plan_graph(const GraphIR& g) {
         continue;
       }
       case Op::custom:
-      case Op::inplace_custom:
-        throw ExtensionError(fmt::format(
-            "compile: graph '{}' node {}: custom op '{}' needs a loaded extension (not supported yet)",
-            g.name, n, graph::get_attr<std::string>(node.attrs, "symbol", node.op)));
+      case Op::inplace_custom: {
+        Step step = make_step(node, n);
+        step.extension = resolve_custom_op(g, n, node, extensions, plan);
+        plan.steps.push_back(std::move(step));
+        continue;
+      }
       case Op::call:
         throw Error(fmt::format("compile: graph '{}' node {}: call left after inlining", g.name, n));
       default: break;
@@ -167,8 +196,48 @@ CompiledModel compile(const graph::Module& module, const CompileOptions& options
   }
   passes::verify(ir);
   std::map<std::string, GraphPlan> plans;
-  for (const auto& g : ir.graphs()) plans.emplace(g->name, plan_graph(*g));
+  for (const auto& g : ir.graphs()) plans.emplace(g->name, plan_graph(*g, options.extensions));
   return CompiledModel(std::move(ir), std::move(plans));
+}
+
+std::vector<ExtensionRef> CompiledModel::extensions() const {
+  std::vector<ExtensionRef> refs;
+  for (const auto& [name, plan] : plans_)
+    for (const ExtensionRef& ref : plan.extensions)
+      if (std::find(refs.begin(), refs.end(), ref) == refs.end()) refs.push_back(ref);
+  return refs;
+}
+
+namespace {
+
+void fnv1a(uint64_t& hash, std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  hash ^= 0xff;  // a field separator, so ("ab", "c") and ("a", "bc") differ
+  hash *= 0x100000001b3ull;
+}
+
+}  // namespace
+
+std::string cache_key(const graph::Module& module, const CompileOptions& options) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  fnv1a(hash, graph::print(module));
+  fnv1a(hash, KILN_VERSION);
+  fnv1a(hash, options.optimize ? "optimize" : "no-optimize");
+  // Only the libraries this module calls: loading an extension must not invalidate other graphs.
+  std::set<std::string> symbols;
+  for (const auto& g : module.graphs())
+    for (const Node& node : g->nodes)
+      if (node.op == Op::custom || node.op == Op::inplace_custom)
+        symbols.insert(graph::get_attr<std::string>(node.attrs, "symbol", node.op));
+  for (const std::string& symbol : symbols) {
+    const ext::CustomOp* op = options.extensions ? options.extensions->find(symbol) : nullptr;
+    fnv1a(hash, symbol);
+    fnv1a(hash, op ? op->library().content_hash_hex() : "undefined");
+  }
+  return fmt::format("{:016x}", hash);
 }
 
 }  // namespace kiln::compiler

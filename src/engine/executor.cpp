@@ -37,6 +37,30 @@ kernels::KernelFn resolve_kernel(const GraphPlan& plan, const Step& step) {
   return fn;
 }
 
+// The custom op a step calls, from the library content it was compiled against: the one loaded in
+// this process, else the file at its path if that still has the same content.
+const ext::CustomOp* resolve_custom_op(const GraphPlan& plan, const Step& step) {
+  const std::string& symbol = graph::get_attr<std::string>(step.attrs, "symbol", step.op);
+  if (step.extension < 0 || static_cast<size_t>(step.extension) >= plan.extensions.size())
+    throw ExtensionError(fmt::format("init: graph '{}' node {}: custom op '{}' names no extension library",
+                                     plan.name, step.node, symbol));
+  const compiler::ExtensionRef& ref = plan.extensions[static_cast<size_t>(step.extension)];
+  std::shared_ptr<const ext::Library> library = ext::loaded_library(ref.path, ref.content_hash);
+  if (!library) {
+    library = ext::load_library(ref.path);
+    if (library->content_hash() != ref.content_hash)
+      throw ExtensionError(fmt::format(
+          "init: graph '{}' node {}: custom op '{}': extension '{}' has content hash {} but the model was "
+          "compiled against {:016x} (recompile the model)",
+          plan.name, step.node, symbol, ref.path.string(), library->content_hash_hex(), ref.content_hash));
+  }
+  const ext::CustomOp* op = library->find(symbol);
+  if (!op)
+    throw ExtensionError(fmt::format("init: graph '{}' node {}: extension '{}' does not define custom op '{}'",
+                                     plan.name, step.node, ref.path.string(), symbol));
+  return op;
+}
+
 bool has_symbolic_shape_attr(const graph::Attrs& attrs) {
   for (const auto& [name, attr] : attrs)
     if (const auto* shape = std::get_if<graph::Shape>(&attr); shape && !shape->is_static()) return true;
@@ -98,8 +122,12 @@ Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, kernels::Para
   for (size_t v = 0; v < num_values; ++v)
     if (plan_.values[v].kind == ValueKind::weight) bound_[v] = weights.at(plan_.values[v].weight);
 
-  for (const Step& step : plan_.steps)
-    steps_.push_back({resolve_kernel(plan_, step), has_symbolic_shape_attr(step.attrs)});
+  for (const Step& step : plan_.steps) {
+    if (step.op == graph::Op::custom || step.op == graph::Op::inplace_custom)
+      steps_.push_back({nullptr, has_symbolic_shape_attr(step.attrs), resolve_custom_op(plan_, step)});
+    else
+      steps_.push_back({resolve_kernel(plan_, step), has_symbolic_shape_attr(step.attrs)});
+  }
 
   for (const Step& step : plan_.constants) {
     StepInfo info{resolve_kernel(plan_, step), false};
@@ -186,6 +214,7 @@ std::vector<int64_t> Executor::value_shape(size_t value, const graph::SymbolBind
 
 void Executor::launch(const Step& step, const StepInfo& info, const graph::Attrs& attrs,
                       const std::vector<kernels::TensorView>& views) const {
+  if (info.custom) return launch_custom(step, *info.custom, attrs, views);
   kernels::SerialParallel serial;
   kernels::KernelContext context{parallel_ ? parallel_ : &serial};
   const size_t num_inputs = step.inputs.size();
@@ -195,6 +224,31 @@ void Executor::launch(const Step& step, const StepInfo& info, const graph::Attrs
   } catch (const std::exception& e) {
     throw ExecutionError(fmt::format("execute: graph '{}' op '{}' (node {}): {}", plan_.name,
                                      graph::op_name(step.op), step.node, e.what()));
+  }
+}
+
+void Executor::launch_custom(const Step& step, const ext::CustomOp& op, const graph::Attrs& attrs,
+                             const std::vector<kernels::TensorView>& views) const {
+  // DLTensor views borrow the shapes and strides of `views`, which outlive the call.
+  std::vector<DLTensor> tensors;
+  for (const kernels::TensorView& v : views) {
+    DLTensor t{};
+    t.data = v.data;
+    t.device = {kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(v.shape.size());
+    t.dtype = ext::dl_dtype(v.dtype);
+    t.shape = const_cast<int64_t*>(v.shape.data());
+    t.strides = const_cast<int64_t*>(v.strides.data());
+    tensors.push_back(t);
+  }
+  const auto num_inputs = static_cast<std::ptrdiff_t>(step.inputs.size());
+  std::vector<DLTensor> inputs(tensors.begin(), tensors.begin() + num_inputs);
+  std::vector<DLTensor> outputs(tensors.begin() + num_inputs, tensors.end());
+  try {
+    op.run(DeviceKind::CPU, inputs, outputs, attrs);
+  } catch (const std::exception& e) {
+    throw ExecutionError(fmt::format("execute: graph '{}' custom op '{}' (node {}): {}", plan_.name, op.name(),
+                                     step.node, e.what()));
   }
 }
 

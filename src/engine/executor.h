@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "kiln/ext/extensions.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/engine/session.h"
 #include "kiln/engine/tensor.h"
@@ -29,12 +30,15 @@ class Executor {
   struct StepInfo {
     kernels::KernelFn kernel = nullptr;
     bool symbolic_attrs = false;  // some Shape attr must be evaluated per run
+    const ext::CustomOp* custom = nullptr;  // custom ops run the extension's kernel instead
   };
 
   graph::SymbolBindings bind_inputs(const std::vector<Tensor>& inputs) const;
   std::vector<int64_t> value_shape(size_t value, const graph::SymbolBindings& bindings) const;
   void launch(const compiler::Step& step, const StepInfo& info, const graph::Attrs& attrs,
               const std::vector<kernels::TensorView>& views) const;
+  void launch_custom(const compiler::Step& step, const ext::CustomOp& op, const graph::Attrs& attrs,
+                     const std::vector<kernels::TensorView>& views) const;
 
   compiler::GraphPlan plan_;
   kernels::Parallel* parallel_;

@@ -7,6 +7,7 @@
 #include "engine/thread_pool.h"
 #include "kiln/engine/session.h"
 #include "kiln/errors.h"
+#include "kiln/ext/extensions.h"
 
 namespace kiln::engine {
 
@@ -18,7 +19,19 @@ class SessionState {
   std::vector<DeviceRef> devices;
   ThreadPool pool;  // shared by every model of the session
   std::atomic<int64_t> compile_count{0};
+  std::vector<std::filesystem::path> custom_extensions;
 };
+
+namespace {
+
+bool calls_custom_ops(const graph::Module& module) {
+  for (const auto& g : module.graphs())
+    for (const graph::Node& node : g->nodes)
+      if (node.op == graph::Op::custom || node.op == graph::Op::inplace_custom) return true;
+  return false;
+}
+
+}  // namespace
 
 InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
                                    std::vector<std::filesystem::path> custom_extensions,
@@ -28,12 +41,12 @@ InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
     if (d.kind != DeviceKind::CPU)
       throw ValueError(fmt::format("InferenceSession: device {} is not supported (only cpu devices are)",
                                    d.to_string()));
-  if (!custom_extensions.empty())
-    throw ExtensionError(fmt::format("InferenceSession: custom extensions are not supported yet (got '{}')",
-                                     custom_extensions.front().string()));
   if (options.num_threads < 0)
     throw ValueError(fmt::format("InferenceSession: num_threads must be >= 0, got {}", options.num_threads));
+  // Loaded now for early errors (and so ops::custom can check calls as graphs are built).
+  ext::ExtensionRegistry check_now(custom_extensions);
   state_ = std::make_shared<SessionState>(std::move(devices), options.num_threads);
+  state_->custom_extensions = std::move(custom_extensions);
 }
 
 InferenceSession::~InferenceSession() = default;
@@ -42,10 +55,25 @@ InferenceSession& InferenceSession::operator=(InferenceSession&&) noexcept = def
 
 const std::vector<DeviceRef>& InferenceSession::devices() const { return state_->devices; }
 
-CompiledModel InferenceSession::compile(const graph::Module& module) const {
-  CompiledModel compiled = compiler::compile(module);
+CompiledModel InferenceSession::compile(const graph::Module& module) const { return compile(module, {}); }
+
+CompiledModel InferenceSession::compile(const graph::Module& module,
+                                        const std::vector<std::filesystem::path>& extra_extensions) const {
+  compiler::CompileOptions options;
+  ext::ExtensionRegistry extensions;
+  if (calls_custom_ops(module)) {
+    // Read again at each compile: load_library keys on content, so a rebuilt file loads as new code.
+    for (const auto& path : state_->custom_extensions) extensions.add(ext::load_library(path));
+    for (const auto& path : extra_extensions) extensions.add(ext::load_library(path));
+    options.extensions = &extensions;
+  }
+  CompiledModel compiled = compiler::compile(module, options);
   ++state_->compile_count;
   return compiled;
+}
+
+const std::vector<std::filesystem::path>& InferenceSession::custom_extensions() const {
+  return state_->custom_extensions;
 }
 
 std::map<std::string, Model> InferenceSession::init(const CompiledModel& compiled,

@@ -8,6 +8,8 @@
 #include <limits>
 #include <numeric>
 
+#include "kiln/graph/custom_op_check.h"
+
 namespace kiln::graph::ops {
 
 Dim SliceBound::resolve(const Dim& dim) const {
@@ -334,6 +336,15 @@ std::vector<Value> call(const std::string& callee, const std::vector<Value>& arg
 }
 
 namespace {
+std::vector<Type> operand_types(const std::vector<Value>& inputs) {
+  std::vector<Type> types;
+  for (const Value& v : inputs) {
+    if (!v.valid()) throw ValueError("custom: an operand is an empty value");
+    types.push_back(v.type());
+  }
+  return types;
+}
+
 Attrs custom_attrs(const std::string& name, const Attrs& parameters) {
   Attrs attrs{{"symbol", name}};
   for (const auto& [key, value] : parameters) attrs["param." + key] = value;
@@ -345,6 +356,7 @@ std::vector<Value> custom(const std::string& name, const std::vector<Value>& inp
                           const std::vector<Type>& output_types, const Attrs& parameters) {
   Attrs attrs = custom_attrs(name, parameters);
   attrs["output_types"] = output_types;
+  check_custom_op(Op::custom, name, operand_types(inputs), attrs);  // when a loaded library defines it
   return build(Op::custom, inputs, std::move(attrs));
 }
 
@@ -352,7 +364,9 @@ void inplace_custom(const std::string& name, const std::vector<Value>& inputs,
                     const Attrs& parameters) {
   if (inputs.empty())
     throw ValueError(fmt::format("inplace_custom: '{}' needs a buffer as its first operand", name));
-  build(Op::inplace_custom, inputs, custom_attrs(name, parameters));
+  Attrs attrs = custom_attrs(name, parameters);
+  check_custom_op(Op::inplace_custom, name, operand_types(inputs), attrs);
+  build(Op::inplace_custom, inputs, std::move(attrs));
 }
 
 }  // namespace kiln::graph::ops

@@ -1,9 +1,13 @@
 #include "kiln/pipelines/graph_spec.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
 #include <fmt/format.h>
+
+#include "kiln/ext/extensions.h"
+#include "kiln/nn/module_v3.h"
 
 namespace kiln::pipelines {
 
@@ -11,12 +15,45 @@ namespace {
 
 const std::shared_ptr<nn::Module>& v2_module(const GraphSpec& spec, const char* what) {
   const auto* m = std::get_if<std::shared_ptr<nn::Module>>(&spec.module);
-  if (!m) throw ValueError(fmt::format("GraphSpec '{}': {}: ModuleV3 graphs are not supported yet", spec.name, what));
+  if (!m)
+    throw ValueError(
+        fmt::format("GraphSpec '{}': {}: expected an nn::Module graph, got a ModuleV3", spec.name, what));
   if (!*m) throw ValueError(fmt::format("GraphSpec '{}': {}: module is null", spec.name, what));
   return *m;
 }
 
 bool is_v3(const GraphSpec& spec) { return spec.module.index() == 1; }
+
+// ---- ModuleV3 specs: traced through stage(), compiled on their own ----------------------------------
+
+const std::shared_ptr<nn::ModuleV3>& v3_module(const GraphSpec& spec, const char* what) {
+  const auto& m = std::get<std::shared_ptr<nn::ModuleV3>>(spec.module);
+  if (!m) throw ValueError(fmt::format("GraphSpec '{}': {}: module is null", spec.name, what));
+  return m;
+}
+
+graph::Graph trace_v3(const GraphSpec& spec, graph::Module* into) {
+  const auto& module = v3_module(spec, "trace");
+  if (into)
+    throw ValueError(fmt::format("GraphSpec '{}': trace(into): a ModuleV3 graph compiles on its own and "
+                                 "cannot be traced into another compile unit (call trace() without one)",
+                                 spec.name));
+  const auto* arg_types = std::get_if<std::vector<nn::TypeTree>>(&spec.input_types);
+  if (!arg_types)
+    throw ValueError(fmt::format("GraphSpec '{}': a ModuleV3 graph takes input_types as a sequence, one "
+                                 "type or tree per forward argument, not one named tree",
+                                 spec.name));
+  if (spec.is_device_graph)
+    throw ValueError(fmt::format("GraphSpec '{}': is_device_graph is not supported yet", spec.name));
+  return module->stage(*arg_types, {spec.name, spec.signal_buffer_index});
+}
+
+// `weights`, or the module's own parameters, cast (auto_cast) or checked against the parameters' dtypes.
+WeightsRegistry weights_registry_v3(const GraphSpec& spec) {
+  const auto& module = v3_module(spec, "weights_registry");
+  return nn::cast_weights_to_parameters(*module, spec.weights ? *spec.weights : module->state_dict(),
+                                        spec.auto_cast, fmt::format("GraphSpec '{}'", spec.name));
+}
 
 // Two registry entries are the same array when they view the same memory, or hold equal bytes.
 bool same_array(const Tensor& a, const Tensor& b) {
@@ -29,6 +66,7 @@ bool same_array(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 graph::Graph GraphSpec::trace(graph::Module* into) const {
+  if (is_v3(*this)) return trace_v3(*this, into);
   const auto& module_ptr = v2_module(*this, "trace");
   if (is_device_graph) throw ValueError(fmt::format("GraphSpec '{}': is_device_graph is not supported yet", name));
 
@@ -58,6 +96,7 @@ graph::Graph GraphSpec::trace(graph::Module* into) const {
 }
 
 WeightsRegistry GraphSpec::weights_registry() const {
+  if (is_v3(*this)) return weights_registry_v3(*this);
   if (weights) return *weights;
   return v2_module(*this, "weights_registry")->state_dict();
 }
@@ -78,9 +117,6 @@ std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSessio
       throw ValueError(fmt::format("compile_graph_specs: spec '{}' is a ModuleV3 graph with group '{}'; "
                                    "ModuleV3 graphs compile on their own (group must be empty)",
                                    spec.name, *spec.group));
-    if (!spec.custom_extensions.empty())
-      throw ExtensionError(fmt::format("compile_graph_specs: spec '{}': custom extensions are not supported yet",
-                                       spec.name));
   }
 
   // Compile units in first-appearance order: one per group, one per ungrouped spec.
@@ -98,6 +134,20 @@ std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSessio
 
   std::map<std::string, engine::Model> models;
   for (const auto& unit : units) {
+    // The unit's custom extensions (union over its specs), loaded before tracing so a bad path fails
+    // first and ops::custom checks calls as they are built; the compile resolves against them.
+    std::vector<std::filesystem::path> extensions;
+    for (const GraphSpec* spec : unit)
+      for (const auto& path : spec->custom_extensions)
+        if (std::find(extensions.begin(), extensions.end(), path) == extensions.end()) extensions.push_back(path);
+    for (const auto& path : extensions) ext::load_library(path);
+    if (unit.size() == 1 && is_v3(*unit.front())) {  // a ModuleV3 spec never has a group
+      const GraphSpec& spec = *unit.front();
+      graph::Graph g = spec.trace();
+      models.emplace(spec.name, session.init(session.compile(g.module(), extensions), spec.weights_registry())
+                                    .at(spec.name));
+      continue;
+    }
     graph::Module module;
     WeightsRegistry registry;
     std::map<std::string, std::string> bound_by;  // weight name -> spec that bound it
@@ -112,7 +162,7 @@ std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSessio
         bound_by.emplace(weight_name, spec->name);
       }
     }
-    auto unit_models = session.init(session.compile(module), registry);
+    auto unit_models = session.init(session.compile(module, extensions), registry);
     for (const GraphSpec* spec : unit) models.emplace(spec->name, unit_models.at(spec->name));
   }
   return models;

@@ -3,17 +3,29 @@
 //   kiln run FILE [--dim name=N ...] [--seed S] [--graph NAME]
 //                                           compile it, bind seeded random weights and inputs, run it,
 //                                           print the outputs
+//   kiln generate [--model DIR|NAME] --prompt TEXT [--max-new-tokens N --temperature T --top-k K
+//                 --top-p P --seed S --max-seq-len L --threads N --ignore-eos]
+//                                           generate text (stdout: the new text only; stderr: progress
+//                                           and stats). NAME: a random-weight shape (stories15M,
+//                                           stories110M) run on --prompt-tokens N ids, printing ids
+//   kiln graph [--model DIR|NAME]           print the text generation graphs (model, sampler)
 //   kiln version
+#include <fmt/format.h>
+#include <kiln/kiln.h>
+#include <kiln/pipelines/hf_config.h>
+#include <kiln/pipelines/text_generation.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <random>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
-#include <kiln/kiln.h>
+#ifndef KILN_DEFAULT_MODEL_DIR
+#define KILN_DEFAULT_MODEL_DIR "models/kiln-tiny"
+#endif
 
 using namespace kiln;
 
@@ -90,6 +102,121 @@ int run(const std::string& path, const std::vector<std::string>& dims, uint64_t 
   return 0;
 }
 
+// ---- generate / graph ----------------------------------------------------------------------------
+
+struct GenerateArgs {
+  std::string model = KILN_DEFAULT_MODEL_DIR;
+  std::string prompt;
+  int64_t prompt_tokens = 0;
+  pipelines::GenerationOptions options{.max_new_tokens = 128, .temperature = 0.8, .top_k = 40, .top_p = 0.95};
+  bool ignore_eos = false;
+  int64_t max_seq_len = 0;
+  int threads = 0;
+};
+
+// Loading stages on stderr: a bar redrawn in place on a terminal, one line per stage otherwise.
+class LoadProgress {
+ public:
+  LoadProgress() : tty_(isatty(fileno(stderr)) != 0) {}
+  void stage(std::string_view name, int index, int total) {
+    if (!tty_) {
+      std::fprintf(stderr, "kiln: loading %.*s (%d/%d)\n", static_cast<int>(name.size()), name.data(),
+                   index + 1, total);
+      return;
+    }
+    constexpr int kWidth = 30;
+    const int filled = kWidth * index / total;
+    std::fprintf(stderr, "\r\033[K[%s%s] %d/%d loading %.*s",
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(), index + 1, total,
+                 static_cast<int>(name.size()), name.data());
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  void done() {
+    if (tty_ && drawn_) std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  bool tty_;
+  bool drawn_ = false;
+};
+
+pipelines::TextGenerationPipeline load_pipeline(const GenerateArgs& args) {
+  LoadProgress progress;
+  pipelines::PipelineOptions options{.max_seq_len = args.max_seq_len, .num_threads = args.threads};
+  options.on_stage = [&](std::string_view stage, int index, int total) {
+    progress.stage(stage, index, total);
+  };
+  if (auto config = pipelines::named_config(args.model)) {
+    progress.stage("random weights", 0, 2);
+    WeightsRegistry weights = pipelines::random_weights(*config, args.options.seed);
+    progress.stage("graphs", 1, 2);
+    auto pipe = pipelines::TextGenerationPipeline::from_config(*config, weights, nullptr, {}, options);
+    progress.done();
+    return pipe;
+  }
+  auto pipe = pipelines::TextGenerationPipeline::from_dir(args.model, options);
+  progress.done();
+  return pipe;
+}
+
+void print_stats(const pipelines::GenerationStats& s) {
+  std::fprintf(stderr, "\nprompt: %lld tokens, prefill %.3f s (%.1f tokens/s)\n",
+               static_cast<long long>(s.prompt_tokens), s.prefill_seconds, s.prefill_tokens_per_s);
+  std::fprintf(stderr, "generated: %lld tokens, decode %.3f s (%.1f tokens/s)\n",
+               static_cast<long long>(s.generated_tokens), s.decode_seconds, s.decode_tokens_per_s);
+  std::fprintf(stderr, "stop: %s\n", pipelines::stop_reason_name(s.stop_reason));
+}
+
+int generate(GenerateArgs args) {
+  args.options.stop_at_eos = !args.ignore_eos;
+  const bool named = pipelines::named_config(args.model).has_value();
+  if (named && args.prompt_tokens <= 0)
+    throw ValueError(
+        fmt::format("model '{}' has random weights and no tokenizer: give --prompt-tokens N", args.model));
+  if (!named && args.prompt_tokens > 0)
+    throw ValueError(
+        "--prompt-tokens is for the random-weight shapes (stories15M, stories110M); give --prompt");
+  if (!named && args.prompt.empty()) throw ValueError("--prompt is required");
+
+  auto pipe = load_pipeline(args);
+  pipelines::GenerationResult result;
+  if (named) {
+    // A fixed pseudo-random prompt (BOS = 1 first, as Llama 2), printed as ids like the output.
+    std::mt19937_64 rng(args.options.seed);
+    std::vector<int64_t> prompt{1};
+    while (static_cast<int64_t>(prompt.size()) < args.prompt_tokens)
+      prompt.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(pipe.config().vocab_size)));
+    result = pipe.generate_ids(prompt, args.options, [](int64_t id) {
+      std::fprintf(stdout, "%lld ", static_cast<long long>(id));
+      std::fflush(stdout);
+    });
+    std::fputc('\n', stdout);
+  } else {
+    result = pipe.generate(args.prompt, args.options, [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    });
+    std::fputc('\n', stdout);
+  }
+  std::fflush(stdout);
+  print_stats(result.stats);
+  return 0;
+}
+
+int print_graphs(const std::string& model, int64_t max_seq_len) {
+  nn::LlamaConfig config;
+  if (auto named = pipelines::named_config(model))
+    config = *named;
+  else
+    config = pipelines::load_model_info(model).config;
+  pipelines::PipelineOptions options{.max_seq_len = max_seq_len};
+  std::cout << graph::print(pipelines::TextGenerationPipeline::trace_graphs(config, options));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,9 +238,50 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--seed", seed, "seed of the random weights and inputs");
   run_cmd->add_option("--graph", graph_name, "which graph of the module (default: the first)");
 
+  GenerateArgs gen;
+  auto* gen_cmd = app.add_subcommand("generate", "Generate text with a Llama-family model");
+  gen_cmd
+      ->add_option("--model", gen.model,
+                   "model directory (config.json, model.safetensors, tokenizer), or a random-weight shape: "
+                   "stories15M, stories110M")
+      ->capture_default_str();
+  gen_cmd->add_option("--prompt", gen.prompt, "the prompt text (not repeated on stdout)");
+  gen_cmd->add_option("--prompt-tokens", gen.prompt_tokens,
+                      "random-weight shapes: the prompt's length in ids");
+  gen_cmd->add_option("--max-new-tokens", gen.options.max_new_tokens, "most tokens to generate")
+      ->capture_default_str();
+  gen_cmd->add_option("--temperature", gen.options.temperature, "0: greedy (argmax)")->capture_default_str();
+  gen_cmd->add_option("--top-k", gen.options.top_k, "keep the k most likely tokens (0: off)")
+      ->capture_default_str();
+  gen_cmd->add_option("--top-p", gen.options.top_p, "nucleus mass (1: off)")->capture_default_str();
+  gen_cmd->add_option("--seed", gen.options.seed, "seed of the sampler's random numbers")
+      ->capture_default_str();
+  gen_cmd->add_option("--max-seq-len", gen.max_seq_len,
+                      "KV cache length (default: min(max_position_embeddings, 2048))");
+  gen_cmd->add_option("--threads", gen.threads, "engine threads (default: one per core)");
+  gen_cmd->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at an end-of-sequence token");
+
+  std::string graph_model = KILN_DEFAULT_MODEL_DIR;
+  int64_t graph_max_seq_len = 0;
+  auto* graph_cmd =
+      app.add_subcommand("graph", "Print the text generation graphs (model, sampler) of a model");
+  graph_cmd->add_option("--model", graph_model, "model directory, or stories15M / stories110M")
+      ->capture_default_str();
+  graph_cmd->add_option("--max-seq-len", graph_max_seq_len, "KV cache length of the traced graph");
+
   app.add_subcommand("version", "Print kiln's version");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --version and the like
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
+  }
   try {
     if (app.got_subcommand("version")) {
       std::cout << "kiln " << KILN_VERSION << "\n";
@@ -123,9 +291,17 @@ int main(int argc, char** argv) {
       std::cout << graph::print(optimized ? compiler::compile(module).ir() : module);
     } else if (app.got_subcommand("run")) {
       return run(file, dims, seed, graph_name);
+    } else if (app.got_subcommand("generate")) {
+      return generate(gen);
+    } else if (app.got_subcommand("graph")) {
+      return print_graphs(graph_model, graph_max_seq_len);
     }
   } catch (const std::exception& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "kiln: error: unknown exception\n");
     return 1;
   }
   return 0;

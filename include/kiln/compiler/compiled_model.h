@@ -4,12 +4,17 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kiln/graph/graph.h"
+
+namespace kiln::ext {
+class ExtensionRegistry;  // kiln/ext/extensions.h
+}
 
 namespace kiln::compiler {
 
@@ -20,6 +25,14 @@ struct Step {
   std::vector<int32_t> outputs;
   graph::Attrs attrs;
   int32_t node = -1;  // index of the node in the compiled (post-pass) graph, for error messages
+  int32_t extension = -1;  // custom ops: index into GraphPlan::extensions of the library defining it
+};
+
+// A custom-kernel library a plan calls, by path and the content hash it was compiled against.
+struct ExtensionRef {
+  std::filesystem::path path;
+  uint64_t content_hash = 0;
+  bool operator==(const ExtensionRef&) const = default;
 };
 
 // How a plan value gets its memory at run time.
@@ -51,6 +64,7 @@ struct GraphPlan {
   std::vector<Step> constants;        // `constant` kernels, run once at init
   std::vector<int32_t> outputs;       // plan values returned, in order
   int32_t num_slots = 0;
+  std::vector<ExtensionRef> extensions;  // libraries whose custom ops the steps call
 };
 
 class CompiledModel {
@@ -64,6 +78,8 @@ class CompiledModel {
   const std::map<std::string, GraphPlan>& plans() const { return plans_; }
   // The module after all passes (printable; what the plans were made from).
   const graph::Module& ir() const { return *ir_; }
+  // The custom-kernel libraries its graphs call (empty for a model without custom ops).
+  std::vector<ExtensionRef> extensions() const;
 
  private:
   std::shared_ptr<const graph::Module> ir_;
@@ -72,10 +88,21 @@ class CompiledModel {
 
 struct CompileOptions {
   bool optimize = true;  // run canonicalize, constant-fold, CSE, DCE; verify always runs
+  // The libraries custom ops resolve against (must outlive the compile call); nullptr: none.
+  const ext::ExtensionRegistry* extensions = nullptr;
 };
 
 // Verifies, optimizes and plans every graph in the module. VerifyError/ShapeError/DTypeError name
 // the graph, node and operand at fault; an (op, device, dtype) without a kernel is an Error naming it.
+// Every custom op must be defined by a library of options.extensions, called the way it was
+// registered (in place or not), with the parameters it declares and the output types its
+// output-type function gives; else an ExtensionError naming the graph, node, op and loaded paths.
 CompiledModel compile(const graph::Module& module, const CompileOptions& options = {});
+
+// The key a compile cache stores `compile(module, options)` under: a hash (16 hex digits) of the
+// printed module, the compiler version, the options, and, for each custom op the module calls, the
+// content hash of the library defining it. A rebuilt library changes the key of exactly the graphs
+// that call it; a graph without custom ops has the same key whatever extensions are loaded.
+std::string cache_key(const graph::Module& module, const CompileOptions& options = {});
 
 }  // namespace kiln::compiler

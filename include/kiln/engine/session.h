@@ -50,6 +50,10 @@ struct SessionOptions {
 
 class InferenceSession {
  public:
+  // custom_extensions: custom-kernel libraries (kiln/extension.h) loaded now, so a bad path, a
+  // library without the entry point or of another ABI major is an ExtensionError naming the path
+  // here. Each compile of a module that calls custom ops reads them again by content hash, so a
+  // rebuilt library is picked up; a module without custom ops never touches them.
   explicit InferenceSession(std::vector<DeviceRef> devices = {DeviceRef::CPU()},
                             std::vector<std::filesystem::path> custom_extensions = {},
                             SessionOptions options = {});
@@ -60,6 +64,11 @@ class InferenceSession {
   const std::vector<DeviceRef>& devices() const;
 
   CompiledModel compile(const graph::Module& module) const;
+  // Compiles with the session's extensions plus `extra_extensions` (one compile unit's, e.g. the
+  // union of a GraphSpec group's custom_extensions); an op defined by two of them is an ExtensionError.
+  CompiledModel compile(const graph::Module& module,
+                        const std::vector<std::filesystem::path>& extra_extensions) const;
+  const std::vector<std::filesystem::path>& custom_extensions() const;
   // Binds weights: every weight of every graph present, dtype and shape equal, contiguous, on the
   // right kind of device; each failure names the weight. Returns one Model per graph, by name.
   std::map<std::string, Model> init(const CompiledModel& compiled, const WeightsRegistry& weights) const;

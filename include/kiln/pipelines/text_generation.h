@@ -1,0 +1,146 @@
+// Text generation with a Llama-family model (MAX's TextGenerationPipeline): a Hugging Face model
+// directory -> tokens streamed as text. The pipeline declares two graphs in one group, compiled once
+// together through compile_graph_specs:
+//   "model"   the nn::Transformer (prefill and decode are the same graph: symbolic seq and total)
+//   "sampler" logits f32[1, vocab] + runtime temperature, top_k, top_p, u -> the next token i64[1]
+// The sampler graph picks every token; the host only draws u ~ U[0, 1) from a seeded mt19937_64.
+// docs/generation.md describes the sampler's semantics and the stats.
+//
+//   auto pipe = pipelines::TextGenerationPipeline::from_dir("models/kiln-tiny");
+//   pipelines::GenerationOptions opts{.max_new_tokens = 32, .temperature = 0};  // greedy
+//   auto result = pipe.generate("Once upon a time", opts, [](std::string_view piece) {
+//     std::cout << piece << std::flush;
+//   });
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/engine/session.h"
+#include "kiln/graph/graph.h"
+#include "kiln/nn/module.h"
+#include "kiln/nn/transformer.h"
+#include "kiln/pipelines/graph_spec.h"
+#include "kiln/pipelines/tokenizer.h"
+
+namespace kiln::pipelines {
+
+// How the pipeline is built (fixed for its lifetime: these shape the compiled graphs).
+struct PipelineOptions {
+  int64_t max_seq_len = 0;          // KV cache length; 0: min(max_position_embeddings, 2048)
+  int num_threads = 0;              // engine threads; 0: one per core
+  int64_t sampler_max_top_k = 256;  // static cap of the sorted candidates (see SamplerModule); 0: vocab
+  // Called as loading proceeds: stage name ("config", "weights", "tokenizer", "graphs") and its index
+  // among `total` stages, before the stage starts.
+  std::function<void(std::string_view stage, int index, int total)> on_stage = {};
+};
+
+struct GenerationOptions {
+  int64_t max_new_tokens = 128;
+  double temperature = 1.0;  // 0: greedy (argmax of the logits, exactly)
+  int64_t top_k = 0;         // 0: off; at most the pipeline's sampler cap
+  double top_p = 1.0;        // nucleus mass in (0, 1]; 1: off
+  uint64_t seed = 0;         // seeds the mt19937_64 that draws each token's u
+  bool stop_at_eos = true;   // stop after an EOS id (config, generation_config, tokenizer)
+};
+
+enum class StopReason { eos, max_new_tokens, cache_full };
+const char* stop_reason_name(StopReason);  // "eos", "max_new_tokens", "cache_full"
+
+struct GenerationStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;  // including a final EOS
+  // Prefill: the prompt through the model plus sampling the first new token.
+  double prefill_seconds = 0;
+  double prefill_tokens_per_s = 0;  // prompt_tokens / prefill_seconds
+  // Decode: every later token (one model step + one sampler step each).
+  double decode_seconds = 0;
+  double decode_tokens_per_s = 0;  // (generated_tokens - 1) / decode_seconds
+  StopReason stop_reason = StopReason::max_new_tokens;
+};
+
+struct GenerationResult {
+  std::vector<int64_t> ids;  // the new tokens only (a final EOS included)
+  std::string text;          // decoded new tokens, special tokens skipped (empty without a tokenizer)
+  GenerationStats stats;
+};
+
+// The sampler graph's module. Inputs (one list of leaves):
+//   logits f32[1, vocab], temperature f32[], top_k i64[], top_p f32[], u f32[]
+// Output: the token id i64[1].
+//   temperature <= 0: argmax of the logits (first index on ties).
+//   top_k == 0 and top_p >= 1: inverse-CDF pick over the whole softmax(logits / temperature).
+//   otherwise: the `cap` largest logits, sorted (ops::top_k), keep the first top_k (if > 0), then the
+//   smallest prefix of the renormalised probabilities whose mass reaches top_p (at least one token),
+//   and pick by inverse CDF with u among those. Tokens outside the cap are never candidates.
+class SamplerModule : public nn::Module {
+ public:
+  SamplerModule(int64_t vocab_size, int64_t cap);  // cap: 1..vocab_size
+  std::vector<nn::TypeTree> input_types() const;
+  nn::Values forward(const std::vector<nn::Values>& args) override;
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t cap() const { return cap_; }
+
+ private:
+  int64_t vocab_size_;
+  int64_t cap_;
+};
+
+// Copies share one model, session and KV cache: run one generate at a time per pipeline.
+class TextGenerationPipeline {
+ public:
+  // Loads DIR: config.json (+ generation_config.json), model.safetensors (or sharded), tokenizer.
+  // LoadError / ValueError naming the file or field at fault. f16/bf16 weights are converted to f32.
+  static TextGenerationPipeline from_dir(const std::filesystem::path& model_dir,
+                                         PipelineOptions options = {});
+  // A model from a config and its weights (Hugging Face names); the tokenizer is optional (without
+  // one, only generate_ids works). eos_token_ids: ids that stop generation.
+  static TextGenerationPipeline from_config(const nn::LlamaConfig& config, const WeightsRegistry& weights,
+                                            std::shared_ptr<const Tokenizer> tokenizer = nullptr,
+                                            std::vector<int64_t> eos_token_ids = {},
+                                            PipelineOptions options = {});
+  // The pipeline's graphs traced (not compiled) into one module: "model" then "sampler". For
+  // `kiln graph`: needs only the config.
+  static graph::Module trace_graphs(const nn::LlamaConfig& config, PipelineOptions options = {});
+
+  // Text in, text out; on_text receives the generated text piece by piece (complete UTF-8 only) as
+  // tokens are made. ValueError without a tokenizer.
+  GenerationResult generate(std::string_view prompt, const GenerationOptions& options,
+                            const std::function<void(std::string_view)>& on_text = {});
+  // Ids in, ids out; on_token receives each new id as it is made. ValueError for an empty prompt, a
+  // prompt longer than the cache (naming both lengths), an id outside the vocabulary, or bad options.
+  GenerationResult generate_ids(const std::vector<int64_t>& prompt_ids, const GenerationOptions& options,
+                                const std::function<void(int64_t)>& on_token = {});
+
+  // One sampler step on the host's behalf (for tests): logits f32[1, vocab] -> token id.
+  int64_t sample(const Tensor& logits, double temperature, int64_t top_k, double top_p, float u) const;
+
+  const nn::LlamaConfig& config() const;
+  int64_t max_seq_len() const;
+  int64_t sampler_cap() const;
+  const Tokenizer* tokenizer() const;
+  const std::vector<int64_t>& eos_token_ids() const;
+  const std::map<std::string, engine::Model>& models() const;  // "model", "sampler"
+  int64_t compile_count() const;  // times the session ran the compiler (1: one group)
+
+  struct State;
+
+ private:
+  explicit TextGenerationPipeline(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+// Random-weight models of known shapes, for benchmarks ("stories15M", "stories110M": llama2.c's
+// TinyStories models, vocab 32000, tied embeddings). nullopt for an unknown name.
+std::optional<nn::LlamaConfig> named_config(std::string_view name);
+// Seeded random weights for every weight of the model: norms 1, the rest uniform in [-0.05, 0.05).
+WeightsRegistry random_weights(const nn::LlamaConfig& config, uint64_t seed);
+
+}  // namespace kiln::pipelines

@@ -1,0 +1,301 @@
+// Loading a custom-kernel library: read and hash the file, dlopen a private copy, call its
+// kiln_extension_init, and take what it registers. Libraries are hostile input: every def is checked
+// before kiln keeps it, and every failure names the path and what was expected.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "kiln/errors.h"
+#include "kiln/ext/extensions.h"
+#include "kiln/graph/custom_op_check.h"
+
+// The registrar a library registers through during kiln_extension_init (opaque to it).
+struct KilnExtRegistrar {
+  kiln::ext::Library* library;
+  std::string error;  // the first rejected def, reported with the library's path
+};
+
+namespace kiln::ext {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every library loaded in this process, by (canonical path, content hash), and every loaded op by name
+// (for the graph-build-time check). Guarded by `mutex`; loading is rare, so one lock serialises it.
+struct LoadedLibraries {
+  std::mutex mutex;
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<Library>> by_key;
+  std::map<std::string, std::vector<const CustomOp*>> ops_by_name;
+  uint64_t next_copy = 0;
+};
+
+LoadedLibraries& loaded() {
+  static LoadedLibraries* instance = new LoadedLibraries;  // never destroyed: kernels outlive statics
+  return *instance;
+}
+
+std::string key_path(const fs::path& path) {
+  std::error_code ec;
+  fs::path canonical = fs::weakly_canonical(path, ec);
+  return ec ? path.string() : canonical.string();
+}
+
+uint64_t fnv1a(const std::string& bytes) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+std::string read_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw ExtensionError(fmt::format("extension '{}': no such file (expected a shared library "
+                                     "implementing kiln/extension.h)", path.string()));
+  if (!fs::is_regular_file(path, ec))
+    throw ExtensionError(fmt::format("extension '{}': not a regular file (expected a shared library)",
+                                     path.string()));
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof())
+    throw ExtensionError(fmt::format("extension '{}': cannot read the file", path.string()));
+  return bytes;
+}
+
+bool valid_op_name(const char* name) {
+  if (!name || !*name) return false;
+  for (const char* c = name; *c; ++c)
+    if (!(std::isalnum(static_cast<unsigned char>(*c)) || *c == '_' || *c == '.')) return false;
+  return true;
+}
+
+// The graph-build-time check ops::custom calls through graph/custom_op_check.h.
+void check_loaded_custom_op(graph::Op op, const std::string& symbol, const std::vector<graph::Type>& inputs,
+                            const graph::Attrs& attrs) {
+  const CustomOp* found = nullptr;
+  {
+    LoadedLibraries& state = loaded();
+    std::lock_guard lock(state.mutex);
+    auto it = state.ops_by_name.find(symbol);
+    // With several loaded definitions (e.g. a rebuilt library), the compile's extensions decide.
+    if (it == state.ops_by_name.end() || it->second.size() != 1) return;
+    found = it->second.front();
+  }
+  found->check_call(op, inputs, attrs, std::string(graph::op_name(op)));
+}
+
+}  // namespace
+
+// Turns a library's KilnExtOpDef into a CustomOp, or records why not.
+struct Registration {
+  static KilnExtStatus register_op(KilnExtRegistrar* registrar, const KilnExtOpDef* def) {
+    if (!registrar) return KILN_EXT_ERROR;
+    try {
+      registrar->library->ops_.push_back(make_op(*registrar->library, def));
+      return KILN_EXT_OK;
+    } catch (const ExtensionError& e) {
+      if (registrar->error.empty()) registrar->error = e.what();
+      return KILN_EXT_ERROR;
+    }
+  }
+
+  static std::unique_ptr<CustomOp> make_op(const Library& library, const KilnExtOpDef* def) {
+    if (!def) throw ExtensionError("register_op: got a null KilnExtOpDef");
+    if (def->struct_size < offsetof(KilnExtOpDef, user_data) + sizeof(def->user_data))
+      throw ExtensionError(fmt::format("register_op: KilnExtOpDef struct_size {} is smaller than ABI {}.0's {}",
+                                       def->struct_size, KILN_EXT_ABI_MAJOR, sizeof(KilnExtOpDef)));
+    if (!valid_op_name(def->name))
+      throw ExtensionError(fmt::format("register_op: op name '{}' is not a non-empty identifier "
+                                       "([A-Za-z0-9_.]+)", def->name ? def->name : "(null)"));
+    auto op = std::make_unique<CustomOp>();
+    op->library_ = &library;
+    op->name_ = def->name;
+    const std::string who = fmt::format("register_op '{}'", op->name_);
+    if (library.find(op->name_)) throw ExtensionError(fmt::format("{}: the library registers it twice", who));
+    op->inplace_ = def->inplace != 0;
+    op->num_outputs_ = def->num_outputs;
+    if (op->inplace_ && def->num_outputs != 0)
+      throw ExtensionError(fmt::format("{}: an in-place op has no results, got num_outputs {}", who,
+                                       def->num_outputs));
+    if (def->num_outputs > 64)
+      throw ExtensionError(fmt::format("{}: num_outputs {} is more than 64", who, def->num_outputs));
+    if (!def->output_types) throw ExtensionError(fmt::format("{}: output_types function is null", who));
+    op->output_types_fn_ = def->output_types;
+    op->user_data_ = def->user_data;
+
+    if (def->num_params && !def->params)
+      throw ExtensionError(fmt::format("{}: num_params is {} but params is null", who, def->num_params));
+    for (size_t i = 0; i < def->num_params; ++i) {
+      const KilnExtParamDef& p = def->params[i];
+      if (p.struct_size < sizeof(KilnExtParamDef))
+        throw ExtensionError(fmt::format("{}: param {} struct_size {} is smaller than {}", who, i,
+                                         p.struct_size, sizeof(KilnExtParamDef)));
+      if (!valid_op_name(p.name))
+        throw ExtensionError(fmt::format("{}: param {} has no valid name", who, i));
+      if (p.kind < KILN_EXT_PARAM_INT64 || p.kind > KILN_EXT_PARAM_INT64_ARRAY)
+        throw ExtensionError(fmt::format("{}: param '{}' has unknown kind {}", who, p.name,
+                                         static_cast<int>(p.kind)));
+      for (const auto& seen : op->params_)
+        if (seen.name == p.name) throw ExtensionError(fmt::format("{}: param '{}' is declared twice", who, p.name));
+      op->params_.push_back({p.name, p.kind, p.required != 0});
+    }
+
+    if (!def->num_kernels || !def->kernels)
+      throw ExtensionError(fmt::format("{}: registers no kernels (expected one per device kind)", who));
+    for (size_t i = 0; i < def->num_kernels; ++i) {
+      const KilnExtKernelDef& k = def->kernels[i];
+      if (k.struct_size < sizeof(KilnExtKernelDef) || !k.fn)
+        throw ExtensionError(fmt::format("{}: kernel {} is malformed (struct_size {}, fn {})", who, i,
+                                         k.struct_size, k.fn ? "set" : "null"));
+      if (k.device_type != kDLCPU && k.device_type != kDLCUDA)
+        throw ExtensionError(fmt::format("{}: kernel {} has device type {}, expected kDLCPU or kDLCUDA", who,
+                                         i, static_cast<int>(k.device_type)));
+      for (const auto& seen : op->kernels_)
+        if (seen.first == k.device_type)
+          throw ExtensionError(fmt::format("{}: two kernels for device type {}", who, static_cast<int>(k.device_type)));
+      op->kernels_.emplace_back(k.device_type, k.fn);
+    }
+    return op;
+  }
+};
+
+uint64_t content_hash(const fs::path& path) { return fnv1a(read_file(path)); }
+
+std::string Library::content_hash_hex() const { return fmt::format("{:016x}", content_hash_); }
+
+const CustomOp* Library::find(const std::string& op) const {
+  for (const auto& o : ops_)
+    if (o->name() == op) return o.get();
+  return nullptr;
+}
+
+namespace {
+
+// dlopen of a private copy of `bytes`: dlopen hands back the already-loaded library for a path or
+// inode it has seen, so a rebuilt library at the same path would silently keep running the old code.
+// The copy is unlinked once mapped (the mapping keeps it alive), so nothing is left behind.
+void* open_private_copy(const fs::path& path, const std::string& bytes, uint64_t hash, uint64_t copy) {
+  fs::path dir = fs::temp_directory_path() / fmt::format("kiln-ext-{}", getpid());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  fs::path tmp = dir / fmt::format("{}-{:016x}-{}", copy, hash, path.filename().string());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out)
+      throw ExtensionError(fmt::format("extension '{}': cannot write its private copy {}", path.string(),
+                                       tmp.string()));
+  }
+  void* handle = dlopen(tmp.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::string error = handle ? "" : dlerror();
+  fs::remove(tmp, ec);
+  fs::remove(dir, ec);  // only when empty
+  if (!handle)
+    throw ExtensionError(fmt::format("extension '{}': dlopen failed (expected a shared library for this "
+                                     "platform): {}", path.string(), error));
+  return handle;
+}
+
+}  // namespace
+
+std::shared_ptr<const Library> load_library(const fs::path& path) {
+  const std::string bytes = read_file(path);
+  const uint64_t hash = fnv1a(bytes);
+  LoadedLibraries& state = loaded();
+  std::lock_guard lock(state.mutex);
+  const auto key = std::make_pair(key_path(path), hash);
+  if (auto it = state.by_key.find(key); it != state.by_key.end()) return it->second;
+
+  void* handle = open_private_copy(path, bytes, hash, state.next_copy++);
+  auto init = reinterpret_cast<KilnExtInitFn>(dlsym(handle, KILN_EXT_INIT_SYMBOL));
+  if (!init)
+    throw ExtensionError(fmt::format("extension '{}': does not export {} (expected the entry point of "
+                                     "kiln/extension.h, declared extern \"C\" with default visibility)",
+                                     path.string(), KILN_EXT_INIT_SYMBOL));
+
+  auto library = std::make_shared<Library>(path, hash);
+  KilnExtRegistrar registrar{library.get(), {}};
+  std::array<char, 1024> message{};
+  KilnExtInitArgs args{};
+  args.struct_size = sizeof(KilnExtInitArgs);
+  args.host_abi_major = KILN_EXT_ABI_MAJOR;
+  args.host_abi_minor = KILN_EXT_ABI_MINOR;
+  args.registrar = &registrar;
+  args.register_op = &Registration::register_op;
+  args.error_message = message.data();
+  args.error_message_size = message.size();
+  KilnExtStatus status = init(&args);
+
+  if (args.library_abi_major != KILN_EXT_ABI_MAJOR)
+    throw ExtensionError(fmt::format(
+        "extension '{}': built against kiln extension ABI {}.{}, expected major version {} (this kiln "
+        "implements {}.{}; rebuild the library against this kiln's kiln/extension.h)",
+        path.string(), args.library_abi_major, args.library_abi_minor, KILN_EXT_ABI_MAJOR,
+        KILN_EXT_ABI_MAJOR, KILN_EXT_ABI_MINOR));
+  if (!registrar.error.empty())
+    throw ExtensionError(fmt::format("extension '{}': {}", path.string(), registrar.error));
+  if (status != KILN_EXT_OK) {
+    std::string text(message.data(), strnlen(message.data(), message.size()));
+    throw ExtensionError(fmt::format("extension '{}': {} failed: {}", path.string(), KILN_EXT_INIT_SYMBOL,
+                                     text.empty() ? "(the library gave no message)" : text));
+  }
+  if (library->ops().empty())
+    throw ExtensionError(fmt::format("extension '{}': registers no ops (expected at least one register_op "
+                                     "call in {})", path.string(), KILN_EXT_INIT_SYMBOL));
+
+  state.by_key.emplace(key, library);
+  for (const auto& op : library->ops()) state.ops_by_name[op->name()].push_back(op.get());
+  static std::once_flag install_check;
+  std::call_once(install_check, [] { graph::set_custom_op_check(&check_loaded_custom_op); });
+  return library;
+}
+
+std::shared_ptr<const Library> loaded_library(const fs::path& path, uint64_t hash) {
+  LoadedLibraries& state = loaded();
+  std::lock_guard lock(state.mutex);
+  auto it = state.by_key.find({key_path(path), hash});
+  return it == state.by_key.end() ? nullptr : it->second;
+}
+
+// ---- the set one compile uses --------------------------------------------------------------------
+
+ExtensionRegistry::ExtensionRegistry(const std::vector<fs::path>& paths) {
+  for (const auto& path : paths) add(load_library(path));
+}
+
+void ExtensionRegistry::add(std::shared_ptr<const Library> library) {
+  if (std::find(libraries_.begin(), libraries_.end(), library) != libraries_.end()) return;
+  for (const auto& op : library->ops())
+    if (const CustomOp* other = find(op->name()))
+      throw ExtensionError(fmt::format(
+          "custom op '{}' is defined by two extensions: {} and {} (expected each op in one library of a "
+          "compile)", op->name(), other->library_path().string(), library->path().string()));
+  libraries_.push_back(std::move(library));
+}
+
+const CustomOp* ExtensionRegistry::find(const std::string& op) const {
+  for (const auto& library : libraries_)
+    if (const CustomOp* found = library->find(op)) return found;
+  return nullptr;
+}
+
+std::string ExtensionRegistry::loaded_paths() const {
+  std::string paths;
+  for (const auto& library : libraries_) paths += (paths.empty() ? "" : ", ") + library->path().string();
+  return paths.empty() ? "none" : paths;
+}
+
+}  // namespace kiln::ext

@@ -1,0 +1,73 @@
+#include "kiln/pipelines/tokenizer.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "kiln/errors.h"
+#include "pipelines/tokenizer_formats.h"
+#include "pipelines/tokenizer_unicode.h"
+
+namespace kiln::pipelines {
+
+namespace {
+
+// A file whose first non-blank byte is '{' is a tokenizer.json; anything else is tried as a
+// SentencePiece model (a protobuf, which never starts with '{').
+bool looks_like_json(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw LoadError(fmt::format("tokenizer: cannot open '{}'", file.string()));
+  char c;
+  while (in.get(c))
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return c == '{';
+  return false;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    if (std::filesystem::is_regular_file(path / "tokenizer.json", ec))
+      return detail::load_hf_tokenizer(path / "tokenizer.json");
+    if (std::filesystem::is_regular_file(path / "tokenizer.model", ec))
+      return detail::load_sentencepiece_tokenizer(path / "tokenizer.model");
+    throw LoadError(
+        fmt::format("tokenizer: '{}' has neither a tokenizer.json nor a tokenizer.model", path.string()));
+  }
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw LoadError(
+        fmt::format("tokenizer: '{}' does not exist (expected a tokenizer.json, a "
+                    "tokenizer.model or a directory holding one)",
+                    path.string()));
+  if (path.extension() == ".json" || (path.extension() != ".model" && looks_like_json(path)))
+    return detail::load_hf_tokenizer(path);
+  return detail::load_sentencepiece_tokenizer(path);
+}
+
+// ---- Utf8Stream ------------------------------------------------------------------------------------
+
+std::string Utf8Stream::push(std::string_view bytes) {
+  pending_.append(bytes);
+  std::string out;
+  size_t i = 0;
+  while (i < pending_.size()) {
+    const detail::Utf8Char c = detail::decode_utf8(pending_, i);
+    if (c.truncated) break;  // the next token may complete it
+    if (c.valid)
+      out.append(pending_, i, c.len);
+    else
+      detail::append_utf8(out, detail::kReplacementChar);
+    i += c.len;
+  }
+  pending_.erase(0, i);
+  return out;
+}
+
+std::string Utf8Stream::flush() {
+  std::string out = detail::to_valid_utf8(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace kiln::pipelines
