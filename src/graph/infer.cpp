@@ -241,7 +241,17 @@ std::vector<Type> infer_cast(const Ctx& c) {
 std::vector<Type> infer_matmul(const Ctx& c) {
   c.expect_operands(2);
   const TensorType& lhs = c.tensor(0);
-  const TensorType& rhs = c.tensor(1);
+  TensorType rhs = c.tensor(1);
+  if (auto it = c.attrs.find("transpose_b"); it != c.attrs.end()) {
+    int64_t v = c.attr<int64_t>("transpose_b");
+    if (v != 0 && v != 1) c.fail("attribute 'transpose_b' must be 0 or 1, got {}", v);
+    if (v == 1) {
+      if (rhs.rank() < 2) c.fail<ShapeError>("transpose_b needs a rhs of rank >= 2 {}", c.operands());
+      std::vector<Dim> dims = rhs.shape.dims();
+      std::swap(dims[dims.size() - 1], dims[dims.size() - 2]);
+      rhs.shape = Shape(std::move(dims));
+    }
+  }
   c.same_device({lhs.device, rhs.device});
   c.same_dtype(lhs.dtype, rhs.dtype);
   if (lhs.dtype == DType::boolean) c.fail<DTypeError>("bool operands are not supported {}", c.operands());

@@ -126,6 +126,28 @@ TEST(Canonicalize, TransposesThatCancelLeaveTheOperand) {
   EXPECT_EQ(m.at("g").outputs, (std::vector<ValueId>{0}));
 }
 
+TEST(Canonicalize, TransposedMatmulRhsFoldsIntoTheMatmul) {
+  // A Linear: x [batch, 4] @ transpose(w [3, 4]) -> matmul reading w as [4, 3] in place.
+  Module m = run(passes::canonicalize,
+                 "graph @g(%0: f32[batch, 4], %1: f32[3, 4]) -> (f32[batch, 3]) {\n"
+                 "  %2 = transpose(%1) {perm = array<1, 0>} : f32[4, 3]\n"
+                 "  %3 = matmul(%0, %2) : f32[batch, 3]\n"
+                 "  return %3\n"
+                 "}\n");
+  const Node& mm = m.at("g").nodes.back();
+  EXPECT_EQ(mm.op, Op::matmul);
+  EXPECT_EQ(mm.inputs, (std::vector<ValueId>{0, 1}));
+  EXPECT_EQ(std::get<int64_t>(mm.attrs.at("transpose_b")), 1);
+  // Only the last two axes qualify: a transpose that moves a batch axis stays.
+  Module kept = run(passes::canonicalize,
+                    "graph @g(%0: f32[2, 5, 4], %1: f32[4, 2, 3]) -> (f32[2, 5, 3]) {\n"
+                    "  %2 = transpose(%1) {perm = array<1, 0, 2>} : f32[2, 4, 3]\n"
+                    "  %3 = matmul(%0, %2) : f32[2, 5, 3]\n"
+                    "  return %3\n"
+                    "}\n");
+  EXPECT_EQ(kept.at("g").nodes.back().attrs.count("transpose_b"), 0u);
+}
+
 TEST(Canonicalize, TransposeThatKeepsTheTypeButMovesDataIsKept) {
   Module m = run(passes::canonicalize,
                  "graph @g(%0: f32[2, 2]) -> (f32[2, 2]) {\n"

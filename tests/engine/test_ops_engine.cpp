@@ -98,6 +98,38 @@ TEST(OpsEngine, MatmulOfF32AndF64) {
   }
 }
 
+TEST(OpsEngine, MatmulWithATransposedWeightReadsItInPlace) {
+  // x @ transpose(w): the compiler folds the transpose into the matmul (transpose_b); the result must
+  // not change. For M = 1 (decode) and M = 3, and with f16 weights.
+  for (int64_t m : {1, 3}) {
+    for (DType d : {DType::f32, DType::f16}) {
+      graph::Graph g("linear", {TensorType{d, {m, 3}}});
+      {
+        graph::Graph::Scope scope(g);
+        auto w = g.weight({"w", d, {2, 3}});  // [out, in]
+        g.output({ops::matmul(g.input(0), ops::transpose(w, 0, 1))});
+      }
+      std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+      x.resize(static_cast<size_t>(m * 3));
+      auto as = [&](const std::vector<float>& v, std::vector<int64_t> shape) {
+        if (d == DType::f32) return Tensor::from_vector<float>(v, shape);
+        std::vector<f16_t> h;
+        for (float f : v) h.push_back(f16_t(f));
+        return Tensor::from_vector<f16_t>(h, shape);
+      };
+      engine::InferenceSession session;
+      auto model = session.load(g, {{"w", as({1, 0, -1, 2, 1, 0}, {2, 3})}});
+      // row r: [x0 - x2, 2*x0 + x1]
+      std::vector<double> want;
+      for (int64_t r = 0; r < m; ++r) {
+        double x0 = x[r * 3], x1 = x[r * 3 + 1], x2 = x[r * 3 + 2];
+        want.insert(want.end(), {x0 - x2, 2 * x0 + x1});
+      }
+      expect_near(model.execute({as(x, {m, 3})})[0], want);
+    }
+  }
+}
+
 TEST(OpsEngine, SoftmaxOfEachRow) {
   graph::Graph g("probs", {TensorType{DType::f32, {"rows", 3}}});
   g.output({ops::softmax(g.input(0))});

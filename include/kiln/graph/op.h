@@ -69,6 +69,7 @@ bool has_side_effects(Op);       // buffer_store, inplace_custom, custom (may be
 //   range           start: double, step: double, size: Shape (one dim), dtype, device
 //   gelu            approximate: string ("none" | "tanh")
 //   cast            dtype
+//   matmul          transpose_b: int64 (0/1; optional): rhs read as [..., K, N] from [..., N, K]
 //   sum mean max min argmax argmin softmax log_softmax     axis: int64
 //   cumsum          axis, exclusive: int64 (0/1), reverse: int64 (0/1)
 //   top_k           k: int64, axis

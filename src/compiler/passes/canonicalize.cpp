@@ -115,6 +115,27 @@ bool reshape_of_reshape(Canonicalizer& c, size_t i) {
   return true;
 }
 
+// matmul(a, transpose(b)) with a transpose of the last two axes -> matmul(a, b) {transpose_b}: the
+// kernel reads b through a strided view, so a Linear's [out, in] weight is never copied per call.
+bool fold_rhs_transpose(Canonicalizer& c, size_t i) {
+  Node& mm = c.g.nodes[i];
+  const Node* t = c.producer(mm.inputs[1]);
+  if (!t || t->op != Op::transpose) return false;
+  const auto& perm = graph::get_attr<std::vector<int64_t>>(t->attrs, "perm", t->op);
+  const size_t rank = perm.size();
+  if (rank < 2) return false;
+  for (size_t k = 0; k + 2 < rank; ++k)
+    if (perm[k] != static_cast<int64_t>(k)) return false;
+  if (perm[rank - 2] != static_cast<int64_t>(rank - 1) || perm[rank - 1] != static_cast<int64_t>(rank - 2))
+    return false;
+  auto it = mm.attrs.find("transpose_b");
+  bool already = it != mm.attrs.end() && std::get<int64_t>(it->second) == 1;
+  mm.inputs[1] = t->inputs[0];
+  mm.attrs["transpose_b"] = int64_t{already ? 0 : 1};
+  c.edited = true;
+  return true;
+}
+
 struct Pattern {
   Op op;
   Rewrite rewrite;
@@ -129,7 +150,7 @@ const Pattern kPatterns[] = {
     {Op::transpose, transpose_of_transpose}, {Op::transpose, identity_transpose},
     {Op::reshape, reshape_of_reshape},       {Op::reshape, same_type_identity},
     {Op::cast, same_type_identity},          {Op::broadcast_to, same_type_identity},
-    {Op::transfer_to, same_type_identity},
+    {Op::transfer_to, same_type_identity},   {Op::matmul, fold_rhs_transpose},
 };
 
 // One sweep in program order; true if anything changed.

@@ -490,12 +490,25 @@ void matmul_integer(const KernelContext& ctx, const MatmulProblem& p, const T* A
   });
 }
 
-void matmul_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+// transpose_b: the rhs is read with its last two dims swapped, a strided view of the stored
+// [..., N, K] weight (what the compiler folds `matmul(x, transpose(w))` into), so no copy is made.
+TensorView rhs_view(const graph::Attrs& attrs, const TensorView& b) {
+  auto it = attrs.find("transpose_b");
+  if (it == attrs.end() || std::get<int64_t>(it->second) == 0) return b;
+  if (b.shape.size() < 2) throw ShapeError("matmul: transpose_b needs a rhs of rank >= 2, got " + describe(b));
+  TensorView t = b;
+  std::swap(t.shape[t.shape.size() - 1], t.shape[t.shape.size() - 2]);
+  std::swap(t.strides[t.strides.size() - 1], t.strides[t.strides.size() - 2]);
+  return t;
+}
+
+void matmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
                    std::span<const TensorView> outputs) {
   if (inputs.size() != 2 || outputs.size() != 1)
     throw ValueError("matmul: expected 2 operands and 1 result, got " + std::to_string(inputs.size()) +
                      " and " + std::to_string(outputs.size()));
-  const TensorView &a = inputs[0], &b = inputs[1], &out = outputs[0];
+  const TensorView b = rhs_view(attrs, inputs[1]);
+  const TensorView &a = inputs[0], &out = outputs[0];
   const MatmulProblem p = plan_matmul(a, b, out);
   visit_dtype(a.dtype, [&]<class T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
