@@ -23,8 +23,10 @@ from llama_reference import forward  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Plain words, a contraction, punctuation and digits, so the test also covers the pre-tokenizer. Picked
-# among candidates for a clear greedy margin (min_top2_logit_gap >= 0.02) at every step.
-PROMPTS = ["Love is", "Q: How many programmers does it take to", "Don't panic! 42 is"]
+# among candidates for a clear greedy margin (min_top2_logit_gap >= 0.01) at every step; pick again
+# whenever the model is retrained, since near-ties can flip under f32 rounding differences.
+PROMPTS = ["Q: How many programmers does it take to", "The secret of 2 happy people is", "I'd rather be",
+           "You will"]
 MAX_NEW_TOKENS = 32
 
 
