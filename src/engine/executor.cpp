@@ -1,6 +1,7 @@
 #include "engine/executor.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -73,6 +74,11 @@ kernels::TensorView view_of(const Tensor& t) {
 }
 
 std::string describe_type(const graph::Type& type) { return graph::to_string(type); }
+
+// Both are contiguous tensors of one dtype and shape (checked by the caller).
+void copy_bytes(const Tensor& dst, const Tensor& src) {
+  std::memcpy(const_cast<void*>(dst.data()), src.data(), src.nbytes());
+}
 
 }  // namespace
 
@@ -252,7 +258,7 @@ void Executor::launch_custom(const Step& step, const ext::CustomOp& op, const gr
   }
 }
 
-std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) {
+std::vector<Tensor> Executor::check_inputs(const std::vector<Tensor>& given) const {
   const GraphPlan& plan = plan_;
   if (given.size() != plan.input_types.size())
     throw ValueError(fmt::format("execute: graph '{}' takes {} inputs, got {}", plan.name,
@@ -289,14 +295,22 @@ std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) {
       inputs[i] = t.is_contiguous() ? t : t.contiguous();
     }
   }
-  const graph::SymbolBindings bindings = bind_inputs(inputs);
+  return inputs;
+}
+
+Executor::Frame Executor::prepare(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots) const {
+  const GraphPlan& plan = plan_;
+  Frame frame;
+  frame.bindings = bind_inputs(inputs);
 
   // Memory for every value: the caller's inputs, bound weights and constants, fresh outputs, and
   // intermediates in arena slots sized for this run.
   const size_t num_values = plan.values.size();
-  std::vector<Tensor> tensors(num_values);
-  std::vector<kernels::TensorView> views(num_values);
-  std::vector<size_t> slot_bytes(slots_.size(), 0);
+  auto& tensors = frame.tensors;
+  auto& views = frame.views;
+  tensors.resize(num_values);
+  views.resize(num_values);
+  std::vector<size_t> slot_bytes(slots.size(), 0);
   for (size_t v = 0; v < num_values; ++v) {
     const PlanValue& value = plan.values[v];
     switch (value.kind) {
@@ -304,12 +318,12 @@ std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) {
       case ValueKind::weight:
       case ValueKind::constant: tensors[v] = bound_[v]; break;
       case ValueKind::output:
-        tensors[v] = Tensor::empty(graph::dtype_of(value.type), value_shape(v, bindings),
+        tensors[v] = Tensor::empty(graph::dtype_of(value.type), value_shape(v, frame.bindings),
                                    graph::device_of(value.type));
         break;
       case ValueKind::slot: {
         views[v].dtype = graph::dtype_of(value.type);
-        views[v].shape = value_shape(v, bindings);
+        views[v].shape = value_shape(v, frame.bindings);
         views[v].strides = contiguous_strides(views[v].shape);
         auto bytes = static_cast<size_t>(views[v].numel()) * dtype_size(views[v].dtype);
         auto& needed = slot_bytes.at(static_cast<size_t>(value.slot));
@@ -319,38 +333,47 @@ std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) {
     }
     if (tensors[v].defined()) views[v] = view_of(tensors[v]);
   }
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    auto capacity = slots_[s].defined() ? slots_[s].nbytes() : size_t{0};
+  for (size_t s = 0; s < slots.size(); ++s) {
+    auto capacity = slots[s].defined() ? slots[s].nbytes() : size_t{0};
     if (slot_bytes[s] > capacity)
-      slots_[s] = Tensor::empty(DType::u8, {static_cast<int64_t>(std::max(slot_bytes[s], capacity * 3 / 2))});
+      slots[s] = Tensor::empty(DType::u8, {static_cast<int64_t>(std::max(slot_bytes[s], capacity * 3 / 2))});
   }
   for (size_t v = 0; v < num_values; ++v)
-    if (plan.values[v].kind == ValueKind::slot && slots_[static_cast<size_t>(plan.values[v].slot)].defined())
-      views[v].data = slots_[static_cast<size_t>(plan.values[v].slot)].data();
+    if (plan.values[v].kind == ValueKind::slot && slots[static_cast<size_t>(plan.values[v].slot)].defined())
+      views[v].data = slots[static_cast<size_t>(plan.values[v].slot)].data();
+  return frame;
+}
+
+graph::Attrs Executor::evaluated_attrs(const Step& step, const graph::SymbolBindings& bindings) const {
+  graph::Attrs attrs = step.attrs;
+  for (auto& [name, attr] : attrs)
+    if (auto* shape = std::get_if<graph::Shape>(&attr); shape && !shape->is_static()) {
+      try {
+        *shape = graph::Shape::of(shape->evaluate(bindings));
+      } catch (const std::exception& e) {
+        throw ValueError(fmt::format("execute: graph '{}' op '{}' (node {}): cannot evaluate {} {}: {}",
+                                     plan_.name, graph::op_name(step.op), step.node, name,
+                                     shape->to_string(), e.what()));
+      }
+    }
+  return attrs;
+}
+
+std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) {
+  const GraphPlan& plan = plan_;
+  const Frame frame = prepare(check_inputs(given), slots_);
 
   // The steps, in order.
   std::vector<kernels::TensorView> step_views;
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const Step& step = plan.steps[s];
     step_views.clear();
-    for (int32_t v : step.inputs) step_views.push_back(views[static_cast<size_t>(v)]);
-    for (int32_t v : step.outputs) step_views.push_back(views[static_cast<size_t>(v)]);
-    if (!steps_[s].symbolic_attrs) {
+    for (int32_t v : step.inputs) step_views.push_back(frame.views[static_cast<size_t>(v)]);
+    for (int32_t v : step.outputs) step_views.push_back(frame.views[static_cast<size_t>(v)]);
+    if (!steps_[s].symbolic_attrs)
       launch(step, steps_[s], step.attrs, step_views);
-      continue;
-    }
-    graph::Attrs attrs = step.attrs;
-    for (auto& [name, attr] : attrs)
-      if (auto* shape = std::get_if<graph::Shape>(&attr); shape && !shape->is_static()) {
-        try {
-          *shape = graph::Shape::of(shape->evaluate(bindings));
-        } catch (const std::exception& e) {
-          throw ValueError(fmt::format("execute: graph '{}' op '{}' (node {}): cannot evaluate {} {}: {}",
-                                       plan.name, graph::op_name(step.op), step.node, name,
-                                       shape->to_string(), e.what()));
-        }
-      }
-    launch(step, steps_[s], attrs, step_views);
+    else
+      launch(step, steps_[s], evaluated_attrs(step, frame.bindings), step_views);
   }
 
   // Results: fresh memory, never the caller's inputs or the model's weights and constants, and never
@@ -358,11 +381,77 @@ std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) {
   std::vector<Tensor> results;
   std::set<int32_t> returned;
   for (int32_t v : plan.outputs) {
-    const Tensor& t = tensors.at(static_cast<size_t>(v));
+    const Tensor& t = frame.tensors.at(static_cast<size_t>(v));
     bool fresh = plan.values.at(static_cast<size_t>(v)).kind == ValueKind::output;
     results.push_back(fresh && returned.insert(v).second ? t : t.clone());
   }
   return results;
+}
+
+// ---- launch lists (capture/replay, device graphs) ------------------------------------------------
+
+LaunchList Executor::record(const std::vector<Tensor>& given, bool run) {
+  const GraphPlan& plan = plan_;
+  LaunchList list;
+  // The list owns its input buffers: replay copies new inputs into them, in place.
+  for (const Tensor& t : check_inputs(given)) list.inputs.push_back(t.clone());
+  list.slots.resize(slots_.size());
+  const Frame frame = prepare(list.inputs, list.slots);
+  for (size_t s = 0; s < plan.steps.size(); ++s) {
+    const Step& step = plan.steps[s];
+    LaunchList::Launch launch_record{s, {}, {}};
+    launch_record.attrs = steps_[s].symbolic_attrs ? evaluated_attrs(step, frame.bindings) : step.attrs;
+    for (int32_t v : step.inputs) launch_record.views.push_back(frame.views[static_cast<size_t>(v)]);
+    for (int32_t v : step.outputs) launch_record.views.push_back(frame.views[static_cast<size_t>(v)]);
+    list.launches.push_back(std::move(launch_record));
+  }
+  std::set<int32_t> returned;
+  for (int32_t v : plan.outputs) {
+    const Tensor& t = frame.tensors.at(static_cast<size_t>(v));
+    bool fresh = plan.values.at(static_cast<size_t>(v)).kind == ValueKind::output;
+    if (fresh && returned.insert(v).second) {
+      list.results.push_back(t);
+    } else {
+      list.copied_results.emplace_back(t, list.results.size());
+      list.results.push_back(Tensor::empty(t.dtype(), t.shape(), t.device()));
+    }
+  }
+  if (!run) return list;
+  // The first run, through the same path every replay takes.
+  for (const LaunchList::Launch& l : list.launches) launch(plan.steps[l.step], steps_[l.step], l.attrs, l.views);
+  for (const auto& [source, index] : list.copied_results)
+    copy_bytes(list.results[index], source);
+  for (size_t i = 0; i < given.size(); ++i)
+    if (graph::is_buffer(plan.input_types[i])) copy_bytes(given[i], list.inputs[i]);
+  return list;
+}
+
+void Executor::replay(LaunchList& list, const std::vector<Tensor>& given) const {
+  const GraphPlan& plan = plan_;
+  if (given.size() != list.inputs.size())
+    throw ValueError(fmt::format("replay: graph '{}' takes {} inputs, got {}", plan.name, list.inputs.size(),
+                                 given.size()));
+  for (size_t i = 0; i < given.size(); ++i) {
+    const Tensor& t = given[i];
+    const Tensor& captured = list.inputs[i];
+    if (!t.defined() || t.dtype() != captured.dtype() || t.shape() != captured.shape() ||
+        t.device() != captured.device())
+      throw ValueError(fmt::format(
+          "replay: graph '{}' input {} is {}{}, but the launch list was captured with {}{} (capture again "
+          "for another shape)",
+          plan.name, i, t.defined() ? dtype_name(t.dtype()) : "undefined",
+          t.defined() ? fmt::format("{}", t.shape()) : "", dtype_name(captured.dtype()), captured.shape()));
+    if (graph::is_buffer(plan.input_types[i]) && !t.is_contiguous())
+      throw ValueError(fmt::format("replay: graph '{}' input {} is a buffer and must be contiguous", plan.name, i));
+  }
+  for (size_t i = 0; i < given.size(); ++i)
+    copy_bytes(list.inputs[i], given[i].is_contiguous() ? given[i] : given[i].contiguous());
+  for (const LaunchList::Launch& l : list.launches) launch(plan.steps[l.step], steps_[l.step], l.attrs, l.views);
+  for (const auto& [source, index] : list.copied_results)
+    copy_bytes(list.results[index], source);
+  // Buffers are written in place: the caller's buffer gets what the graph wrote to the captured copy.
+  for (size_t i = 0; i < given.size(); ++i)
+    if (graph::is_buffer(plan.input_types[i])) copy_bytes(given[i], list.inputs[i]);
 }
 
 }  // namespace kiln::engine

@@ -3,6 +3,7 @@
 // sizes the arena slots and launches the steps in order.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,24 @@
 
 namespace kiln::engine {
 
+// A recorded run: the launches of one execution with every buffer, shape and attribute fixed, so a
+// replay is a loop of kernel calls with no checks, shape evaluation or allocation. Shared by
+// Model::capture/replay and device graphs (GraphSpec::is_device_graph).
+struct LaunchList {
+  struct Launch {
+    size_t step;                              // index into plan().steps
+    graph::Attrs attrs;                       // symbolic Shape attrs evaluated at capture
+    std::vector<kernels::TensorView> views;   // operands, then results
+  };
+  std::vector<Tensor> inputs;    // owned copies the caller's inputs are copied into
+  std::vector<Tensor> results;   // what a replay returns, in output order
+  std::vector<Tensor> slots;     // an arena of its own, so execute() never clobbers it
+  std::vector<Launch> launches;
+  // Results that are not a step's fresh output (an input, weight, constant, or a value returned
+  // twice): (source, result index) copied after the launches.
+  std::vector<std::pair<Tensor, size_t>> copied_results;
+};
+
 class Executor {
  public:
   // `weights` must already be checked against the plan (see check_weights); `parallel` outlives this.
@@ -26,7 +45,25 @@ class Executor {
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   const compiler::GraphPlan& plan() const { return plan_; }
 
+  // Records the launch list (see LaunchList) for inputs of these shapes, copying their data into its
+  // input buffers; with `run`, also runs it once so its results are filled.
+  LaunchList record(const std::vector<Tensor>& inputs, bool run = true);
+  // Copies `inputs` (which must match the recorded shapes and dtypes; ValueError naming the input
+  // otherwise) into the list's input buffers and reruns the launches; buffer inputs are copied back.
+  void replay(LaunchList& list, const std::vector<Tensor>& inputs) const;
+
  private:
+  // Every value's memory for one run: checked inputs, bound weights and constants, fresh outputs,
+  // arena slots sized for these shapes (from `slots`).
+  struct Frame {
+    graph::SymbolBindings bindings;
+    std::vector<Tensor> tensors;                 // per value (slots: undefined)
+    std::vector<kernels::TensorView> views;      // per value
+  };
+  std::vector<Tensor> check_inputs(const std::vector<Tensor>& given) const;
+  Frame prepare(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots) const;
+  graph::Attrs evaluated_attrs(const compiler::Step& step, const graph::SymbolBindings& bindings) const;
+
   struct StepInfo {
     kernels::KernelFn kernel = nullptr;
     bool symbolic_attrs = false;  // some Shape attr must be evaluated per run
@@ -62,6 +99,8 @@ struct Model::Impl {
   std::shared_ptr<const void> session;  // keeps the session's thread pool alive
   Executor executor;
   std::mutex mutex;
+  std::map<std::string, LaunchList> captures;  // Model::capture, by key
+  std::optional<LaunchList> device_graph;      // built at init for a device-graph model
 
   Impl(std::shared_ptr<const void> session_state, Executor exec)
       : session(std::move(session_state)), executor(std::move(exec)) {}

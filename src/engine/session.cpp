@@ -1,10 +1,13 @@
 // InferenceSession: compiles modules and binds weights into runnable Models (CPU devices for now).
+#include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "engine/executor.h"
 #include "engine/thread_pool.h"
+#include "kiln/engine/compile_cache.h"
 #include "kiln/engine/session.h"
 #include "kiln/errors.h"
 #include "kiln/ext/extensions.h"
@@ -19,16 +22,37 @@ class SessionState {
   std::vector<DeviceRef> devices;
   ThreadPool pool;  // shared by every model of the session
   std::atomic<int64_t> compile_count{0};
+  std::atomic<int64_t> cache_hits{0};
+  std::optional<CompileCache> cache;  // nullopt: turned off, or no cache directory can be named
   std::vector<std::filesystem::path> custom_extensions;
 };
 
 namespace {
+
+using compiler::GraphPlan;
 
 bool calls_custom_ops(const graph::Module& module) {
   for (const auto& g : module.graphs())
     for (const graph::Node& node : g->nodes)
       if (node.op == graph::Op::custom || node.op == graph::Op::inplace_custom) return true;
   return false;
+}
+
+// Records the launch list of a device graph at init, on zero inputs of its (static) input shapes.
+void build_device_graph(Model::Impl& impl) {
+  std::vector<Tensor> inputs;
+  const GraphPlan& plan = impl.executor.plan();
+  const auto& types = plan.input_types;
+  for (size_t i = 0; i < types.size(); ++i) {
+    const graph::Shape& shape = graph::shape_of(types[i]);
+    if (!shape.is_static())
+      throw ValueError(fmt::format("init: graph '{}' is a device graph, whose shapes are fixed at init, but "
+                                   "input {} has symbolic shape {} (give it static dims)",
+                                   plan.name, i, graph::to_string(types[i])));
+    inputs.push_back(Tensor::zeros(graph::dtype_of(types[i]), shape.static_dims(), graph::device_of(types[i])));
+  }
+  // Not run now: the first execute() replays it with real inputs (zeros might not be valid data).
+  impl.device_graph = impl.executor.record(inputs, /*run=*/false);
 }
 
 }  // namespace
@@ -47,6 +71,14 @@ InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
   ext::ExtensionRegistry check_now(custom_extensions);
   state_ = std::make_shared<SessionState>(std::move(devices), options.num_threads);
   state_->custom_extensions = std::move(custom_extensions);
+  if (options.compile_cache) {
+    try {
+      state_->cache.emplace(options.compile_cache_dir);
+    } catch (const ValueError&) {
+      // No directory to cache in (no KILN_CACHE_DIR, XDG_CACHE_HOME or HOME): compile every time.
+      if (!options.compile_cache_dir.empty()) throw;
+    }
+  }
 }
 
 InferenceSession::~InferenceSession() = default;
@@ -67,8 +99,24 @@ CompiledModel InferenceSession::compile(const graph::Module& module,
     for (const auto& path : extra_extensions) extensions.add(ext::load_library(path));
     options.extensions = &extensions;
   }
+  std::string key;
+  if (state_->cache) {
+    key = CompileCache::key(module, options);
+    if (std::optional<CompiledModel> hit = state_->cache->find(key)) {
+      ++state_->compile_count;
+      ++state_->cache_hits;
+      return std::move(*hit);
+    }
+  }
   CompiledModel compiled = compiler::compile(module, options);
   ++state_->compile_count;
+  if (state_->cache) {
+    try {
+      state_->cache->store(key, compiled);
+    } catch (const std::exception&) {
+      // A cache that cannot be written (read-only, full disk) only costs the next compile.
+    }
+  }
   return compiled;
 }
 
@@ -78,11 +126,20 @@ const std::vector<std::filesystem::path>& InferenceSession::custom_extensions() 
 
 std::map<std::string, Model> InferenceSession::init(const CompiledModel& compiled,
                                                     const WeightsRegistry& weights) const {
+  return init(compiled, weights, {});
+}
+
+std::map<std::string, Model> InferenceSession::init(const CompiledModel& compiled, const WeightsRegistry& weights,
+                                                    const std::vector<std::string>& device_graphs) const {
+  for (const std::string& name : device_graphs) compiled.plan(name);  // ValueError naming an unknown graph
   std::map<std::string, Model> models;
   for (const auto& [name, plan] : compiled.plans()) check_weights(plan, weights);
-  for (const auto& [name, plan] : compiled.plans())
-    models.emplace(name, Model(std::make_shared<Model::Impl>(
-                             state_, Executor(plan, weights, &state_->pool))));
+  for (const auto& [name, plan] : compiled.plans()) {
+    auto impl = std::make_shared<Model::Impl>(state_, Executor(plan, weights, &state_->pool));
+    if (std::find(device_graphs.begin(), device_graphs.end(), name) != device_graphs.end())
+      build_device_graph(*impl);
+    models.emplace(name, Model(std::move(impl)));
+  }
   return models;
 }
 
@@ -106,5 +163,6 @@ std::map<std::string, Model> InferenceSession::load_all(const graph::Module& mod
 }
 
 int64_t InferenceSession::compile_count() const { return state_->compile_count.load(); }
+int64_t InferenceSession::cache_hits() const { return state_->cache_hits.load(); }
 
 }  // namespace kiln::engine

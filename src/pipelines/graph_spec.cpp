@@ -43,8 +43,6 @@ graph::Graph trace_v3(const GraphSpec& spec, graph::Module* into) {
     throw ValueError(fmt::format("GraphSpec '{}': a ModuleV3 graph takes input_types as a sequence, one "
                                  "type or tree per forward argument, not one named tree",
                                  spec.name));
-  if (spec.is_device_graph)
-    throw ValueError(fmt::format("GraphSpec '{}': is_device_graph is not supported yet", spec.name));
   return module->stage(*arg_types, {spec.name, spec.signal_buffer_index});
 }
 
@@ -68,7 +66,6 @@ bool same_array(const Tensor& a, const Tensor& b) {
 graph::Graph GraphSpec::trace(graph::Module* into) const {
   if (is_v3(*this)) return trace_v3(*this, into);
   const auto& module_ptr = v2_module(*this, "trace");
-  if (is_device_graph) throw ValueError(fmt::format("GraphSpec '{}': is_device_graph is not supported yet", name));
 
   // One tree per forward argument; the graph's inputs are all their leaves, in order.
   std::vector<nn::TypeTree> arg_types;
@@ -100,6 +97,18 @@ WeightsRegistry GraphSpec::weights_registry() const {
   if (weights) return *weights;
   return v2_module(*this, "weights_registry")->state_dict();
 }
+
+namespace {
+
+// The graphs of a compile unit that init builds as device graphs (is_device_graph).
+std::vector<std::string> device_graph_names(const std::vector<const GraphSpec*>& unit) {
+  std::vector<std::string> names;
+  for (const GraphSpec* spec : unit)
+    if (spec->is_device_graph) names.push_back(spec->name);
+  return names;
+}
+
+}  // namespace
 
 std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSession& session,
                                                          const std::vector<GraphSpec>& specs) {
@@ -144,7 +153,8 @@ std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSessio
     if (unit.size() == 1 && is_v3(*unit.front())) {  // a ModuleV3 spec never has a group
       const GraphSpec& spec = *unit.front();
       graph::Graph g = spec.trace();
-      models.emplace(spec.name, session.init(session.compile(g.module(), extensions), spec.weights_registry())
+      models.emplace(spec.name, session.init(session.compile(g.module(), extensions), spec.weights_registry(),
+                                             device_graph_names(unit))
                                     .at(spec.name));
       continue;
     }
@@ -162,7 +172,7 @@ std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSessio
         bound_by.emplace(weight_name, spec->name);
       }
     }
-    auto unit_models = session.init(session.compile(module, extensions), registry);
+    auto unit_models = session.init(session.compile(module, extensions), registry, device_graph_names(unit));
     for (const GraphSpec* spec : unit) models.emplace(spec->name, unit_models.at(spec->name));
   }
   return models;

@@ -249,3 +249,23 @@ TEST(GraphSpec, WrongArgumentCountForTheModuleIsAnError) {
   spec.input_types = std::vector<nn::TypeTree>{nn::TypeTree(TensorType{DType::f32, {3}})};
   EXPECT_ANY_THROW(spec.trace());
 }
+
+// Row `is_device_graph`: the model replays a launch list built at init, and refuses capture.
+TEST(GraphSpec, DeviceGraphRunsAndRefusesCapture) {
+  auto m = std::make_shared<ScaleShift>(3);
+  m->load_state_dict({{"scale", vec({1, 2, 3})}});
+  auto spec = scale_shift_spec(m);
+  spec.is_device_graph = true;
+  auto plain = scale_shift_spec(m, "plain");
+  engine::InferenceSession session;
+  auto models = pipelines::compile_graph_specs(session, {spec, plain});
+  const engine::Model& model = models.at("scale_shift");
+  EXPECT_TRUE(model.is_device_graph());
+  EXPECT_FALSE(models.at("plain").is_device_graph());
+  EXPECT_EQ(model.execute({vec({1, 1, 1}), vec({10, 20, 30})}).at(0).to_vector<float>(),
+            (std::vector<float>{11, 22, 33}));
+  EXPECT_EQ(model.execute({vec({2, 0, -1}), vec({0, 0, 0})}).at(0).to_vector<float>(),
+            (std::vector<float>{2, 0, -3}));
+  expect_error<ValueError>([&] { model.capture("k", {vec({1, 1, 1}), vec({0, 0, 0})}); },
+                           {"graph 'scale_shift' is a device graph"});
+}

@@ -9,14 +9,19 @@
 //                                           and stats). NAME: a random-weight shape (stories15M,
 //                                           stories110M) run on --prompt-tokens N ids, printing ids
 //   kiln graph [--model DIR|NAME]           print the text generation graphs (model, sampler)
+//   kiln cache list|size|clear [--dir DIR]  the compile cache (default: KILN_CACHE_DIR, else
+//                                           $XDG_CACHE_HOME/kiln or ~/.cache/kiln): list its entries
+//                                           (least recently used first), print its size, empty it
 //   kiln version
 #include <fmt/format.h>
+#include <kiln/engine/compile_cache.h>
 #include <kiln/kiln.h>
 #include <kiln/pipelines/hf_config.h>
 #include <kiln/pipelines/text_generation.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -217,6 +222,24 @@ int print_graphs(const std::string& model, int64_t max_seq_len) {
   return 0;
 }
 
+// `kiln cache list|size|clear`.
+int cache_command(const CLI::App& cmd, const std::string& dir) {
+  engine::CompileCache cache(dir);
+  if (cmd.got_subcommand("list")) {
+    for (const engine::CacheEntry& e : cache.entries()) {
+      auto age = std::chrono::duration_cast<std::chrono::seconds>(std::filesystem::file_time_type::clock::now() -
+                                                                  e.last_used);
+      std::cout << fmt::format("{}  {:>10} bytes  used {}s ago\n", e.key, e.bytes, age.count());
+    }
+  } else if (cmd.got_subcommand("size")) {
+    std::cout << fmt::format("{}: {} entries, {} bytes (limit {} bytes)\n", cache.dir().string(),
+                             cache.entries().size(), cache.size_bytes(), cache.max_bytes());
+  } else if (cmd.got_subcommand("clear")) {
+    std::cout << fmt::format("{}: removed {} entries\n", cache.dir().string(), cache.clear());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -269,6 +292,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   graph_cmd->add_option("--max-seq-len", graph_max_seq_len, "KV cache length of the traced graph");
 
+  std::string cache_dir;
+  auto* cache_cmd = app.add_subcommand("cache", "List, size or clear the compile cache");
+  cache_cmd->require_subcommand(1);
+  cache_cmd->add_option("--dir", cache_dir, "cache directory (default: KILN_CACHE_DIR or ~/.cache/kiln)");
+  cache_cmd->add_subcommand("list", "List the entries, least recently used first");
+  cache_cmd->add_subcommand("size", "Print the total size and the limit");
+  cache_cmd->add_subcommand("clear", "Remove every entry");
+
   app.add_subcommand("version", "Print kiln's version");
 
   try {
@@ -295,6 +326,8 @@ int main(int argc, char** argv) {
       return generate(gen);
     } else if (app.got_subcommand("graph")) {
       return print_graphs(graph_model, graph_max_seq_len);
+    } else if (app.got_subcommand("cache")) {
+      return cache_command(*cache_cmd, cache_dir);
     }
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/graph/graph.h"
@@ -76,13 +78,28 @@ class CompiledModel {
   std::vector<std::string> graph_names() const;
   const GraphPlan& plan(const std::string& graph) const;  // ValueError naming the graph
   const std::map<std::string, GraphPlan>& plans() const { return plans_; }
-  // The module after all passes (printable; what the plans were made from).
-  const graph::Module& ir() const { return *ir_; }
+  // The module after all passes (printable; what the plans were made from). A loaded artifact parses
+  // it on first use (the plans run without it), so a corrupted IR text is a LoadError here.
+  const graph::Module& ir() const;
   // The custom-kernel libraries its graphs call (empty for a model without custom ops).
   std::vector<ExtensionRef> extensions() const;
 
+  // Artifacts: the plans and the compiled IR (no weights) in a versioned binary file. load() rejects a
+  // truncated, corrupted or foreign file, or one written by another kiln version, with a LoadError
+  // naming the file and what is wrong; it never misreads one.
+  void save(const std::filesystem::path& file) const;
+  static CompiledModel load(const std::filesystem::path& file);
+  std::string serialize() const;  // the file's bytes
+  static CompiledModel deserialize(std::string_view bytes, std::string_view origin = "artifact");
+
  private:
+  struct LazyIR {  // a loaded artifact's IR text, parsed by the first ir()
+    std::once_flag parsed;
+    std::string text, origin;
+    std::shared_ptr<const graph::Module> module;
+  };
   std::shared_ptr<const graph::Module> ir_;
+  std::shared_ptr<LazyIR> lazy_ir_;
   std::map<std::string, GraphPlan> plans_;
 };
 

@@ -37,6 +37,17 @@ class Model {
   const std::vector<graph::Type>& input_metadata() const;
   const std::vector<graph::Type>& output_metadata() const;
 
+  // Capture and replay: capture() runs the graph once and records its launch list with every buffer,
+  // shape and kernel fixed, under `key`; replay() copies `inputs` into the captured input buffers,
+  // reruns the recorded launches with no per-op dispatch and returns the captured outputs (the same
+  // tensors each replay, overwritten by the next one; clone to keep). Buffer inputs are copied back
+  // to the caller's buffers after a replay. An input shape or dtype other than the captured one, an
+  // unknown key, a key captured twice, or capture on a device-graph model is a ValueError.
+  std::vector<Tensor> capture(const std::string& key, const std::vector<Tensor>& inputs) const;
+  std::vector<Tensor> replay(const std::string& key, const std::vector<Tensor>& inputs) const;
+  void release(const std::string& key) const;  // frees one capture; ValueError for an unknown key
+  bool is_device_graph() const;  // see InferenceSession::init(compiled, weights, device_graphs)
+
   struct Impl;
   explicit Model(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -46,6 +57,10 @@ class Model {
 
 struct SessionOptions {
   int num_threads = 0;  // 0: one per core
+  // compile() consults the persistent compile cache (kiln/engine/compile_cache.h) in
+  // compile_cache_dir (empty: CompileCache::default_dir(), i.e. KILN_CACHE_DIR or ~/.cache/kiln).
+  bool compile_cache = true;
+  std::filesystem::path compile_cache_dir = {};
 };
 
 class InferenceSession {
@@ -72,6 +87,11 @@ class InferenceSession {
   // Binds weights: every weight of every graph present, dtype and shape equal, contiguous, on the
   // right kind of device; each failure names the weight. Returns one Model per graph, by name.
   std::map<std::string, Model> init(const CompiledModel& compiled, const WeightsRegistry& weights) const;
+  // As init, and each graph named in `device_graphs` becomes a device graph: its launch list is built
+  // here (all input shapes must be static; ValueError naming the input otherwise) and every execute()
+  // replays it. ValueError for a name that is not a graph of `compiled`.
+  std::map<std::string, Model> init(const CompiledModel& compiled, const WeightsRegistry& weights,
+                                    const std::vector<std::string>& device_graphs) const;
   // Compile + init of a graph's module; returns that graph's model (its module may also hold the
   // graphs it calls).
   Model load(const graph::Graph& graph, const WeightsRegistry& weights = {}) const;
@@ -79,8 +99,11 @@ class InferenceSession {
   Model load(const graph::Module& module, const WeightsRegistry& weights = {}) const;
   std::map<std::string, Model> load_all(const graph::Module& module,
                                         const WeightsRegistry& weights = {}) const;
-  // How many times this session has run the compiler (tests read it to show a group compiles once).
+  // How many compiles this session has done (tests read it to show a group compiles once); a compile
+  // served by the compile cache counts too, and also counts in cache_hits(), so
+  // compile_count() - cache_hits() is how many times the compiler actually ran.
   int64_t compile_count() const;
+  int64_t cache_hits() const;
 
  private:
   std::shared_ptr<SessionState> state_;
