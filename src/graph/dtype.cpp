@@ -1,6 +1,11 @@
 #include "kiln/graph/dtype.h"
 
 #include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
 #include <string>
 
 #include "kiln/errors.h"
@@ -135,5 +140,24 @@ uint16_t f32_to_bf16(float value) {
 }
 
 float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
+void store_scalar(double value, DType dtype, void* out) {
+  visit_dtype(dtype, [&]<class T>() {
+    T element{};
+    if constexpr (std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>) {
+      element = T(static_cast<float>(value));
+    } else if constexpr (std::is_same_v<T, bool>) {
+      element = value != 0.0;
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!std::isfinite(value) || value < static_cast<double>(std::numeric_limits<T>::lowest()) ||
+          value > static_cast<double>(std::numeric_limits<T>::max()))
+        throw ValueError(fmt::format("{} does not fit in {}", value, dtype_name(dtype)));
+      element = static_cast<T>(value);
+    } else {
+      element = static_cast<T>(value);
+    }
+    std::memcpy(out, &element, sizeof(T));
+  });
+}
 
 }  // namespace kiln

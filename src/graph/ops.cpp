@@ -46,25 +46,13 @@ Attrs axis_attr(Op op, const Value& v, int64_t axis) {
 
 // Little-endian bytes of one element of `dtype` holding `value`.
 Bytes scalar_bytes(double value, DType dtype) {
-  return visit_dtype(dtype, [&]<class T>() {
-    T element{};
-    if constexpr (std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>) {
-      element = T(static_cast<float>(value));
-    } else if constexpr (std::is_same_v<T, bool>) {
-      element = value != 0.0;
-    } else if constexpr (std::is_integral_v<T>) {
-      // Converting an out-of-range double to an integer is undefined; reject it instead.
-      if (!std::isfinite(value) || value < static_cast<double>(std::numeric_limits<T>::lowest()) ||
-          value > static_cast<double>(std::numeric_limits<T>::max()))
-        throw ValueError(fmt::format("constant: {} does not fit in {}", value, dtype_name(dtype)));
-      element = static_cast<T>(value);
-    } else {
-      element = static_cast<T>(value);
-    }
-    Bytes bytes(sizeof(T));
-    std::memcpy(bytes.data(), &element, sizeof(T));
-    return bytes;
-  });
+  Bytes bytes(dtype_size(dtype));
+  try {
+    store_scalar(value, dtype, bytes.data());
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("constant: {}", e.what()));
+  }
+  return bytes;
 }
 
 // Python slicing for one axis: negative static bounds count from the end, static bounds are clamped

@@ -23,23 +23,11 @@ Tensor Tensor::zeros(DType dtype, const std::vector<int64_t>& shape, DeviceRef d
 
 Tensor Tensor::scalar(double value, DType dtype, DeviceRef device) {
   kiln::Tensor t = kiln::Tensor::empty(dtype, {}, device);
-  visit_dtype(dtype, [&]<class T>() {
-    T element{};
-    if constexpr (std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>) {
-      element = T(static_cast<float>(value));
-    } else if constexpr (std::is_same_v<T, bool>) {
-      element = value != 0.0;
-    } else if constexpr (std::is_integral_v<T>) {
-      // Converting an out-of-range double to an integer is undefined behaviour; reject it.
-      if (!std::isfinite(value) || value < static_cast<double>(std::numeric_limits<T>::lowest()) ||
-          value > static_cast<double>(std::numeric_limits<T>::max()))
-        throw ValueError(fmt::format("nn::Tensor::scalar: {} does not fit in {}", value, dtype_name(dtype)));
-      element = static_cast<T>(value);
-    } else {
-      element = static_cast<T>(value);
-    }
-    *static_cast<T*>(t.data()) = element;
-  });
+  try {
+    store_scalar(value, dtype, t.data());
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("nn::Tensor::scalar: {}", e.what()));
+  }
   return Tensor(std::move(t));
 }
 

@@ -2,6 +2,8 @@
 // written to a temp dir, and the errors for broken or unsupported ones.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <kiln/kiln.h>
 #include <kiln/pipelines/hf_config.h>
 #include <unistd.h>
@@ -13,18 +15,9 @@ using namespace kiln;
 using namespace kiln::pipelines;
 namespace fs = std::filesystem;
 
-namespace {
+using kiln::testing::error_message;
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+namespace {
 
 class HfConfig : public ::testing::Test {
  protected:
@@ -176,34 +169,34 @@ TEST_F(HfConfig, MistralSlidingWindowCapsTheContext) {
 // ---- errors ----------------------------------------------------------------------------------------
 
 TEST_F(HfConfig, MissingDirectoryIsLoadError) {
-  const std::string msg = error_of<LoadError>([&] { load_model_info(dir_ / "absent"); });
+  const std::string msg = error_message<LoadError>([&] { load_model_info(dir_ / "absent"); });
   EXPECT_EQ(msg,
             fmt::format("load_model_info: {}: not a directory (expected a model directory with config.json)",
                         (dir_ / "absent").string()));
 }
 
 TEST_F(HfConfig, DirectoryWithoutConfigIsLoadErrorNamingTheFile) {
-  EXPECT_EQ(error_of<LoadError>([&] { load_model_info(dir_); }),
+  EXPECT_EQ(error_message<LoadError>([&] { load_model_info(dir_); }),
             fmt::format("load_model_info: {}: cannot open", config_path()));
 }
 
 TEST_F(HfConfig, BadJsonIsLoadErrorNamingTheFile) {
   write("config.json", R"({"vocab_size": 10,)");
-  const std::string msg = error_of<LoadError>([&] { load_model_info(dir_); });
+  const std::string msg = error_message<LoadError>([&] { load_model_info(dir_); });
   EXPECT_NE(msg.find(config_path() + ": not valid JSON"), std::string::npos) << msg;
 }
 
 TEST_F(HfConfig, BadGenerationConfigIsLoadErrorNamingIt) {
   write("config.json", kMinimal);
   write("generation_config.json", "{eos");
-  const std::string msg = error_of<LoadError>([&] { load_model_info(dir_); });
+  const std::string msg = error_message<LoadError>([&] { load_model_info(dir_); });
   EXPECT_NE(msg.find((dir_ / "generation_config.json").string() + ": not valid JSON"), std::string::npos)
       << msg;
 }
 
 TEST_F(HfConfig, UnsupportedArchitectureIsValueErrorListingSupported) {
   write("config.json", R"({"architectures": ["GPT2LMHeadModel"], "vocab_size": 50257})");
-  EXPECT_EQ(error_of<ValueError>([&] { load_model_info(dir_); }),
+  EXPECT_EQ(error_message<ValueError>([&] { load_model_info(dir_); }),
             fmt::format("load_model_info: {}: unsupported architecture 'GPT2LMHeadModel' (supported: "
                         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)",
                         config_path()));
@@ -213,18 +206,18 @@ TEST_F(HfConfig, WrongFieldKindIsValueErrorNamingField) {
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": "64",
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})");
   EXPECT_EQ(
-      error_of<ValueError>([&] { load_model_info(dir_); }),
+      error_message<ValueError>([&] { load_model_info(dir_); }),
       fmt::format("load_model_info: {}: field 'hidden_size' is \"64\", expected an integer", config_path()));
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "eos_token_id": [2, "x"]})");
   EXPECT_EQ(
-      error_of<ValueError>([&] { load_model_info(dir_); }),
+      error_message<ValueError>([&] { load_model_info(dir_); }),
       fmt::format("load_model_info: {}: field 'eos_token_id' is [2,\"x\"], expected an integer or a list of "
                   "integers",
                   config_path()));
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "tie_word_embeddings": 1})");
-  EXPECT_EQ(error_of<ValueError>([&] { load_model_info(dir_); }),
+  EXPECT_EQ(error_message<ValueError>([&] { load_model_info(dir_); }),
             fmt::format("load_model_info: {}: field 'tie_word_embeddings' is 1, expected true or false",
                         config_path()));
 }
@@ -233,7 +226,7 @@ TEST_F(HfConfig, MissingRequiredFieldIsValueError) {
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 4})");
   EXPECT_EQ(
-      error_of<ValueError>([&] { load_model_info(dir_); }),
+      error_message<ValueError>([&] { load_model_info(dir_); }),
       fmt::format("load_model_info: {}: field 'intermediate_size' is missing (required)", config_path()));
 }
 
@@ -241,7 +234,7 @@ TEST_F(HfConfig, OtherRopeTypesAreValueErrorNamingThem) {
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "rope_scaling": {"type": "yarn", "factor": 4.0}})");
-  const std::string msg = error_of<ValueError>([&] { load_model_info(dir_); });
+  const std::string msg = error_message<ValueError>([&] { load_model_info(dir_); });
   EXPECT_NE(msg.find("field 'rope_scaling' has rope_type 'yarn', which kiln does not support"),
             std::string::npos)
       << msg;
@@ -252,7 +245,7 @@ TEST_F(HfConfig, Llama3ScalingWithoutFactorIsValueError) {
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "rope_scaling": {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 8192}})");
-  EXPECT_EQ(error_of<ValueError>([&] { load_model_info(dir_); }),
+  EXPECT_EQ(error_message<ValueError>([&] { load_model_info(dir_); }),
             fmt::format("load_model_info: {}: field 'rope_scaling.factor' is null, expected a number",
                         config_path()));
 }
@@ -261,7 +254,7 @@ TEST_F(HfConfig, UnsupportedDTypeIsValueError) {
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "torch_dtype": "float8_e4m3fn"})");
   EXPECT_EQ(
-      error_of<ValueError>([&] { load_model_info(dir_); }),
+      error_message<ValueError>([&] { load_model_info(dir_); }),
       fmt::format("load_model_info: {}: field 'torch_dtype' is 'float8_e4m3fn', expected float32, float16 or "
                   "bfloat16",
                   config_path()));
@@ -270,14 +263,14 @@ TEST_F(HfConfig, UnsupportedDTypeIsValueError) {
 TEST_F(HfConfig, LlamaAttentionBiasIsRefusedBecauseItAlsoBiasesOProj) {
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "attention_bias": true})");
-  const std::string msg = error_of<ValueError>([&] { load_model_info(dir_); });
+  const std::string msg = error_message<ValueError>([&] { load_model_info(dir_); });
   EXPECT_NE(msg.find("field 'attention_bias' is true"), std::string::npos) << msg;
 }
 
 TEST_F(HfConfig, InconsistentSizesAreValueErrorNamingTheFile) {
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3})");
-  EXPECT_EQ(error_of<ValueError>([&] { load_model_info(dir_); }),
+  EXPECT_EQ(error_message<ValueError>([&] { load_model_info(dir_); }),
             fmt::format("load_model_info: {}: LlamaConfig: num_attention_heads 4 is not a multiple of "
                         "num_key_value_heads 3",
                         config_path()));

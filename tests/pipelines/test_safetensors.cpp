@@ -3,6 +3,8 @@
 // reader; expected header text is checked with the test's own JSON parse.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <kiln/kiln.h>
 #include <kiln/pipelines/safetensors.h>
 #include <unistd.h>
@@ -19,18 +21,9 @@ using namespace kiln::pipelines;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
+using kiln::testing::error_message;
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+namespace {
 
 // A fresh directory per test, removed at the end.
 class Safetensors : public ::testing::Test {
@@ -169,11 +162,11 @@ TEST_F(Safetensors, SaveWritesStridedTensorsRowMajor) {
 }
 
 TEST_F(Safetensors, SaveRefusesUndefinedTensorAndMetadataName) {
-  EXPECT_NE(error_of<ValueError>([&] {
+  EXPECT_NE(error_message<ValueError>([&] {
               save_safetensors(dir_ / "x.safetensors", {{"w", Tensor()}});
             }).find("tensor 'w' is undefined"),
             std::string::npos);
-  EXPECT_NE(error_of<ValueError>([&] {
+  EXPECT_NE(error_message<ValueError>([&] {
               save_safetensors(dir_ / "x.safetensors", {{"__metadata__", Tensor::scalar<float>(1)}});
             }).find("'__metadata__' cannot name a tensor"),
             std::string::npos);
@@ -186,7 +179,7 @@ TEST_F(Safetensors, NamesAreSortedAndContainsAnswers) {
   EXPECT_EQ(f.names(), (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(f.contains("a"));
   EXPECT_FALSE(f.contains("c"));
-  const std::string msg = error_of<LoadError>([&] { f.tensor("c"); });
+  const std::string msg = error_message<LoadError>([&] { f.tensor("c"); });
   EXPECT_NE(msg.find("m.safetensors"), std::string::npos) << msg;
   EXPECT_NE(msg.find("no tensor 'c' (the file has 2 tensors: a, b)"), std::string::npos) << msg;
 }
@@ -220,12 +213,12 @@ TEST_F(Safetensors, DirectoryWithSingleFileLoadsModelSafetensors) {
 }
 
 TEST_F(Safetensors, EmptyDirectoryIsLoadErrorSayingWhatWasExpected) {
-  const std::string msg = error_of<LoadError>([&] { load_safetensors(dir_); });
+  const std::string msg = error_message<LoadError>([&] { load_safetensors(dir_); });
   EXPECT_NE(msg.find("neither model.safetensors nor model.safetensors.index.json"), std::string::npos) << msg;
 }
 
 TEST_F(Safetensors, MissingFileIsLoadErrorNamingIt) {
-  const std::string msg = error_of<LoadError>([&] { load_safetensors(dir_ / "nope.safetensors"); });
+  const std::string msg = error_message<LoadError>([&] { load_safetensors(dir_ / "nope.safetensors"); });
   EXPECT_NE(msg.find("nope.safetensors: cannot open"), std::string::npos) << msg;
 }
 
@@ -234,7 +227,7 @@ TEST_F(Safetensors, NameInTwoShardsIsLoadError) {
   save_safetensors(dir_ / "b.safetensors", {{"w", Tensor::scalar<float>(2)}});
   write_bytes(dir_ / "model.safetensors.index.json",
               R"({"weight_map": {"w": "a.safetensors", "v": "b.safetensors"}})");
-  const std::string msg = error_of<LoadError>([&] { load_safetensors(dir_); });
+  const std::string msg = error_message<LoadError>([&] { load_safetensors(dir_); });
   EXPECT_NE(msg.find("tensor 'w' is in two files"), std::string::npos) << msg;
 }
 
@@ -242,7 +235,7 @@ TEST_F(Safetensors, IndexNamingAbsentTensorIsLoadError) {
   save_safetensors(dir_ / "a.safetensors", {{"w", Tensor::scalar<float>(1)}});
   write_bytes(dir_ / "model.safetensors.index.json",
               R"({"weight_map": {"w": "a.safetensors", "v": "a.safetensors"}})");
-  const std::string msg = error_of<LoadError>([&] { load_safetensors(dir_); });
+  const std::string msg = error_message<LoadError>([&] { load_safetensors(dir_); });
   EXPECT_NE(
       msg.find("model.safetensors.index.json: weight_map names tensor 'v' in 'a.safetensors', which does "
                "not have it"),
@@ -252,13 +245,13 @@ TEST_F(Safetensors, IndexNamingAbsentTensorIsLoadError) {
 
 TEST_F(Safetensors, IndexShardOutsideItsDirectoryIsRefused) {
   write_bytes(dir_ / "model.safetensors.index.json", R"({"weight_map": {"w": "../elsewhere.safetensors"}})");
-  const std::string msg = error_of<LoadError>([&] { load_safetensors(dir_); });
+  const std::string msg = error_message<LoadError>([&] { load_safetensors(dir_); });
   EXPECT_NE(msg.find("expected a file in the index's directory"), std::string::npos) << msg;
 }
 
 TEST_F(Safetensors, IndexWithoutWeightMapIsLoadError) {
   write_bytes(dir_ / "model.safetensors.index.json", R"({"metadata": {}})");
-  const std::string msg = error_of<LoadError>([&] { load_safetensors(dir_); });
+  const std::string msg = error_message<LoadError>([&] { load_safetensors(dir_); });
   EXPECT_NE(msg.find("\"weight_map\""), std::string::npos) << msg;
 }
 
@@ -318,7 +311,7 @@ TEST_F(Safetensors, MisalignedDataIsCopiedIntoAlignedMemory) {
 
 // Loads `path`, expects a LoadError, and checks it names the file and contains every fragment.
 void expect_load_error(const fs::path& path, const std::vector<std::string>& fragments) {
-  const std::string msg = error_of<LoadError>([&] { load_safetensors(path); });
+  const std::string msg = error_message<LoadError>([&] { load_safetensors(path); });
   EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
   for (const std::string& f : fragments)
     EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;

@@ -3,6 +3,8 @@
 // greedy generation of the embedded kiln-tiny model against PyTorch's ids.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -14,23 +16,14 @@
 
 #include "kiln/pipelines/text_generation.h"
 
+using kiln::testing::error_message;
+
 namespace {
 
 using namespace kiln;
 using pipelines::GenerationOptions;
 using pipelines::StopReason;
 using pipelines::TextGenerationPipeline;
-
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
 
 nn::LlamaConfig small_config(int64_t vocab = 64) {
   nn::LlamaConfig c;
@@ -231,7 +224,7 @@ TEST(TextGeneration, MaxNewTokensIsRespected) {
 TEST(TextGeneration, PromptLongerThanTheCacheIsAValueErrorNamingBothLengths) {
   auto pipe = random_pipeline({.max_seq_len = 8});
   std::vector<int64_t> prompt(9, 1);
-  std::string msg = error_of<ValueError>([&] { pipe.generate_ids(prompt, {}); });
+  std::string msg = error_message<ValueError>([&] { pipe.generate_ids(prompt, {}); });
   EXPECT_NE(msg.find("9 tokens"), std::string::npos) << msg;
   EXPECT_NE(msg.find("8 tokens"), std::string::npos) << msg;
 }

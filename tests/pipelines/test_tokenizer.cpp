@@ -1,6 +1,8 @@
 // Tokenizers: hand-made tokenizer.json files whose ids are derived by hand in the comments, the
 // splitting regexes against hand-split strings, a tiny SentencePiece model, and malformed files.
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
@@ -16,6 +18,8 @@ using pipelines::Tokenizer;
 using pipelines::Utf8Stream;
 using Ids = std::vector<int64_t>;
 namespace fs = std::filesystem;
+
+using kiln::testing::error_message;
 
 namespace {
 
@@ -41,17 +45,6 @@ std::unique_ptr<Tokenizer> load_edited(const std::string& fixture, const std::st
   nlohmann::json doc = read_json(data_dir() / fixture);
   edit(doc);
   return Tokenizer::load(write_temp(name, doc.dump()));
-}
-
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
 }
 
 // Streams token_bytes through Utf8Stream, as a text generation loop does.
@@ -197,7 +190,7 @@ TEST_F(ByteLevelBpe, LongWordsEncodeQuickly) {
 }
 
 TEST_F(ByteLevelBpe, BadIdsAreValueErrors) {
-  const std::string msg = error_of<ValueError>([&] { tok->decode({1, 272}); });
+  const std::string msg = error_message<ValueError>([&] { tok->decode({1, 272}); });
   EXPECT_NE(msg.find("token id 272"), std::string::npos) << msg;
   EXPECT_THROW(tok->token_bytes(-1), ValueError);
 }
@@ -475,34 +468,34 @@ TEST_F(SentencePieceModel, TokenizerJsonFromTheSameVocabularyAgrees) {
 
 TEST(TokenizerLoad, MalformedFilesNameTheFile) {
   const fs::path bad_json = write_temp("bad.json", "{\"model\": {\"type\": \"BPE\", ");
-  std::string msg = error_of<LoadError>([&] { Tokenizer::load(bad_json); });
+  std::string msg = error_message<LoadError>([&] { Tokenizer::load(bad_json); });
   EXPECT_NE(msg.find(bad_json.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
 
   const fs::path no_model = write_temp("no_model.json", "{\"version\": \"1.0\"}");
-  msg = error_of<LoadError>([&] { Tokenizer::load(no_model); });
+  msg = error_message<LoadError>([&] { Tokenizer::load(no_model); });
   EXPECT_NE(msg.find(no_model.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("'model'"), std::string::npos) << msg;
 
   for (const char* type : {"WordPiece", "Unigram"}) {
     const fs::path file = write_temp(std::string(type) + ".json",
                                      std::string("{\"model\": {\"type\": \"") + type + "\", \"vocab\": {}}}");
-    msg = error_of<LoadError>([&] { Tokenizer::load(file); });
+    msg = error_message<LoadError>([&] { Tokenizer::load(file); });
     EXPECT_NE(msg.find(file.string()), std::string::npos) << msg;
     EXPECT_NE(msg.find(type), std::string::npos) << msg;
   }
 
   const fs::path not_spm = write_temp("tokenizer.model", "definitely not a protobuf");
-  msg = error_of<LoadError>([&] { Tokenizer::load(not_spm); });
+  msg = error_message<LoadError>([&] { Tokenizer::load(not_spm); });
   EXPECT_NE(msg.find(not_spm.string()), std::string::npos) << msg;
 
-  msg = error_of<LoadError>([&] { Tokenizer::load("/nonexistent/kiln/tokenizer.json"); });
+  msg = error_message<LoadError>([&] { Tokenizer::load("/nonexistent/kiln/tokenizer.json"); });
   EXPECT_NE(msg.find("/nonexistent/kiln/tokenizer.json"), std::string::npos) << msg;
 }
 
 TEST(TokenizerLoad, UnsupportedPartsAreNamed) {
   const auto error_for = [](const std::string& name, auto edit) {
-    return error_of<LoadError>([&] { load_edited("byte_level_bpe.json", name, edit); });
+    return error_message<LoadError>([&] { load_edited("byte_level_bpe.json", name, edit); });
   };
   std::string msg = error_for("regex.json", [](nlohmann::json& doc) {
     doc["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}, {"behavior", "Isolated"}};

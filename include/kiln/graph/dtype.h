@@ -26,6 +26,11 @@ float f16_to_f32(uint16_t);
 uint16_t f32_to_bf16(float);
 float bf16_to_f32(uint16_t);
 
+// Converts `value` to one element of `dtype` and stores it at `out` (dtype_size(dtype) bytes): floats
+// round (f16/bf16 to nearest even), bool is value != 0, integers must hold the value exactly in range
+// (ValueError naming the value and dtype otherwise, since out-of-range conversion is undefined).
+void store_scalar(double value, DType dtype, void* out);
+
 // Storage types for the 16-bit floats, so kernels and tests can hold them in arrays.
 struct f16_t {
   uint16_t bits = 0;
