@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -15,6 +17,8 @@
 #include "kiln/nn/functional.h"
 #include "kiln/nn/module_v3.h"
 
+using kiln::testing::error_message;
+
 namespace {
 
 using namespace kiln;
@@ -22,17 +26,6 @@ namespace F = kiln::nn::functional;
 using graph::BufferType;
 using graph::TensorType;
 using nn::TypeTree;
-
-template <class E, class Fn>
-std::string error_of(Fn&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
 
 std::vector<float> random_values(std::mt19937& rng, size_t n, float scale = 1.f) {
   std::uniform_real_distribution<float> dist(-scale, scale);
@@ -225,11 +218,11 @@ TEST(NnTensor, EagerErrorsAreGraphOpsErrorsAndAreNotCached) {
   nn::Tensor a = nn::Tensor::zeros(DType::f32, {2, 3});
   nn::Tensor b = nn::Tensor::zeros(DType::f32, {4, 5});
   const int64_t before = nn::eager_compile_count();
-  std::string msg = error_of<ShapeError>([&] { F::matmul(a, b); });
+  std::string msg = error_message<ShapeError>([&] { F::matmul(a, b); });
   EXPECT_NE(msg.find("matmul"), std::string::npos) << msg;
-  error_of<ShapeError>([&] { F::matmul(a, b); });  // still an error the second time: nothing was cached
+  error_message<ShapeError>([&] { F::matmul(a, b); });  // still an error the second time: nothing was cached
   EXPECT_EQ(nn::eager_compile_count(), before);
-  EXPECT_NE(error_of<ValueError>([] { F::relu(nn::Tensor()); }).find("relu: operand 0 is an undefined"),
+  EXPECT_NE(error_message<ValueError>([] { F::relu(nn::Tensor()); }).find("relu: operand 0 is an undefined"),
             std::string::npos);
 }
 
@@ -238,7 +231,7 @@ TEST(NnTensor, TracedTensorHasNoData) {
   nn::Tensor x(g.input(0));
   EXPECT_TRUE(x.is_traced());
   EXPECT_EQ(x.shape(), (graph::Shape{"n"}));
-  std::string msg = error_of<ValueError>([&] { x.data(); });
+  std::string msg = error_message<ValueError>([&] { x.data(); });
   EXPECT_NE(msg.find("traced graph value"), std::string::npos) << msg;
   // An op on a traced operand records a node instead of running; eager operands become constants.
   nn::Tensor y = x + nn::Tensor::from_vector<float>({1}, {1});
@@ -276,24 +269,24 @@ class Scale : public nn::ModuleV3 {
 
 TEST(ModuleV3, RegistrationRejectsBadDuplicateAndReparentedNames) {
   Scale m;
-  EXPECT_NE(error_of<ValueError>([&] { m.again("s"); }).find("'s' is registered twice"), std::string::npos);
-  EXPECT_NE(error_of<ValueError>([&] { m.again("a.b"); }).find("bad name 'a.b'"), std::string::npos);
+  EXPECT_NE(error_message<ValueError>([&] { m.again("s"); }).find("'s' is registered twice"), std::string::npos);
+  EXPECT_NE(error_message<ValueError>([&] { m.again("a.b"); }).find("bad name 'a.b'"), std::string::npos);
   auto child = std::make_shared<Scale>();
   m.add("c", child);
-  EXPECT_NE(error_of<ValueError>([&] { m.add("d", child); }).find("already belongs to 'c'"),
+  EXPECT_NE(error_message<ValueError>([&] { m.add("d", child); }).find("already belongs to 'c'"),
             std::string::npos);
-  EXPECT_NE(error_of<ValueError>([&] { m.add("s", std::make_shared<Scale>()); }).find("already a parameter"),
+  EXPECT_NE(error_message<ValueError>([&] { m.add("s", std::make_shared<Scale>()); }).find("already a parameter"),
             std::string::npos);
 }
 
 TEST(ModuleV3, LoadStateDictChecksNamesDtypesAndShapes) {
   Linear l(2, 3);
-  std::string msg = error_of<ValueError>([&] {
+  std::string msg = error_message<ValueError>([&] {
     l.load_state_dict({{"weight", kiln::Tensor::zeros(DType::f32, {2, 3})},
                        {"bias", kiln::Tensor::zeros(DType::f32, {3})}});
   });
   EXPECT_NE(msg.find("weight 'weight' is f32[2, 3], expected f32[3, 2]"), std::string::npos) << msg;
-  msg = error_of<ValueError>([&] {
+  msg = error_message<ValueError>([&] {
     l.load_state_dict({{"bias", kiln::Tensor::zeros(DType::f32, {3})}, {"extra", {}}});
   });
   EXPECT_NE(msg.find("missing weights [weight]; unexpected weights [extra]"), std::string::npos) << msg;
@@ -353,7 +346,7 @@ TEST(ModuleV3, ForeignParameterInForwardIsAnError) {
   UsesForeign m(other.s);
   EXPECT_EQ((m.forward({nn::Tensor::from_vector<float>({3}, {1})}).leaf().to_vector<float>()),
             std::vector<float>{6});
-  std::string msg = error_of<ValueError>([&] { m.stage({TypeTree(TensorType{DType::f32, {1}})}); });
+  std::string msg = error_message<ValueError>([&] { m.stage({TypeTree(TensorType{DType::f32, {1}})}); });
   EXPECT_NE(msg.find("nn::Parameter 's' was used while staging graph 'forward' but is not a parameter"),
             std::string::npos)
       << msg;
@@ -406,7 +399,7 @@ TEST(ModuleV3, CompileUsesOwnParametersOrGivenWeights) {
   auto given = m.compile({TypeTree(TensorType{DType::f32, {1}})}, options);
   EXPECT_EQ(given({x}).at(0).to_vector<float>(), std::vector<float>{15});
   options.is_device_graph = true;
-  EXPECT_NE(error_of<ValueError>([&] {
+  EXPECT_NE(error_message<ValueError>([&] {
               m.compile({TypeTree(TensorType{DType::f32, {1}})}, options);
             }).find("is_device_graph is not supported yet"),
             std::string::npos);
@@ -459,7 +452,7 @@ TEST(ModuleV3, DtypeMismatchWithoutAutoCastOrOutsideF32Bf16IsAValueError) {
   nn::CompileOptions options;
   options.weights = WeightsRegistry{{"a", kiln::Tensor::zeros(DType::bf16, {2})},
                                     {"b", kiln::Tensor::zeros(DType::bf16, {2})}};
-  std::string msg = error_of<ValueError>([&] {
+  std::string msg = error_message<ValueError>([&] {
     m.compile({TypeTree(TensorType{DType::f32, {2}})}, options);
   });
   EXPECT_NE(msg.find("weight 'a' has dtype bf16 but its parameter is declared f32 (auto_cast is off"),
@@ -468,7 +461,7 @@ TEST(ModuleV3, DtypeMismatchWithoutAutoCastOrOutsideF32Bf16IsAValueError) {
   options.auto_cast = true;
   options.weights = WeightsRegistry{{"a", kiln::Tensor::zeros(DType::f16, {2})},
                                     {"b", kiln::Tensor::zeros(DType::bf16, {2})}};
-  msg = error_of<ValueError>([&] { m.compile({TypeTree(TensorType{DType::f32, {2}})}, options); });
+  msg = error_message<ValueError>([&] { m.compile({TypeTree(TensorType{DType::f32, {2}})}, options); });
   EXPECT_NE(
       msg.find("weight 'a' has dtype f16 but its parameter is declared f32; auto_cast casts only between f32 "
                "and bf16"),
@@ -476,7 +469,7 @@ TEST(ModuleV3, DtypeMismatchWithoutAutoCastOrOutsideF32Bf16IsAValueError) {
       << msg;
   options.weights = WeightsRegistry{{"a", kiln::Tensor::zeros(DType::bf16, {3})},
                                     {"b", kiln::Tensor::zeros(DType::bf16, {2})}};
-  msg = error_of<ValueError>([&] { m.compile({TypeTree(TensorType{DType::f32, {2}})}, options); });
+  msg = error_message<ValueError>([&] { m.compile({TypeTree(TensorType{DType::f32, {2}})}, options); });
   EXPECT_NE(msg.find("weight 'a' (bf16[3]) cannot be auto_cast to its parameter's f32[2]: the shapes differ"),
             std::string::npos)
       << msg;
@@ -532,7 +525,7 @@ TEST(ModuleV3, SignalBufferIndexOutOfRangeIsAValueError) {
   TwoInputs m;
   m.set_devices({DeviceRef::CPU(0), DeviceRef::CPU(1)});
   for (int index : {-1, 3}) {
-    std::string msg = error_of<ValueError>([&] { m.stage(kTwoInputTypes, {"f", index}); });
+    std::string msg = error_message<ValueError>([&] { m.stage(kTwoInputTypes, {"f", index}); });
     EXPECT_NE(msg.find(fmt::format(
                   "signal_buffer_index {} is out of range for a graph with 2 inputs (expected 0..2)", index)),
               std::string::npos)
@@ -561,7 +554,7 @@ TEST(ModuleV3, CompiledTwoDeviceModuleSuppliesItsOwnSignalBuffers) {
 TEST(ModuleV3, SetDevicesRejectsEmptyAndRepeatedDevices) {
   TwoInputs m;
   EXPECT_THROW(m.set_devices({}), ValueError);
-  EXPECT_NE(error_of<ValueError>([&] {
+  EXPECT_NE(error_message<ValueError>([&] {
               m.set_devices({DeviceRef::CPU(1), DeviceRef::CPU(1)});
             }).find("device cpu:1 is listed twice"),
             std::string::npos);

@@ -1,6 +1,8 @@
 // GraphSpec with a ModuleV3: one test per ModuleV3 row of DESIGN.md's contract table (module,
 // input_types, weights, group, trace(into), auto_cast, signal_buffer_index).
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <kiln/engine/signals.h>
 #include <kiln/kiln.h>
 #include <kiln/nn/module_v3.h>
@@ -13,18 +15,9 @@ using graph::BufferType;
 using graph::TensorType;
 namespace F = kiln::nn::functional;
 
-namespace {
+using kiln::testing::error_message;
 
-template <class E, class Fn>
-std::string error_of(Fn&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+namespace {
 
 kiln::Tensor vec(std::vector<float> v) {
   return kiln::Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
@@ -108,7 +101,7 @@ TEST(GraphSpecV3, InputTypesAreOneTreePerArgumentAndNotANamedTree) {
             (std::vector<float>{7, 14}));
 
   spec.input_types = nn::TypeTree::map({{"a", f32(2)}, {"b", f32(2)}});
-  std::string msg = error_of<ValueError>([&] { spec.trace(); });
+  std::string msg = error_message<ValueError>([&] { spec.trace(); });
   EXPECT_NE(msg.find("GraphSpec 'tree': a ModuleV3 graph takes input_types as a sequence"), std::string::npos)
       << msg;
 }
@@ -134,7 +127,7 @@ TEST(GraphSpecV3, GroupIsRejected) {
   auto spec = scale_shift_spec(std::make_shared<ScaleShiftV3>());
   spec.group = "llm";
   engine::InferenceSession session;
-  std::string msg = error_of<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); });
+  std::string msg = error_message<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); });
   EXPECT_NE(msg.find("spec 'scale_shift' is a ModuleV3 graph with group 'llm'"), std::string::npos) << msg;
   EXPECT_EQ(session.compile_count(), 0);
 }
@@ -143,7 +136,7 @@ TEST(GraphSpecV3, GroupIsRejected) {
 TEST(GraphSpecV3, TraceIntoIsRejected) {
   auto spec = scale_shift_spec(std::make_shared<ScaleShiftV3>());
   graph::Module unit;
-  std::string msg = error_of<ValueError>([&] { spec.trace(&unit); });
+  std::string msg = error_message<ValueError>([&] { spec.trace(&unit); });
   EXPECT_NE(msg.find("GraphSpec 'scale_shift': trace(into): a ModuleV3 graph compiles on its own"),
             std::string::npos)
       << msg;
@@ -175,7 +168,7 @@ TEST(GraphSpecV3, DtypeMismatchWithoutAutoCastNamesTheWeightAndBothDtypes) {
   spec.weights = WeightsRegistry{{"scale", kiln::Tensor::zeros(DType::bf16, {3})},
                                  {"shift", kiln::Tensor::zeros(DType::bf16, {3})}};
   engine::InferenceSession session;
-  std::string msg = error_of<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); });
+  std::string msg = error_message<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); });
   EXPECT_NE(
       msg.find("GraphSpec 'scale_shift': weight 'scale' has dtype bf16 but its parameter is declared f32"),
       std::string::npos)
@@ -188,19 +181,19 @@ TEST(GraphSpecV3, AutoCastRejectsOtherDtypePairsAndShapeChanges) {
   CapturedWarnings captured;
   spec.weights = WeightsRegistry{{"scale", kiln::Tensor::zeros(DType::f64, {3})},
                                  {"shift", kiln::Tensor::zeros(DType::bf16, {3})}};
-  std::string msg = error_of<ValueError>([&] { spec.weights_registry(); });
+  std::string msg = error_message<ValueError>([&] { spec.weights_registry(); });
   EXPECT_NE(
       msg.find("weight 'scale' has dtype f64 but its parameter is declared f32; auto_cast casts only between "
                "f32 and bf16"),
       std::string::npos)
       << msg;
   spec.weights = WeightsRegistry{{"scale", vec({1, 2, 3})}, {"shift", kiln::Tensor::zeros(DType::f16, {3})}};
-  msg = error_of<ValueError>([&] { spec.weights_registry(); });
+  msg = error_message<ValueError>([&] { spec.weights_registry(); });
   EXPECT_NE(msg.find("weight 'shift' has dtype f16 but its parameter is declared bf16"), std::string::npos)
       << msg;
   spec.weights = WeightsRegistry{{"scale", kiln::Tensor::zeros(DType::bf16, {1, 3})},
                                  {"shift", kiln::Tensor::zeros(DType::bf16, {3})}};
-  msg = error_of<ValueError>([&] { spec.weights_registry(); });
+  msg = error_message<ValueError>([&] { spec.weights_registry(); });
   EXPECT_NE(msg.find("weight 'scale' (bf16[1, 3]) cannot be auto_cast to its parameter's f32[3]"),
             std::string::npos)
       << msg;
@@ -247,7 +240,7 @@ TEST(GraphSpecV3, SingleDeviceGraphGetsNoSignalBuffers) {
 }
 
 TEST(GraphSpecV3, SignalBufferIndexOutOfRangeIsAValueError) {
-  std::string msg = error_of<ValueError>([] { two_device_spec(3).trace(); });
+  std::string msg = error_message<ValueError>([] { two_device_spec(3).trace(); });
   EXPECT_NE(msg.find("signal_buffer_index 3 is out of range for a graph with 2 inputs (expected 0..2)"),
             std::string::npos)
       << msg;
@@ -265,7 +258,7 @@ TEST(GraphSpecV3, TwoDeviceSessionCompilesAndRunsAGraphTakingSignalBuffers) {
   auto out = model.execute({vec({1, 2}), signals[0], signals[1], vec({10, 20})});
   EXPECT_EQ(out.at(0).to_vector<float>(), (std::vector<float>{11, 22}));
   // Buffers in the wrong slots are caught by the input checks.
-  std::string msg = error_of<ValueError>([&] {
+  std::string msg = error_message<ValueError>([&] {
     model.execute({vec({1, 2}), vec({1, 2}), signals[1], vec({1, 2})});
   });
   EXPECT_NE(msg.find("input 1"), std::string::npos) << msg;
