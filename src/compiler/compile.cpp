@@ -193,6 +193,7 @@ CompiledModel compile(const graph::Module& module, const CompileOptions& options
     ir = passes::constant_fold(std::move(ir));
     ir = passes::cse(std::move(ir));
     ir = passes::dce(std::move(ir));
+    ir = passes::fuse_elementwise(std::move(ir));
   }
   passes::verify(ir);
   std::map<std::string, GraphPlan> plans;

@@ -116,8 +116,9 @@ void check_weights(const GraphPlan& plan, const WeightsRegistry& weights) {
                                    plan.name, value.weight));
 }
 
-Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, kernels::Parallel* parallel)
-    : plan_(std::move(plan)), parallel_(parallel) {
+Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, kernels::Parallel* parallel,
+                   kernels::DeviceTeam* team, ProcessGroup* process_group)
+    : plan_(std::move(plan)), parallel_(parallel), team_(team), process_group_(process_group) {
   const size_t num_values = plan_.values.size();
   bound_.resize(num_values);
   static_shapes_.resize(num_values);
@@ -222,7 +223,7 @@ void Executor::launch(const Step& step, const StepInfo& info, const graph::Attrs
                       const std::vector<kernels::TensorView>& views) const {
   if (info.custom) return launch_custom(step, *info.custom, attrs, views);
   kernels::SerialParallel serial;
-  kernels::KernelContext context{parallel_ ? parallel_ : &serial};
+  kernels::KernelContext context{parallel_ ? parallel_ : &serial, team_, process_group_};
   const size_t num_inputs = step.inputs.size();
   std::span<const kernels::TensorView> all(views);
   try {

@@ -38,8 +38,11 @@ struct LaunchList {
 
 class Executor {
  public:
-  // `weights` must already be checked against the plan (see check_weights); `parallel` outlives this.
-  Executor(compiler::GraphPlan plan, const WeightsRegistry& weights, kernels::Parallel* parallel);
+  // `weights` must already be checked against the plan (see check_weights); `parallel`, `team` (for
+  // collectives over several devices) and `process_group` (for collectives spanning processes)
+  // outlive this, and every launch, replays included, gets them.
+  Executor(compiler::GraphPlan plan, const WeightsRegistry& weights, kernels::Parallel* parallel,
+           kernels::DeviceTeam* team = nullptr, ProcessGroup* process_group = nullptr);
 
   // Not thread-safe: the arena is reused across runs (Model::Impl serialises calls).
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
@@ -79,6 +82,8 @@ class Executor {
 
   compiler::GraphPlan plan_;
   kernels::Parallel* parallel_;
+  kernels::DeviceTeam* team_;
+  ProcessGroup* process_group_;
   std::vector<StepInfo> steps_;
   std::vector<Tensor> bound_;                           // per value: weights and constants
   std::vector<std::optional<std::vector<int64_t>>> static_shapes_;  // per value, when static

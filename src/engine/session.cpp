@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/device_team.h"
 #include "engine/executor.h"
 #include "engine/thread_pool.h"
 #include "kiln/engine/compile_cache.h"
@@ -21,6 +22,9 @@ class SessionState {
 
   std::vector<DeviceRef> devices;
   ThreadPool pool;  // shared by every model of the session
+  // Collectives over several devices: one thread per extra device, shared by every model.
+  DeviceThreadTeam team;
+  std::shared_ptr<ProcessGroup> process_group;  // carries collectives with processes > 1
   std::atomic<int64_t> compile_count{0};
   std::atomic<int64_t> cache_hits{0};
   std::optional<CompileCache> cache;  // nullopt: turned off, or no cache directory can be named
@@ -36,6 +40,24 @@ bool calls_custom_ops(const graph::Module& module) {
     for (const graph::Node& node : g->nodes)
       if (node.op == graph::Op::custom || node.op == graph::Op::inplace_custom) return true;
   return false;
+}
+
+// A collective spanning processes needs the session's process group, of exactly that many ranks;
+// one within this process (processes == 1) never touches it.
+void check_process_group(const GraphPlan& plan, const ProcessGroup* group) {
+  for (const compiler::Step& step : plan.steps) {
+    if (!graph::is_collective(step.op)) continue;
+    const auto processes = graph::get_attr<int64_t>(step.attrs, "processes", step.op);
+    if (processes == 1) continue;
+    if (group == nullptr)
+      throw ValueError(fmt::format("init: graph '{}' node {}: {} spans {} processes, but the session has no "
+                                   "process group (set SessionOptions::process_group)",
+                                   plan.name, step.node, graph::op_name(step.op), processes));
+    if (group->size() != processes)
+      throw ValueError(fmt::format("init: graph '{}' node {}: {} spans {} processes, but the session's "
+                                   "process group has {}",
+                                   plan.name, step.node, graph::op_name(step.op), processes, group->size()));
+  }
 }
 
 // Records the launch list of a device graph at init, on zero inputs of its (static) input shapes.
@@ -71,6 +93,7 @@ InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
   ext::ExtensionRegistry check_now(custom_extensions);
   state_ = std::make_shared<SessionState>(std::move(devices), options.num_threads);
   state_->custom_extensions = std::move(custom_extensions);
+  state_->process_group = std::move(options.process_group);
   if (options.compile_cache) {
     try {
       state_->cache.emplace(options.compile_cache_dir);
@@ -133,9 +156,13 @@ std::map<std::string, Model> InferenceSession::init(const CompiledModel& compile
                                                     const std::vector<std::string>& device_graphs) const {
   for (const std::string& name : device_graphs) compiled.plan(name);  // ValueError naming an unknown graph
   std::map<std::string, Model> models;
-  for (const auto& [name, plan] : compiled.plans()) check_weights(plan, weights);
   for (const auto& [name, plan] : compiled.plans()) {
-    auto impl = std::make_shared<Model::Impl>(state_, Executor(plan, weights, &state_->pool));
+    check_weights(plan, weights);
+    check_process_group(plan, state_->process_group.get());
+  }
+  for (const auto& [name, plan] : compiled.plans()) {
+    auto impl = std::make_shared<Model::Impl>(
+        state_, Executor(plan, weights, &state_->pool, &state_->team, state_->process_group.get()));
     if (std::find(device_graphs.begin(), device_graphs.end(), name) != device_graphs.end())
       build_device_graph(*impl);
     models.emplace(name, Model(std::move(impl)));

@@ -6,14 +6,14 @@
 // bool. Only kDLCPU memory is imported; lanes must be 1.
 #include "kiln/engine/tensor.h"
 
-#include <cstdlib>
 #include <string>
+
+#include "kiln/engine/device_memory.h"
 
 namespace kiln {
 
 namespace {
 
-constexpr size_t kAlignment = 64;
 constexpr uint8_t kDLBoolCode = 6;  // kDLBool in DLPack 1.0
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -42,14 +42,6 @@ std::vector<int64_t> checked_strides(const std::vector<int64_t>& shape, const st
     throw ValueError(what + ": " + std::to_string(strides.size()) + " strides for a rank-" +
                      std::to_string(shape.size()) + " shape " + shape_text(shape));
   return strides;
-}
-
-std::shared_ptr<void> allocate(size_t nbytes) {
-  // aligned_alloc wants a multiple of the alignment; one block even for zero bytes keeps data() non-null.
-  const size_t rounded = std::max<size_t>(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
-  void* p = std::aligned_alloc(kAlignment, rounded);
-  if (p == nullptr) throw Error("Tensor: cannot allocate " + std::to_string(nbytes) + " bytes");
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
 void require_cpu(DeviceRef device, const char* what) {
@@ -242,7 +234,7 @@ Tensor Tensor::empty(DType dtype, const std::vector<int64_t>& shape, DeviceRef d
     throw ValueError("Tensor::empty: byte size of " + std::string(dtype_name(dtype)) + shape_text(shape) +
                      " overflows int64");
   Tensor t;
-  t.storage_ = allocate(static_cast<size_t>(nbytes));
+  t.storage_ = engine::allocate(device, static_cast<size_t>(nbytes));  // counted against the device
   t.data_ = t.storage_.get();
   t.dtype_ = dtype;
   t.shape_ = shape;

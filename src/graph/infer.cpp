@@ -4,10 +4,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "kiln/errors.h"
+#include "kiln/graph/elementwise_program.h"
 #include "kiln/graph/graph.h"
+#include "kiln/graph/quantization.h"
+#include "kiln/graph/signals.h"
 
 namespace kiln::graph {
 
@@ -21,7 +25,7 @@ std::string operand_role(Op op, size_t i) {
     if (i < names.size()) return *(names.begin() + i);
     return fmt::format("operand {}", i);
   };
-  if (is_elementwise_binary(op) || op == Op::matmul) return pick({"lhs", "rhs"});
+  if (is_elementwise_binary(op) || op == Op::matmul || op == Op::qmatmul) return pick({"lhs", "rhs"});
   switch (op) {
     case Op::where: return pick({"condition", "x", "y"});
     case Op::rms_norm: return pick({"x", "weight"});
@@ -29,6 +33,8 @@ std::string operand_role(Op op, size_t i) {
     case Op::gather: return pick({"input", "indices"});
     case Op::scatter: return pick({"input", "updates", "indices"});
     case Op::buffer_store: return pick({"buffer", "value"});
+    case Op::attention: return pick({"q", "k", "v", "masked"});
+    case Op::fused_elementwise: return fmt::format("%{}", i);
     default: break;
   }
   if (is_elementwise_unary(op) || op == Op::cast || op == Op::transfer_to) return pick({"input"});
@@ -253,7 +259,11 @@ std::vector<Type> infer_matmul(const Ctx& c) {
     }
   }
   c.same_device({lhs.device, rhs.device});
-  c.same_dtype(lhs.dtype, rhs.dtype);
+  // The one mix: f32 activations times weights kept in f16/bf16 (converted in registers).
+  const bool narrow_weights = lhs.dtype == DType::f32 && (rhs.dtype == DType::f16 || rhs.dtype == DType::bf16);
+  if (!narrow_weights && lhs.dtype != rhs.dtype)
+    c.fail<DTypeError>("operand dtypes {} and {} differ (the only mix allowed is lhs f32 with rhs f16 or bf16) {}",
+                       dtype_name(lhs.dtype), dtype_name(rhs.dtype), c.operands());
   if (lhs.dtype == DType::boolean) c.fail<DTypeError>("bool operands are not supported {}", c.operands());
   if (lhs.rank() < 1 || rhs.rank() < 1)
     c.fail<ShapeError>("operands must have rank >= 1 {}", c.operands());
@@ -275,6 +285,62 @@ std::vector<Type> infer_matmul(const Ctx& c) {
   if (l.size() >= 2) out.push_back(l[l.size() - 2]);
   if (r.size() >= 2) out.push_back(r.back());
   return {TensorType{lhs.dtype, Shape(std::move(out)), lhs.device}};
+}
+
+// ==== quantized weights ===========================================================================
+
+QuantizationEncoding encoding_attr(const Ctx& c) {
+  const std::string& name = c.attr<std::string>("encoding");
+  try {
+    return parse_encoding(name);
+  } catch (const ValueError& e) {
+    c.fail("{}", e.what());
+  }
+}
+
+std::vector<Type> infer_qmatmul(const Ctx& c) {
+  c.expect_operands(2);
+  const QuantizationEncoding encoding = encoding_attr(c);
+  const TensorType& lhs = c.tensor(0);
+  const TensorType& rhs = c.tensor(1);
+  c.same_device({lhs.device, rhs.device});
+  if (lhs.dtype != DType::f32) c.fail<DTypeError>("lhs must be f32 {}", c.operands());
+  if (rhs.dtype != DType::u8) c.fail<DTypeError>("rhs must be the u8 encoded weight {}", c.operands());
+  if (lhs.rank() < 1 || rhs.rank() != 2)
+    c.fail<ShapeError>("lhs must have rank >= 1 and rhs rank 2 ([N, row_bytes]) {}", c.operands());
+  const auto k = lhs.shape[lhs.rank() - 1].try_static();
+  if (!k) c.fail<ShapeError>("lhs inner dim must be static {}", c.operands());
+  int64_t row_bytes = 0;
+  try {
+    row_bytes = quantized_row_bytes(encoding, *k, "lhs inner dim");
+  } catch (const ValueError& e) {
+    c.fail("{} {}", e.what(), c.operands());
+  }
+  if (rhs.shape[1].try_static() != std::optional<int64_t>(row_bytes))
+    c.fail<ShapeError>("rhs rows must be {} bytes ({} {} weights), got {} {}", row_bytes, *k, encoding_name(encoding),
+                       rhs.shape[1].to_string(), c.operands());
+  std::vector<Dim> out = lhs.shape.dims();
+  out.back() = rhs.shape[0];
+  return {TensorType{DType::f32, Shape(std::move(out)), lhs.device}};
+}
+
+std::vector<Type> infer_dequantize(const Ctx& c) {
+  c.expect_operands(1);
+  const QuantizationEncoding encoding = encoding_attr(c);
+  const TensorType& in = c.tensor(0);
+  if (in.dtype != DType::u8) c.fail<DTypeError>("input must be u8 encoded rows {}", c.operands());
+  if (in.rank() < 1) c.fail<ShapeError>("input must have rank >= 1 {}", c.operands());
+  const auto row_bytes = in.shape[in.rank() - 1].try_static();
+  if (!row_bytes) c.fail<ShapeError>("input's last dim (row bytes) must be static {}", c.operands());
+  int64_t k = 0;
+  try {
+    k = quantized_row_elements(encoding, *row_bytes, "input");
+  } catch (const ValueError& e) {
+    c.fail("{} {}", e.what(), c.operands());
+  }
+  std::vector<Dim> out = in.shape.dims();
+  out.back() = Dim(k);
+  return {TensorType{DType::f32, Shape(std::move(out)), in.device}};
 }
 
 std::vector<Type> infer_reduction(const Ctx& c) {
@@ -557,6 +623,132 @@ std::vector<Type> infer_custom(const Ctx& c) {
   return {};
 }
 
+// allreduce_sum / allgather: n inputs on n distinct devices, then n signal buffers on the same
+// devices (none when n == 1).
+std::vector<Type> infer_collective(const Ctx& c) {
+  const int64_t processes = c.attr<int64_t>("processes");
+  if (processes < 1) c.fail("processes must be >= 1, got {}", processes);
+  size_t n = 0;
+  while (n < c.in.size() && std::holds_alternative<TensorType>(c.in[n])) ++n;
+  if (n == 0) c.fail("needs at least one tensor input {}", c.operands());
+  const size_t buffers = c.in.size() - n;
+  if (buffers != n && !(n == 1 && buffers == 0))
+    c.fail("{} inputs need {} signal buffers (one per device), got {} operands after them {}", n, n,
+           buffers, c.operands());
+  if (n > static_cast<size_t>(MAX_SIGNAL_PEERS))
+    c.fail("at most {} devices can take part, got {}", MAX_SIGNAL_PEERS, n);
+  const TensorType& first = c.tensor(0);
+  std::optional<int64_t> axis;
+  if (c.op == Op::allgather) axis = c.axis_attr("axis", first.rank());
+  Dim gathered = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const TensorType& t = c.tensor(i);
+    c.same_dtype(first.dtype, t.dtype);
+    for (size_t j = 0; j < i; ++j)
+      if (c.tensor(j).device == t.device)
+        c.fail("inputs {} and {} are both on {}; each input must be on its own device", j, i,
+               t.device.to_string());
+    if (t.rank() != first.rank())
+      c.fail<ShapeError>("input {} has rank {}, input 0 has rank {} {}", i, t.rank(), first.rank(),
+                         c.operands());
+    for (int64_t d = 0; d < t.rank(); ++d)
+      if (d != axis && !(t.shape[d] == first.shape[d]))
+        c.fail<ShapeError>("input {} dim {} is {}, input 0 has {} {}", i, d, t.shape[d].to_string(),
+                           first.shape[d].to_string(), c.operands());
+    if (axis) gathered = gathered + t.shape[*axis];
+    if (buffers) {
+      const auto* b = std::get_if<BufferType>(&c.in[n + i]);
+      const BufferType expected{DType::u8, Shape{SIGNAL_BYTES}, t.device};
+      if (!b || !(*b == expected))
+        c.fail("signal buffer {} must be {} (on input {}'s device), got {}", i, expected.to_string(), i,
+               to_string(c.in[n + i]));
+    }
+  }
+  std::vector<Type> out;
+  for (size_t i = 0; i < n; ++i) {
+    TensorType t = first;
+    t.device = c.tensor(i).device;
+    if (axis) t.shape[*axis] = gathered * Dim(processes);
+    out.push_back(t);
+  }
+  return out;
+}
+
+// ==== fused =====================================================================================
+
+// Each instruction is checked as its op would be on scalars of the registers' dtypes; the result takes
+// the broadcast shape of every input.
+std::vector<Type> infer_fused_elementwise(const Ctx& c) {
+  c.expect_at_least(1);
+  const auto n = static_cast<int32_t>(c.in.size());
+  ElementwiseProgram program;
+  try {
+    program = ElementwiseProgram::parse(c.attr<std::string>("program"), n);
+  } catch (const ValueError& e) {
+    c.fail("{}", e.what());
+  }
+  std::vector<DType> dtypes;
+  std::vector<Shape> shapes;
+  std::vector<DeviceRef> devices;
+  for (size_t i = 0; i < c.in.size(); ++i) {
+    const TensorType& t = c.tensor(i);
+    dtypes.push_back(t.dtype);
+    shapes.push_back(t.shape);
+    devices.push_back(t.device);
+  }
+  c.same_device(devices);
+  for (size_t k = 0; k < program.instructions.size(); ++k) {
+    const ElementwiseInstruction& in = program.instructions[k];
+    std::vector<Type> operands;
+    for (int32_t r : in.operands) operands.push_back(TensorType{dtypes[static_cast<size_t>(r)], Shape{}, devices[0]});
+    DType result;
+    try {
+      result = dtype_of(infer_types(in.op, operands, in.attrs(), nullptr).at(0));
+    } catch (const DTypeError& e) {
+      c.fail<DTypeError>("instruction %{}: {}", n + static_cast<int32_t>(k), e.what());
+    } catch (const ValueError& e) {
+      c.fail("instruction %{}: {}", n + static_cast<int32_t>(k), e.what());
+    }
+    if (result != in.dtype)
+      c.fail<DTypeError>("instruction %{} declares {}, but {} gives {}", n + static_cast<int32_t>(k),
+                         dtype_name(in.dtype), op_name(in.op), dtype_name(result));
+    dtypes.push_back(result);
+  }
+  return {TensorType{dtypes.back(), c.broadcast(shapes), devices[0]}};
+}
+
+// attention(q [seq, heads, hd], k [total, kv_heads, hd], v [total, kv_heads, hd], masked [seq, total]).
+std::vector<Type> infer_attention(const Ctx& c) {
+  c.expect_operands(4);
+  const TensorType& q = c.tensor(0);
+  const TensorType& k = c.tensor(1);
+  const TensorType& v = c.tensor(2);
+  const TensorType& masked = c.tensor(3);
+  c.same_device({q.device, k.device, v.device, masked.device});
+  c.require_float(0);
+  c.same_dtype(q.dtype, k.dtype);
+  c.same_dtype(q.dtype, v.dtype);
+  if (masked.dtype != DType::boolean) c.fail<DTypeError>("masked must be bool {}", c.operands());
+  if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3 || masked.rank() != 2)
+    c.fail<ShapeError>("expected q [seq, heads, head_dim], k and v [total, kv_heads, head_dim] and masked "
+                       "[seq, total] {}",
+                       c.operands());
+  if (!(k.shape == v.shape)) c.fail<ShapeError>("k and v must have one shape {}", c.operands());
+  if (!(q.shape[2] == k.shape[2]))
+    c.fail<ShapeError>("q's head_dim {} differs from k's {} {}", q.shape[2].to_string(), k.shape[2].to_string(),
+                       c.operands());
+  if (!(masked.shape[0] == q.shape[0]) || !(masked.shape[1] == k.shape[0]))
+    c.fail<ShapeError>("masked must be [{}, {}] (q's seq, k's total) {}", q.shape[0].to_string(),
+                       k.shape[0].to_string(), c.operands());
+  auto heads = q.shape[1].try_static();
+  auto kv_heads = k.shape[1].try_static();
+  if (!heads || !kv_heads || *kv_heads < 1 || *heads % *kv_heads != 0)
+    c.fail<ShapeError>("q's heads must be a static multiple of k's kv_heads {}", c.operands());
+  const double scale = c.attr<double>("scale");
+  if (!std::isfinite(scale)) c.fail("scale must be finite, got {}", scale);
+  return {q};
+}
+
 }  // namespace
 
 std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attrs& attrs,
@@ -590,6 +782,11 @@ std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attr
     }
     case Op::call: return infer_call(c);
     case Op::custom: case Op::inplace_custom: return infer_custom(c);
+    case Op::allreduce_sum: case Op::allgather: return infer_collective(c);
+    case Op::fused_elementwise: return infer_fused_elementwise(c);
+    case Op::attention: return infer_attention(c);
+    case Op::qmatmul: return infer_qmatmul(c);
+    case Op::dequantize: return infer_dequantize(c);
     default: break;
   }
   throw ValueError(fmt::format("infer_types: unknown op {}", static_cast<int>(op)));

@@ -28,8 +28,10 @@ Op parse_op(std::string_view name) {
 bool is_elementwise_unary(Op op) { return op >= Op::neg && op <= Op::is_nan; }
 bool is_elementwise_binary(Op op) { return op >= Op::add && op <= Op::logical_xor; }
 bool is_comparison(Op op) { return op >= Op::equal && op <= Op::less_equal; }
+bool is_collective(Op op) { return op == Op::allreduce_sum || op == Op::allgather; }
+
 bool has_side_effects(Op op) {
-  return op == Op::buffer_store || op == Op::inplace_custom || op == Op::custom;
+  return op == Op::buffer_store || op == Op::inplace_custom || op == Op::custom || is_collective(op);
 }
 
 }  // namespace kiln::graph

@@ -357,6 +357,56 @@ void inplace_custom(const std::string& name, const std::vector<Value>& inputs,
   build(Op::inplace_custom, inputs, std::move(attrs));
 }
 
+// ---- collectives ----------------------------------------------------------------------------------
+
+namespace {
+std::vector<Value> collective_operands(Op op, const std::vector<TensorValue>& inputs,
+                                       const std::vector<BufferValue>& signal_buffers) {
+  if (inputs.empty()) throw ValueError(fmt::format("{}: needs at least one input, got none", op_name(op)));
+  std::vector<Value> operands(inputs.begin(), inputs.end());
+  operands.insert(operands.end(), signal_buffers.begin(), signal_buffers.end());
+  return operands;
+}
+}  // namespace
+
+std::vector<TensorValue> allreduce_sum(const std::vector<TensorValue>& inputs,
+                                       const std::vector<BufferValue>& signal_buffers, int64_t processes) {
+  auto results = build(Op::allreduce_sum, collective_operands(Op::allreduce_sum, inputs, signal_buffers),
+                       {{"processes", processes}});
+  return std::vector<TensorValue>(results.begin(), results.end());
+}
+
+std::vector<TensorValue> allgather(const std::vector<TensorValue>& inputs,
+                                   const std::vector<BufferValue>& signal_buffers, int64_t axis,
+                                   int64_t processes) {
+  auto operands = collective_operands(Op::allgather, inputs, signal_buffers);
+  Attrs attrs = axis_attr(Op::allgather, inputs[0], axis);
+  attrs["processes"] = processes;
+  auto results = build(Op::allgather, operands, std::move(attrs));
+  return std::vector<TensorValue>(results.begin(), results.end());
+}
+
+// ---- fused ----------------------------------------------------------------------------------------
+
+TensorValue fused_elementwise(const std::vector<TensorValue>& inputs, const std::string& program) {
+  if (inputs.empty()) throw ValueError("fused_elementwise: needs at least one input, got none");
+  return build1(Op::fused_elementwise, std::vector<Value>(inputs.begin(), inputs.end()),
+                {{"program", program}});
+}
+
+TensorValue attention(const TensorValue& q, const TensorValue& k, const TensorValue& v,
+                      const TensorValue& masked, double scale) {
+  return build1(Op::attention, {q, k, v, masked}, {{"scale", scale}});
+}
+
+TensorValue qmatmul(QuantizationEncoding encoding, const TensorValue& lhs, const TensorValue& rhs) {
+  return build1(Op::qmatmul, {lhs, rhs}, {{"encoding", std::string(encoding_name(encoding))}});
+}
+
+TensorValue dequantize(QuantizationEncoding encoding, const TensorValue& input) {
+  return build1(Op::dequantize, {input}, {{"encoding", std::string(encoding_name(encoding))}});
+}
+
 }  // namespace kiln::graph::ops
 
 // ==== operators =================================================================================

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <limits>
 
 #include "kiln/graph/ops.h"
 #include "nn/expect_last_dim.h"
@@ -60,6 +59,45 @@ AttentionContext make_attention_context(const KVCache& cache, const TensorValue&
   return AttentionContext{cache, start, total, cos, sin, masked};
 }
 
+TensorValue attend_with_cache(const TensorValue& q_rows, const TensorValue& k_rows, const TensorValue& v_rows,
+                              int64_t layer, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                              const AttentionContext& ctx) {
+  const DType cache_dtype = ctx.cache.k.buffer_type().dtype;
+  const DType dtype = q_rows.dtype();
+  const Dim seq = q_rows.shape()[0];
+  const Dim& total = ctx.total;
+
+  auto q = ops::reshape(q_rows, Shape{seq, heads, head_dim});     // [seq, heads, head_dim]
+  auto k = ops::reshape(k_rows, Shape{seq, kv_heads, head_dim});  // [seq, kv_heads, head_dim]
+  auto v = ops::reshape(v_rows, Shape{seq, kv_heads, head_dim});
+  q = RotaryEmbedding::apply(q, ctx.cos, ctx.sin);
+  k = RotaryEmbedding::apply(k, ctx.cos, ctx.sin);
+
+  // Append this call's keys and values, then read the whole history back (the store comes first in
+  // program order, which the executor keeps for buffer ops). The cache may hold another dtype than
+  // the model computes in (an f32 cache for a bf16 model).
+  auto to_cache = [&](const TensorValue& t) {
+    auto rows = ops::reshape(t, Shape{1, seq, kv_heads, head_dim});  // [1, seq, kv_heads, head_dim]
+    return t.dtype() == cache_dtype ? rows : ops::cast(rows, cache_dtype);
+  };
+  auto from_cache = [&](const graph::BufferValue& buffer) {
+    auto rows = ops::reshape(ops::buffer_load(buffer, {{layer, layer + 1}, {0, total}}),
+                             Shape{total, kv_heads, head_dim});  // [total, kv_heads, head_dim]
+    return dtype == cache_dtype ? rows : ops::cast(rows, dtype);
+  };
+  ops::buffer_store(ctx.cache.k, to_cache(k), {{layer, layer + 1}, {ctx.start, total}});
+  ops::buffer_store(ctx.cache.v, to_cache(v), {{layer, layer + 1}, {ctx.start, total}});
+  auto k_all = from_cache(ctx.cache.k);
+  auto v_all = from_cache(ctx.cache.v);
+
+  // Scores, mask, softmax (in f32, as Hugging Face) and the weighted sum in one kernel, which reads
+  // each cached row once per kv head; query head h reads kv head h / (heads / kv_heads), as
+  // Hugging Face's repeat_kv.
+  auto out = ops::attention(q, k_all, v_all, ctx.masked,
+                            1.0 / std::sqrt(static_cast<double>(head_dim)));  // [seq, heads, head_dim]
+  return ops::reshape(out, Shape{seq, heads * head_dim});
+}
+
 AttentionWithRope::AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads,
                                      int64_t n_kv_heads, int64_t head_dim, DType dtype, bool has_bias,
                                      DeviceRef device)
@@ -92,54 +130,8 @@ TensorValue AttentionWithRope::operator()(const TensorValue& x, const AttentionC
   if (!x.valid() || x.rank() != 2)
     throw ShapeError(fmt::format("AttentionWithRope '{}': x must be [seq, hidden], got {}", path(),
                                  x.valid() ? x.tensor_type().to_string() : "an empty value"));
-  const int64_t group = n_heads_ / n_kv_heads_;
-  const int64_t layer = layer_index_;
-  const Dim seq = x.shape()[0];
-  const Dim& total = ctx.total;
-
-  auto q = ops::reshape((*q_proj_)(x), Shape{seq, n_heads_, head_dim_});     // [seq, heads, head_dim]
-  auto k = ops::reshape((*k_proj_)(x), Shape{seq, n_kv_heads_, head_dim_});  // [seq, kv_heads, head_dim]
-  auto v = ops::reshape((*v_proj_)(x), Shape{seq, n_kv_heads_, head_dim_});
-  q = RotaryEmbedding::apply(q, ctx.cos, ctx.sin);
-  k = RotaryEmbedding::apply(k, ctx.cos, ctx.sin);
-
-  // Append this call's keys and values, then read the whole history back (the store comes first in
-  // program order, which the executor keeps for buffer ops). The cache may hold another dtype than
-  // the model computes in (an f32 cache for a bf16 model).
-  const DType cache_dtype = cache_type.dtype;
-  auto to_cache = [&](const TensorValue& t) {
-    auto rows = ops::reshape(t, Shape{1, seq, n_kv_heads_, head_dim_});  // [1, seq, kv_heads, head_dim]
-    return t.dtype() == cache_dtype ? rows : ops::cast(rows, cache_dtype);
-  };
-  auto from_cache = [&](const graph::BufferValue& buffer) {
-    auto rows = ops::reshape(ops::buffer_load(buffer, {{layer, layer + 1}, {0, total}}),
-                             Shape{total, n_kv_heads_, head_dim_});  // [total, kv_heads, head_dim]
-    return x.dtype() == cache_dtype ? rows : ops::cast(rows, x.dtype());
-  };
-  ops::buffer_store(ctx.cache.k, to_cache(k), {{layer, layer + 1}, {ctx.start, total}});
-  ops::buffer_store(ctx.cache.v, to_cache(v), {{layer, layer + 1}, {ctx.start, total}});
-  auto k_all = from_cache(ctx.cache.k);
-  auto v_all = from_cache(ctx.cache.v);
-
-  // Query head h reads kv head h / group (Hugging Face's repeat_kv), so split heads as [kv, group].
-  auto qh = ops::permute(ops::reshape(q, Shape{seq, n_kv_heads_, group, head_dim_}),
-                         {1, 2, 0, 3});  // [kv, group, seq, hd]
-  auto kt = ops::reshape(ops::permute(k_all, {1, 2, 0}),
-                         Shape{n_kv_heads_, 1, head_dim_, total});  // [kv, 1, hd, total]
-  auto vh = ops::reshape(ops::permute(v_all, {1, 0, 2}),
-                         Shape{n_kv_heads_, 1, total, head_dim_});  // [kv, 1, total, hd]
-
-  auto scores =
-      ops::matmul(qh, kt) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [kv, group, seq, total]
-  const DType dtype = scores.dtype();
-  if (dtype != DType::f32) scores = ops::cast(scores, DType::f32);  // softmax in f32, as Hugging Face
-  scores = ops::where(ctx.masked, ops::constant(std::numeric_limits<float>::lowest(), DType::f32, x.device()),
-                      scores);
-  auto probs = ops::softmax(scores, -1);
-  if (dtype != DType::f32) probs = ops::cast(probs, dtype);
-  auto out = ops::matmul(probs, vh);  // [kv, group, seq, hd]
-  out = ops::reshape(ops::permute(out, {2, 0, 1, 3}), Shape{seq, n_heads_ * head_dim_});  // [seq, heads * hd]
-  return (*o_proj_)(out);
+  return (*o_proj_)(attend_with_cache((*q_proj_)(x), (*k_proj_)(x), (*v_proj_)(x), layer_index_, n_heads_,
+                                       n_kv_heads_, head_dim_, ctx));
 }
 
 }  // namespace kiln::nn

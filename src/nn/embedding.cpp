@@ -5,12 +5,18 @@
 
 namespace kiln::nn {
 
-Embedding::Embedding(int64_t vocab_size, int64_t dim, DType dtype, DeviceRef device)
-    : vocab_size_(vocab_size), dim_(dim) {
+Embedding::Embedding(int64_t vocab_size, int64_t dim, DType dtype, DeviceRef device,
+                     std::optional<WeightFormat> weight_format)
+    : vocab_size_(vocab_size),
+      dim_(dim),
+      dtype_(dtype),
+      weight_format_(resolve_weight_format("Embedding", dtype, weight_format, dim)) {
   if (vocab_size <= 0 || dim <= 0)
     throw ValueError(
         fmt::format("Embedding: vocab_size and dim must be positive, got {} and {}", vocab_size, dim));
-  weight_ = register_weight("weight", dtype, {vocab_size, dim}, device);
+  const graph::TensorType w = weight_format_ ? weight_type(*weight_format_, vocab_size, dim, device, "Embedding weight")
+                                             : graph::TensorType{dtype, {vocab_size, dim}, device};
+  weight_ = register_weight("weight", w.dtype, w.shape, device);
 }
 
 graph::TensorValue Embedding::operator()(const graph::TensorValue& ids) const {
@@ -18,7 +24,16 @@ graph::TensorValue Embedding::operator()(const graph::TensorValue& ids) const {
   if (ids.dtype() != DType::i32 && ids.dtype() != DType::i64)
     throw DTypeError(
         fmt::format("Embedding '{}': ids must be i32 or i64, got {}", path(), ids.tensor_type().to_string()));
-  return graph::ops::gather(table(), ids, 0);  // [..., dim]
+  graph::TensorValue rows = graph::ops::gather(table(), ids, 0);  // [..., dim] (q8_0: [..., row_bytes])
+  if (weight_format_ == std::optional(WeightFormat::q8_0))
+    rows = graph::ops::dequantize(graph::QuantizationEncoding::q8_0, rows);
+  return rows.dtype() == dtype_ ? rows : graph::ops::cast(rows, dtype_);
+}
+
+graph::TensorValue Embedding::attend(const graph::TensorValue& x) const {
+  if (weight_format_ == std::optional(WeightFormat::q8_0))
+    return graph::ops::qmatmul(graph::QuantizationEncoding::q8_0, x, table());  // [..., vocab]
+  return graph::ops::matmul(x, graph::ops::transpose(table(), 0, 1));           // [..., vocab]
 }
 
 Values Embedding::forward(const std::vector<Values>& args) {

@@ -30,6 +30,9 @@ void LlamaConfig::validate() const {
                     "(set head_dim explicitly)",
                     hidden_size, num_attention_heads));
   positive("head_dim", resolved_head_dim());
+  if (weight_format && dtype != DType::f32 && weight_format_dtype(*weight_format) != dtype)
+    throw ValueError(fmt::format("LlamaConfig: weight_format {} needs dtype f32, got {}",
+                                 weight_format_name(*weight_format), dtype_name(dtype)));
   if (resolved_head_dim() % 2 != 0)
     throw ValueError(
         fmt::format("LlamaConfig: head_dim must be even for rotary embeddings, got {}", resolved_head_dim()));
@@ -86,6 +89,9 @@ Transformer::Transformer(const LlamaConfig& config, int64_t max_seq_len)
       rope_(config.resolved_head_dim(), config.rope_theta, max_seq_len_, config.rope_scaling) {
   if (max_seq_len < 0)
     throw ValueError(fmt::format("Transformer: max_seq_len must be >= 0, got {}", max_seq_len));
+  // Every Linear and the Embedding below store their weights in config.weight_format (norms and
+  // activations stay in config.dtype).
+  const WeightFormatScope weight_format(config_.weight_format);
   model_ = register_module("model", std::make_shared<TransformerModel>(config_));
   if (!config_.tie_word_embeddings)
     lm_head_ = register_module(
@@ -123,8 +129,7 @@ TensorValue Transformer::operator()(const TensorValue& tokens, const TensorValue
   AttentionContext ctx = make_attention_context(cache, attention_mask, tokens.shape()[0], rope_);
   TensorValue h = (*model_)(tokens, ctx);  // [seq, hidden]
   // A tied head multiplies by the embedding table, [vocab, hidden], laid out as a Linear's weight.
-  TensorValue logits =
-      lm_head_ ? (*lm_head_)(h) : ops::matmul(h, ops::transpose(model_->embed_tokens().table(), 0, 1));
+  TensorValue logits = lm_head_ ? (*lm_head_)(h) : model_->embed_tokens().attend(h);
   if (logits.dtype() != DType::f32) logits = ops::cast(logits, DType::f32);
   return logits;  // [seq, vocab]
 }

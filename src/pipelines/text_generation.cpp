@@ -2,6 +2,7 @@
 // -> prefill the prompt, then decode one token at a time through the KV cache, the sampler graph
 // picking every token.
 #include "kiln/pipelines/text_generation.h"
+#include "kiln/pipelines/weight_conversion.h"
 
 #include <fmt/format.h>
 
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "kiln/graph/ops.h"
 #include "kiln/pipelines/hf_config.h"
@@ -132,21 +134,116 @@ std::optional<nn::LlamaConfig> named_config(std::string_view name) {
   };
   if (name == "stories15M") return stories(288, 6, 6, 768, 256);
   if (name == "stories110M") return stories(768, 12, 12, 2048, 1024);
+  if (name == "llama-1B") {  // meta-llama/Llama-3.2-1B's config.json
+    nn::LlamaConfig c;
+    c.vocab_size = 128256;
+    c.hidden_size = 2048;
+    c.intermediate_size = 8192;
+    c.num_hidden_layers = 16;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 64;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 500000.0;
+    c.rope_scaling = nn::Llama3RopeScaling{.factor = 32.0,
+                                           .low_freq_factor = 1.0,
+                                           .high_freq_factor = 4.0,
+                                           .original_max_position_embeddings = 8192};
+    c.max_position_embeddings = 131072;
+    c.tie_word_embeddings = true;
+    return c;
+  }
   return std::nullopt;
 }
 
-WeightsRegistry random_weights(const nn::LlamaConfig& config, uint64_t seed) {
+const std::vector<std::string>& named_config_names() {
+  static const std::vector<std::string> names{"stories15M", "stories110M", "llama-1B"};
+  return names;
+}
+
+namespace {
+
+// splitmix64's finaliser: a counter-based generator, so any element can be drawn independently.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t hash_name(std::string_view name) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return h;
+}
+
+// Runs fn(begin, end) over [0, n) split across the machine's cores; small ranges stay on this thread.
+void parallel_ranges(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kMinPerThread = int64_t{1} << 20;
+  const int64_t threads =
+      std::clamp<int64_t>(n / kMinPerThread, 1, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 1) return fn(0, n);
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < threads; ++t) workers.emplace_back(fn, n * t / threads, n * (t + 1) / threads);
+  fn(0, n / threads);
+  for (auto& w : workers) w.join();
+}
+
+// Hot for big shapes (llama-1B draws 1.2 G values): out[2p], out[2p + 1] for pairs
+// first_pair .. first_pair + pairs - 1, uniform in [-0.05, 0.05) from 24 bits each of one hash.
+// Cloned for AVX-512 (64-bit multiplies in vectors) and vectorised (the dynamic cost model allows
+// the remainder loop that GCC's -O2 default refuses).
+__attribute__((target_clones("arch=x86-64-v4", "default"), optimize("vect-cost-model=dynamic"))) void
+uniform_pairs(float* out, int64_t first_pair, int64_t pairs, uint64_t key) {
+  constexpr float kScale = 0.1f * 0x1p-24f;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint64_t bits = mix64(key + static_cast<uint64_t>(first_pair + p) * 0x9e3779b97f4a7c15ULL);
+    out[2 * p] = static_cast<float>(static_cast<uint32_t>(bits & 0xffffff)) * kScale - 0.05f;
+    out[2 * p + 1] = static_cast<float>(static_cast<uint32_t>(bits >> 40)) * kScale - 0.05f;
+  }
+}
+
+// data[i] for i < n: the value of pair i / 2, its low half for even i. Drawn in chunks that stay in
+// L1 and then stored as T, so f16/bf16 get exactly the f32 values rounded.
+template <class T>
+void fill_uniform(T* data, int64_t n, uint64_t key) {
+  parallel_ranges((n + 1) / 2, [=](int64_t begin, int64_t end) {
+    constexpr int64_t kChunkPairs = 1024;
+    float chunk[2 * kChunkPairs];
+    for (int64_t p = begin; p < end; p += kChunkPairs) {
+      const int64_t pairs = std::min(kChunkPairs, end - p);
+      uniform_pairs(chunk, p, pairs, key);
+      const int64_t count = std::min(2 * pairs, n - 2 * p);  // the last pair of an odd n is half used
+      if constexpr (std::is_same_v<T, float>)
+        std::copy(chunk, chunk + count, data + 2 * p);
+      else
+        std::transform(chunk, chunk + count, data + 2 * p, [](float v) { return T(v); });
+    }
+  });
+}
+
+}  // namespace
+
+WeightsRegistry random_weights(const nn::LlamaConfig& config, uint64_t seed, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
+    throw DTypeError(
+        fmt::format("random_weights: dtype must be f32, f16 or bf16, got {}", dtype_name(dtype)));
   nn::LlamaConfig f32_config = config;
   f32_config.dtype = DType::f32;
   nn::Transformer model(f32_config, 1);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
   WeightsRegistry weights;
   for (const auto& [name, decl] : model.raw_state_dict()) {
-    Tensor t = Tensor::empty(DType::f32, decl.shape.static_dims());
-    float* data = t.data_as<float>();
+    Tensor t = Tensor::empty(dtype, decl.shape.static_dims());
     const bool is_norm = name.ends_with("norm.weight");
-    for (int64_t i = 0; i < t.numel(); ++i) data[i] = is_norm ? 1.0f : uniform(rng);
+    const uint64_t key = mix64(seed ^ hash_name(name));
+    visit_dtype(dtype, [&]<class T>() {
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>) {
+        T* data = static_cast<T*>(t.data());
+        if (is_norm)
+          std::fill(data, data + t.numel(), T(1.0f));
+        else
+          fill_uniform(data, t.numel(), key);
+      }
+    });
     weights.emplace(name, std::move(t));
   }
   return weights;
@@ -214,17 +311,17 @@ std::vector<GraphSpec> graph_specs(const std::shared_ptr<nn::Transformer>& model
 
 // A checkpoint's tensors as the model declares them: f32 (converted from f16/bf16), without the
 // entries Hugging Face itself ignores (a tied model's lm_head copy, rotary inv_freq buffers).
-WeightsRegistry prepare_weights(const nn::LlamaConfig& config, const WeightsRegistry& loaded) {
-  WeightsRegistry out;
+// The checkpoint's tensors in the dtypes and formats the traced model declares (f16/bf16 checkpoints
+// widened for f32 layers, narrowed or quantized for the others), minus what the model never reads.
+WeightsRegistry prepare_weights(const nn::LlamaConfig& config, const nn::Module& model,
+                                const WeightsRegistry& loaded, int threads) {
+  WeightsRegistry used;
   for (const auto& [name, tensor] : loaded) {
     if (config.tie_word_embeddings && name == "lm_head.weight") continue;
     if (name.ends_with("rotary_emb.inv_freq")) continue;
-    if (tensor.dtype() == DType::f16 || tensor.dtype() == DType::bf16)
-      out.emplace(name, Tensor::from_vector(tensor.to_vector<float>(), tensor.shape()));
-    else
-      out.emplace(name, tensor);
+    used.emplace(name, tensor);
   }
-  return out;
+  return convert_weights(used, model.raw_state_dict(), threads);
 }
 
 void report(const PipelineOptions& options, std::string_view stage, int index, int total) {
@@ -240,11 +337,12 @@ TextGenerationPipeline TextGenerationPipeline::from_config(const nn::LlamaConfig
                                                            PipelineOptions options) {
   auto state = std::make_shared<State>(engine::SessionOptions{.num_threads = options.num_threads});
   state->config = compute_config(config);
+  state->config.weight_format = options.weight_format;
   state->max_seq_len = resolve_max_seq_len(state->config, options.max_seq_len);
   state->model = std::make_shared<nn::Transformer>(state->config, state->max_seq_len);
   state->sampler = std::make_shared<SamplerModule>(
       state->config.vocab_size, resolve_cap(state->config.vocab_size, options.sampler_max_top_k));
-  state->weights = prepare_weights(state->config, weights);
+  state->weights = prepare_weights(state->config, *state->model, weights, options.num_threads);
   state->model->load_state_dict(state->weights);
   state->models = compile_graph_specs(state->session, graph_specs(state->model, state->sampler));
 

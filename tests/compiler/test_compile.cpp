@@ -28,6 +28,10 @@ std::string error_message(F&& fn) {
   return "no exception";
 }
 
+// These plans are about slots and steps, so they keep one step per op: no optimizing passes (which
+// would fuse the elementwise chains into one step).
+const compiler::CompileOptions kOneStepPerOp{.optimize = false};
+
 // Replays the plan, tracking which value holds each slot: a step may only read slot values that
 // still own their slot, so no two live values share memory.
 void expect_slots_never_clobber_live_values(const GraphPlan& plan) {
@@ -60,7 +64,7 @@ TEST(Compile, ChainOfElementwiseOpsReusesTwoSlots) {
   graph::TensorValue y = g.input(0);
   for (int i = 0; i < 10; ++i) y = ops::add(y, g.input(0));
   g.output({y});
-  auto compiled = compiler::compile(g.module());
+  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
   const GraphPlan& plan = compiled.plan("chain");
   ASSERT_EQ(plan.steps.size(), 10u);
   EXPECT_LE(plan.num_slots, 2);
@@ -79,7 +83,7 @@ TEST(Compile, DiamondKeepsBothBranchesLive) {
   auto c = ops::mul(a, b);
   auto d = ops::cos(c);
   g.output({ops::add(d, a)});
-  auto compiled = compiler::compile(g.module());
+  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
   const GraphPlan& plan = compiled.plan("diamond");
   EXPECT_GE(plan.num_slots, 2);
   EXPECT_LE(plan.num_slots, 3);
@@ -129,7 +133,7 @@ TEST(Compile, WeightsAndConstantsAreNotSteps) {
     auto bias = ops::constant(std::vector<float>{1, 2}, {2});
     g.output({ops::add(ops::mul(g.input(0), w), bias)});
   }
-  auto compiled = compiler::compile(g.module());
+  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
   const GraphPlan& plan = compiled.plan("affine");
   ASSERT_EQ(plan.steps.size(), 2u);
   EXPECT_EQ(plan.steps[0].op, graph::Op::mul);
@@ -169,7 +173,7 @@ TEST(Compile, CallsAreInlinedRecursively) {
   auto once = ops::call("middle", {top.input(0)})[0];
   top.output({ops::call("inner", {once})[0]});
 
-  auto compiled = compiler::compile(module);
+  auto compiled = compiler::compile(module, kOneStepPerOp);
   EXPECT_EQ(compiled.graph_names(), (std::vector<std::string>{"inner", "middle", "top"}));
   const GraphPlan& plan = compiled.plan("top");
   std::vector<graph::Op> ops_run;

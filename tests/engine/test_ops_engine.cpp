@@ -27,6 +27,28 @@ void expect_near(const Tensor& t, const std::vector<double>& want, double tolera
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tolerance) << "element " << i;
 }
 
+// ---- matmul with partly broadcast batch dims (attention's [kv, group, seq, hd] x [kv, 1, hd, total]) --
+
+TEST(OpsEngine, MatmulBroadcastsASizeOneBatchDimAgainstAnother) {
+  const int64_t A = 2, G = 3, M = 4, K = 5, N = 6;
+  graph::Graph g("bmm", {TensorType{DType::f32, {A, G, M, K}}, TensorType{DType::f32, {A, 1, K, N}}});
+  g.output({ops::matmul(g.input(0), g.input(1))});
+  std::vector<float> x(A * G * M * K), y(A * K * N);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7) % 11) - 5.0f;
+  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<float>((i * 5) % 13) - 6.0f;
+  auto out = run(g, {Tensor::from_vector<float>(x, {A, G, M, K}), Tensor::from_vector<float>(y, {A, 1, K, N})});
+  std::vector<double> want;
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t gi = 0; gi < G; ++gi)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k) acc += x[((a * G + gi) * M + m) * K + k] * y[(a * K + k) * N + n];
+          want.push_back(acc);
+        }
+  expect_near(out[0], want, 0);
+}
+
 // ---- elementwise --------------------------------------------------------------------------------
 
 template <class T>

@@ -112,6 +112,26 @@ Module build_every_op_module() {
                                     params);
   for (const Value& v : custom_results) outs.push_back(v);
   ops::inplace_custom("my_update", {cache, x}, {{"types", std::vector<Type>{}}});
+
+  // Collectives (a single device needs no signal buffers; processes > 1 spans MPI ranks).
+  for (const Value& v : ops::allreduce_sum({x}, {})) outs.push_back(v);
+  for (const Value& v : ops::allgather({x}, {}, 1, 2)) outs.push_back(v);
+
+  // Fused ops (docs/fusion.md): an elementwise program broadcasting c [8] against x, and attention
+  // of x read as one query of 8 heads against a history of y's rows.
+  outs.push_back(ops::fused_elementwise(
+      {x, c}, "%2 = mul(%0, %1) : f32; %3 = gelu.tanh(%2) : f32; %4 = greater(%3, %1) : bool"));
+  TensorValue q = ops::reshape(x, Shape{"batch", 2, 4});            // [batch, heads 2, head_dim 4]
+  TensorValue kv = ops::reshape(y, Shape{Dim("seq") + 1, 1, 4});  // [total, kv_heads 1, head_dim 4]
+  TensorValue masked = ops::is_nan(ops::matmul(ops::slice(x, {{0, Dim("batch")}, {0, 4}}),
+                                               ops::permute(y, {1, 0})));  // [batch, seq + 1]
+  outs.push_back(ops::attention(q, kv, kv, masked, 0.5));
+
+  // Quantized weights (Q8_0 rows of 34 bytes per 32 weights).
+  TensorValue x32 = ops::concat({x, x, x, x}, 1);  // [batch, 32]
+  TensorValue wq = ops::constant(Bytes(102, 0), DType::u8, Shape{3, 34});
+  outs.push_back(ops::qmatmul(QuantizationEncoding::q8_0, x32, wq));
+  outs.push_back(ops::dequantize(QuantizationEncoding::q8_0, wq));
   main.output(outs);
   return m;
 }

@@ -318,10 +318,11 @@ TEST(Matmul, RejectsBadOperandsWithClearErrors) {
   const HostTensor a3 = HostTensor(DType::f32, {2, 3, 4}), b3 = HostTensor(DType::f32, {4, 4, 5});
   EXPECT_EQ(error_of<ShapeError>(a3.view(), b3.view(), {2, 3, 5}, DType::f32),
             "matmul: batch dims 2 and 4 do not broadcast (lhs f32[2, 3, 4], rhs f32[4, 4, 5])");
-  const HostTensor bh = HostTensor(DType::f16, {4, 3});
-  EXPECT_NE(error_of<DTypeError>(a.view(), bh.view(), {2, 3}, DType::f32).find("share one dtype"),
-            std::string::npos);
+  // f32 x f16/bf16 weights is the one allowed mix; an f16 lhs with an f32 rhs is not.
+  const HostTensor ah = HostTensor(DType::f16, {2, 4});
   const HostTensor b4 = HostTensor(DType::f32, {4, 3});
+  EXPECT_NE(error_of<DTypeError>(ah.view(), b4.view(), {2, 3}, DType::f16).find("share one dtype"),
+            std::string::npos);
   EXPECT_EQ(error_of<ShapeError>(a.view(), b4.view(), {3, 2}, DType::f32),
             "matmul: result f32[3, 2] should be f32[2, 3] (lhs f32[2, 4], rhs f32[4, 3])");
   EXPECT_EQ(builtin_kernels().find(Op::matmul, DeviceKind::CPU, DType::boolean), nullptr);

@@ -4,7 +4,7 @@
 //                                           compile it, bind seeded random weights and inputs, run it,
 //                                           print the outputs
 //   kiln generate [--model DIR|NAME] --prompt TEXT [--max-new-tokens N --temperature T --top-k K
-//                 --top-p P --seed S --max-seq-len L --threads N --ignore-eos]
+//                 --top-p P --seed S --max-seq-len L --threads N --ignore-eos --dtype f32|f16|bf16|q8_0]
 //                                           generate text (stdout: the new text only; stderr: progress
 //                                           and stats). NAME: a random-weight shape (stories15M,
 //                                           stories110M) run on --prompt-tokens N ids, printing ids
@@ -12,6 +12,9 @@
 //   kiln cache list|size|clear [--dir DIR]  the compile cache (default: KILN_CACHE_DIR, else
 //                                           $XDG_CACHE_HOME/kiln or ~/.cache/kiln): list its entries
 //                                           (least recently used first), print its size, empty it
+//   kiln bench [--model NAME|DIR ...] | gemm | bandwidth
+//                                           tokens/s against the bandwidth roofline, GEMM against
+//                                           oneDNN, read bandwidth (tools/kiln/bench.h)
 //   kiln version
 #include <fmt/format.h>
 #include <kiln/engine/compile_cache.h>
@@ -19,6 +22,8 @@
 #include <kiln/pipelines/hf_config.h>
 #include <kiln/pipelines/text_generation.h>
 #include <unistd.h>
+
+#include "bench.h"
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -117,6 +122,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   int64_t max_seq_len = 0;
   int threads = 0;
+  std::string dtype = "f32";  // the weight format (docs/quantization.md)
 };
 
 // Loading stages on stderr: a bar redrawn in place on a terminal, one line per stage otherwise.
@@ -150,7 +156,9 @@ class LoadProgress {
 
 pipelines::TextGenerationPipeline load_pipeline(const GenerateArgs& args) {
   LoadProgress progress;
-  pipelines::PipelineOptions options{.max_seq_len = args.max_seq_len, .num_threads = args.threads};
+  pipelines::PipelineOptions options{.max_seq_len = args.max_seq_len,
+                                     .num_threads = args.threads,
+                                     .weight_format = nn::parse_weight_format(args.dtype)};
   options.on_stage = [&](std::string_view stage, int index, int total) {
     progress.stage(stage, index, total);
   };
@@ -282,6 +290,8 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--max-seq-len", gen.max_seq_len,
                       "KV cache length (default: min(max_position_embeddings, 2048))");
   gen_cmd->add_option("--threads", gen.threads, "engine threads (default: one per core)");
+  gen_cmd->add_option("--dtype", gen.dtype, "weight format: f32, f16, bf16 or q8_0 (converted at load)")
+      ->capture_default_str();
   gen_cmd->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at an end-of-sequence token");
 
   std::string graph_model = KILN_DEFAULT_MODEL_DIR;
@@ -299,6 +309,8 @@ int main(int argc, char** argv) {
   cache_cmd->add_subcommand("list", "List the entries, least recently used first");
   cache_cmd->add_subcommand("size", "Print the total size and the limit");
   cache_cmd->add_subcommand("clear", "Remove every entry");
+
+  bench::BenchCommand bench_cmd(app);
 
   app.add_subcommand("version", "Print kiln's version");
 
@@ -328,6 +340,8 @@ int main(int argc, char** argv) {
       return print_graphs(graph_model, graph_max_seq_len);
     } else if (app.got_subcommand("cache")) {
       return cache_command(*cache_cmd, cache_dir);
+    } else if (bench_cmd.selected()) {
+      return bench_cmd.run();
     }
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -17,5 +17,8 @@ graph::Module constant_fold(graph::Module);
 graph::Module cse(graph::Module);
 // Removes nodes whose results are unused and that have no side effects; drops unused weights.
 graph::Module dce(graph::Module);
+// Replaces each maximal tree of elementwise ops of one shape, whose intermediates have no other use,
+// by one fused_elementwise node (docs/fusion.md).
+graph::Module fuse_elementwise(graph::Module);
 
 }  // namespace kiln::compiler::passes

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kiln/compiler/compiled_model.h"
+#include "kiln/distributed.h"
 #include "kiln/engine/tensor.h"
 #include "kiln/graph/graph.h"
 
@@ -61,6 +62,9 @@ struct SessionOptions {
   // compile_cache_dir (empty: CompileCache::default_dir(), i.e. KILN_CACHE_DIR or ~/.cache/kiln).
   bool compile_cache = true;
   std::filesystem::path compile_cache_dir = {};
+  // For graphs whose collectives span processes (processes > 1): the group that carries them, e.g.
+  // engine::mpi_world() (kiln/engine/distributed.h). Its size must equal each collective's processes.
+  std::shared_ptr<ProcessGroup> process_group = nullptr;
 };
 
 class InferenceSession {

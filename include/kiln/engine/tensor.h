@@ -53,7 +53,8 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
 
-  // New contiguous, 64-byte aligned memory (uninitialised / zeroed).
+  // New contiguous, 64-byte aligned memory (uninitialised / zeroed) from the device's allocator, which
+  // counts it (engine::memory_stats in kiln/engine/device_memory.h).
   static Tensor empty(DType, const std::vector<int64_t>& shape, DeviceRef = DeviceRef::CPU());
   static Tensor zeros(DType, const std::vector<int64_t>& shape, DeviceRef = DeviceRef::CPU());
   template <class T>

@@ -48,7 +48,13 @@ namespace kiln::graph {
   /* buffers, devices, calls, extensions */                                                 \
   X(buffer_load, "buffer_load") X(buffer_store, "buffer_store")                             \
   X(transfer_to, "transfer_to") X(call, "call") X(custom, "custom")                         \
-  X(inplace_custom, "inplace_custom")
+  X(inplace_custom, "inplace_custom")                                                       \
+  /* collectives */                                                                         \
+  X(allreduce_sum, "allreduce_sum") X(allgather, "allgather")                               \
+  /* fused (built by compiler passes and nn layers; docs/fusion.md) */                       \
+  X(fused_elementwise, "fused_elementwise") X(attention, "attention")                       \
+  /* quantized weights (kiln/graph/quantization.h, docs/quantization.md) */                 \
+  X(qmatmul, "qmatmul") X(dequantize, "dequantize")
 
 enum class Op : uint16_t {
 #define KILN_OP_ENUM(e, s) e,
@@ -61,7 +67,10 @@ Op parse_op(std::string_view);  // ParseError for an unknown name
 bool is_elementwise_unary(Op);
 bool is_elementwise_binary(Op);  // add .. logical_xor
 bool is_comparison(Op);          // equal .. less_equal (result is bool)
-bool has_side_effects(Op);       // buffer_store, inplace_custom, custom (may be impure): never CSE'd or DCE'd
+// buffer_store, inplace_custom, custom (may be impure), and collectives (they advance their signal
+// buffers' counters, which every participant must do together): never CSE'd or DCE'd.
+bool has_side_effects(Op);
+bool is_collective(Op);          // allreduce_sum, allgather
 
 // Attributes each op carries (builders normalize them: axes non-negative, slices full-rank):
 //   constant        value: Bytes, dtype, shape, device
@@ -69,7 +78,9 @@ bool has_side_effects(Op);       // buffer_store, inplace_custom, custom (may be
 //   range           start: double, step: double, size: Shape (one dim), dtype, device
 //   gelu            approximate: string ("none" | "tanh")
 //   cast            dtype
-//   matmul          transpose_b: int64 (0/1; optional): rhs read as [..., K, N] from [..., N, K]
+//   matmul          transpose_b: int64 (0/1; optional): rhs read as [..., K, N] from [..., N, K].
+//                   Operands share one dtype, except lhs f32 with rhs f16 or bf16 (weights kept
+//                   narrow, widened in registers): the result is then f32.
 //   sum mean max min argmax argmin softmax log_softmax     axis: int64
 //   cumsum          axis, exclusive: int64 (0/1), reverse: int64 (0/1)
 //   top_k           k: int64, axis
@@ -83,8 +94,17 @@ bool has_side_effects(Op);       // buffer_store, inplace_custom, custom (may be
 //   call            callee: string
 //   custom          symbol: string, output_types: vector<Type>, param.<name>: any
 //   inplace_custom  symbol: string, param.<name>: any
+//   allreduce_sum   processes: int64 (how many processes the collective spans; 1 = this one)
+//   allgather       axis, processes
+//   fused_elementwise  program: string (an ElementwiseProgram's text, elementwise_program.h)
+//   attention       scale: double (multiplies q . k before the softmax)
+//   qmatmul dequantize  encoding: string (quantization.h's encoding_name, "q8_0")
 // Operand order: where(cond, x, y), rms_norm(x, weight), layer_norm(x, gamma, beta),
-// gather(input, indices), scatter(input, updates, indices), buffer_store(buffer, value).
+// gather(input, indices), scatter(input, updates, indices), buffer_store(buffer, value),
+// allreduce_sum / allgather(input_0 .. input_{n-1}, signal_buffer_0 .. signal_buffer_{n-1}): one
+// input per device, then one signal buffer per device (none when n == 1); result i is on device i.
+// fused_elementwise(register_0 .. register_{n-1}), attention(q, k, v, masked),
+// qmatmul(lhs, rhs) with rhs the encoded weight u8[N, row_bytes], dequantize(input).
 //
 // Attribute values. Bytes hold constant data (little-endian elements). Shape holds Dims, so slice
 // bounds and reshape targets can be symbolic.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/graph/graph.h"
+#include "kiln/graph/quantization.h"
 
 namespace kiln::graph::ops {
 
@@ -157,5 +158,43 @@ std::vector<Value> custom(const std::string& name, const std::vector<Value>& inp
 // Like custom, mutating its first input, which must be a buffer; it has no results.
 void inplace_custom(const std::string& name, const std::vector<Value>& inputs,
                     const Attrs& parameters = {});
+
+// ---- collectives (docs/multi-device.md) ------------------------------------------------------------
+// One input per device (distinct devices, equal dtype and shape), and one signal buffer per device
+// (BufferType(u8, [SIGNAL_BYTES], device_i), from engine::Signals; none for a single device). With
+// processes > 1 the collective also spans that many processes (MPI ranks, each running this graph
+// on its own devices): the session's process group carries it between them.
+// Result i, on device i: the elementwise sum of every input of every process.
+std::vector<TensorValue> allreduce_sum(const std::vector<TensorValue>& inputs,
+                                       const std::vector<BufferValue>& signal_buffers,
+                                       int64_t processes = 1);
+// Result i, on device i: the inputs concatenated along `axis` in device order (process 0's devices
+// first); inputs may differ in that dim only (across processes they must be equal in every dim).
+std::vector<TensorValue> allgather(const std::vector<TensorValue>& inputs,
+                                   const std::vector<BufferValue>& signal_buffers, int64_t axis = 0,
+                                   int64_t processes = 1);
+
+// ---- fused (docs/fusion.md) ------------------------------------------------------------------------
+// One elementwise expression over `inputs` in a single pass (what the fuse_elementwise compiler pass
+// builds). `program` is an ElementwiseProgram's text (kiln/graph/elementwise_program.h) whose
+// registers %0 .. %(n-1) are the inputs; the result has the last instruction's dtype and the
+// broadcast shape of all inputs.
+TensorValue fused_elementwise(const std::vector<TensorValue>& inputs, const std::string& program);
+// Grouped-query attention over a KV history, softmax in f32:
+//   out[s, h] = sum_t softmax_t(q[s, h] . k[t, h / g] * scale, masked) v[t, h / g],  g = heads / kv_heads
+// q [seq, heads, head_dim]; k, v [total, kv_heads, head_dim] (q's dtype); masked bool [seq, total],
+// true where query s must not see key t (a masked score counts as the lowest float, so a row that
+// is masked everywhere averages every v). Result [seq, heads, head_dim] in q's dtype.
+TensorValue attention(const TensorValue& q, const TensorValue& k, const TensorValue& v,
+                      const TensorValue& masked, double scale);
+
+// ---- quantized weights (quantization.h, docs/quantization.md) ------------------------------------
+// lhs f32[..., K] times a quantized weight rhs u8[N, row_bytes] (N rows of K encoded weights, a
+// Linear weight's [out, in] orientation) -> f32[..., N]. K must be static and a multiple of the
+// encoding's block size, and row_bytes must be quantized_row_bytes(encoding, K).
+TensorValue qmatmul(QuantizationEncoding encoding, const TensorValue& lhs, const TensorValue& rhs);
+// Encoded rows u8[..., row_bytes] -> f32[..., K] (e.g. the rows a gather took from a quantized
+// embedding table). row_bytes must be static and a whole number of blocks.
+TensorValue dequantize(QuantizationEncoding encoding, const TensorValue& input);
 
 }  // namespace kiln::graph::ops

@@ -48,6 +48,14 @@ struct AttentionContext {
 AttentionContext make_attention_context(const KVCache& cache, const graph::TensorValue& attention_mask,
                                         graph::Dim seq, const RotaryEmbedding& rope);
 
+// The core of one attention layer after its projections, shared by AttentionWithRope and the
+// tensor-parallel attention: q_rows [seq, heads * head_dim], k_rows / v_rows [seq, kv_heads * head_dim]
+// -> rope on q and k, this call's keys and values appended to row `layer` of ctx.cache, then the
+// fused attention over the whole history -> [seq, heads * head_dim] (before o_proj).
+graph::TensorValue attend_with_cache(const graph::TensorValue& q_rows, const graph::TensorValue& k_rows,
+                                     const graph::TensorValue& v_rows, int64_t layer, int64_t heads,
+                                     int64_t kv_heads, int64_t head_dim, const AttentionContext& ctx);
+
 class AttentionWithRope : public Module {
  public:
   // Weights "q_proj", "k_proj", "v_proj" (with bias when has_bias, as Qwen2) and "o_proj" (no bias).

@@ -29,6 +29,23 @@ namespace kiln::nn {
 using Values = graph::Tree<graph::Value>;
 using TypeTree = graph::Tree<graph::InputType>;
 
+// Which piece of a logical (unsharded) weight a module holds, for tensor parallelism
+// (nn/tensor_parallel.h): slice `index` of `count` equal slices along `axis`, or, with axis
+// kReplicated, a whole copy (replica `index` of `count`, one per device).
+struct ShardSpec {
+  static constexpr int64_t kReplicated = -1;
+  int64_t axis = kReplicated;
+  int64_t index = 0;
+  int64_t count = 1;
+};
+
+// What a shard weight is a piece of: its logical (checkpoint) name and full shape, and which piece.
+struct WeightShard {
+  std::string logical_name;  // "model.layers.0.self_attn.q_proj.weight"
+  graph::Shape full_shape;
+  ShardSpec spec;
+};
+
 class Module {
  public:
   Module() = default;
@@ -44,15 +61,21 @@ class Module {
   // The inputs of a module that declares them as one named tree (e.g. {"tokens", {"cache": ...}}).
   virtual std::optional<TypeTree> input_tree() const { return std::nullopt; }
 
-  // Fully qualified weight name -> declaration, in registration order (depth-first).
+  // Fully qualified weight name -> declaration, in registration order (depth-first). A shard weight
+  // is listed under its graph name ("....q_proj.weight.shard1") with the shard's shape.
   std::map<std::string, graph::Weight> raw_state_dict() const;
-  // Fully qualified weight name -> data. A weight no registry has set yet gets zeros (as MAX's
-  // state_dict does), so it is valid right after a trace.
+  // Fully qualified weight name -> data (shard weights: the shard's data, under the graph name). A
+  // weight no registry has set yet gets zeros (as MAX's state_dict does), so it is valid right after
+  // a trace.
   WeightsRegistry state_dict() const;
   // Binds data to weights by fully qualified name, checking dtype and shape (error naming the
-  // weight). strict: every weight must be present and no other name may be; the ValueError lists
-  // the missing and unexpected names.
+  // weight). A shard weight is looked up by its logical name in the full, unsharded checkpoint: the
+  // tensor must have the full shape, and the shard binds a copy of its slice (a replica binds the
+  // tensor itself). strict: every weight must be present and no other name may be; the ValueError
+  // lists the missing and unexpected names.
   void load_state_dict(const WeightsRegistry& registry, bool strict = true);
+  // Graph name of every shard weight ("....q_proj.weight.shard1") -> what it is a piece of.
+  std::map<std::string, WeightShard> weight_shards() const;
 
   // This module's prefix ("layers.3.self_attn"); empty for a root.
   std::string path() const;
@@ -68,6 +91,13 @@ class Module {
   // Registers a weight under a local name (unique within this module; ValueError otherwise).
   WeightId register_weight(const std::string& name, DType dtype, const graph::Shape& shape,
                            DeviceRef device = DeviceRef::CPU());
+  // Registers piece `shard` of a logical weight of `full_shape` under a local name; its graph name
+  // is the qualified name plus ".shard<index>". Several pieces of one logical weight share the local
+  // name (same dtype, full shape, axis and count; distinct indices). ValueError for an index out of
+  // range, an axis out of range, or a dim that does not split evenly into `count` (naming the weight,
+  // the axis and the count).
+  WeightId register_weight_shard(const std::string& name, DType dtype, const graph::Shape& full_shape,
+                                 const ShardSpec& shard, DeviceRef device = DeviceRef::CPU());
   // Registers a child under a name (unique; a module may have one parent). Returns the child.
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> child) {
@@ -80,8 +110,10 @@ class Module {
 
  private:
   struct WeightSlot {
-    graph::Weight decl;  // decl.name is the local name
+    graph::Weight decl;  // decl.name is the local name; decl.shape the shard's shape for a shard
     Tensor data;         // empty until a registry is loaded
+    std::optional<WeightShard> shard;  // logical_name holds the local name here
+    std::string graph_name() const;    // local name, plus ".shard<index>" for a shard
   };
   void attach(const std::string& name, std::shared_ptr<Module> child);
   template <class F> void visit_weights(const std::string& prefix, F&& f);

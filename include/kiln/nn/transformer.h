@@ -40,6 +40,9 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // bias on q, k, v projections (Qwen2)
   DType dtype = DType::f32;
+  // How the Linear and Embedding weights are stored (nn/weight_format.h); nullopt: in `dtype`. A
+  // format other than dtype's needs dtype f32. Not a config.json field: a run-time choice.
+  std::optional<WeightFormat> weight_format;
 
   int64_t resolved_head_dim() const { return head_dim.value_or(hidden_size / num_attention_heads); }
   // ValueError naming the first field that is inconsistent (non-positive sizes, heads not dividing).

@@ -27,6 +27,7 @@
 #include "kiln/graph/graph.h"
 #include "kiln/nn/module.h"
 #include "kiln/nn/transformer.h"
+#include "kiln/nn/weight_format.h"
 #include "kiln/pipelines/graph_spec.h"
 #include "kiln/pipelines/tokenizer.h"
 
@@ -37,6 +38,10 @@ struct PipelineOptions {
   int64_t max_seq_len = 0;          // KV cache length; 0: min(max_position_embeddings, 2048)
   int num_threads = 0;              // engine threads; 0: one per core
   int64_t sampler_max_top_k = 256;  // static cap of the sorted candidates (see SamplerModule); 0: vocab
+  // How the model keeps its matmul and embedding weights (activations, norms and the KV cache are
+  // f32): checkpoint tensors are converted, or quantized to Q8_0, once at load
+  // (pipelines::convert_weights; docs/quantization.md has each format's accuracy).
+  nn::WeightFormat weight_format = nn::WeightFormat::f32;
   // Called as loading proceeds: stage name ("config", "weights", "tokenizer", "graphs") and its index
   // among `total` stages, before the stage starts.
   std::function<void(std::string_view stage, int index, int total)> on_stage = {};
@@ -137,10 +142,15 @@ class TextGenerationPipeline {
   std::shared_ptr<State> state_;
 };
 
-// Random-weight models of known shapes, for benchmarks ("stories15M", "stories110M": llama2.c's
-// TinyStories models, vocab 32000, tied embeddings). nullopt for an unknown name.
+// Random-weight models of known shapes, for benchmarks: "stories15M", "stories110M" (llama2.c's
+// TinyStories models: Llama 2 architecture, vocab 32000, tied embeddings) and "llama-1B" (Llama 3.2
+// 1B's shape: 16 layers, dim 2048, 32/8 heads, ffn 8192, vocab 128256, tied, Llama 3 RoPE with theta
+// 500000). nullopt for an unknown name; named_config_names() lists the known ones.
 std::optional<nn::LlamaConfig> named_config(std::string_view name);
-// Seeded random weights for every weight of the model: norms 1, the rest uniform in [-0.05, 0.05).
-WeightsRegistry random_weights(const nn::LlamaConfig& config, uint64_t seed);
+const std::vector<std::string>& named_config_names();
+// Seeded random weights for every weight of the model, in `dtype` (f32, f16 or bf16, as a checkpoint
+// of that dtype would hold them): norms 1, the rest uniform in [-0.05, 0.05). Each value is a hash of
+// (seed, weight name, index), so the result does not depend on the threads that fill it in parallel.
+WeightsRegistry random_weights(const nn::LlamaConfig& config, uint64_t seed, DType dtype = DType::f32);
 
 }  // namespace kiln::pipelines

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/distributed.h"
 #include "kiln/graph/op.h"
 
 namespace kiln::kernels {
@@ -54,8 +55,19 @@ class SerialParallel final : public Parallel {
   int num_threads() const override { return 1; }
 };
 
+// Runs fn(0) .. fn(n - 1) at the same time, one thread each, and returns when all are done: the
+// participants of a collective wait for each other, so they cannot share threads. The engine keeps
+// one persistent thread per device for this (engine/device_team.h).
+class DeviceTeam {
+ public:
+  virtual ~DeviceTeam() = default;
+  virtual void run(int n, const std::function<void(int)>& fn) = 0;
+};
+
 struct KernelContext {
   Parallel* parallel = nullptr;
+  DeviceTeam* team = nullptr;              // for collectives over several devices
+  ProcessGroup* process_group = nullptr;   // for collectives with processes > 1
 };
 
 // inputs/outputs follow the node's operand/result order; attrs are the node's (see op.h).
@@ -90,5 +102,8 @@ void register_cpu_matmul(KernelRegistry&);
 void register_cpu_normalization(KernelRegistry&);
 void register_cpu_data_movement(KernelRegistry&);
 void register_cpu_sources(KernelRegistry&);
+void register_cpu_collectives(KernelRegistry&);
+void register_cpu_fused(KernelRegistry&);
+void register_cpu_attention(KernelRegistry&);
 
 }  // namespace kiln::kernels

@@ -1,16 +1,20 @@
 // Batched, broadcasting matmul: [..., M, K] x [..., K, N] -> [..., M, N], operands of any strides.
 //
-// f32 and f64 take a cache-blocked GEMM (packed A and B panels, a 6 x 2-vector register tile written
-// with GCC vector extensions so it vectorizes at the baseline ISA), or a GEMV when M == 1 (the decode
-// step). f16/bf16 widen to f32, run that path, and round once at the end. Integers accumulate in
-// their own type with wrap-around, computed in unsigned arithmetic so overflow is defined.
+// f32, f16 and bf16 run the SIMD GEMM of gemm.h (AVX2 / AVX-512 / AVX512_BF16, chosen at run time;
+// f32 accumulation, one rounding at the end). Where no SIMD level applies, and for f64, a portable
+// cache-blocked GEMM (packed A and B panels, a 6 x 2-vector register tile written with GCC vector
+// extensions so it vectorizes at the baseline ISA), or a GEMV when M == 1; f16/bf16 then widen to
+// f32 and round once at the end. Integers accumulate in their own type with wrap-around, computed
+// in unsigned arithmetic so overflow is defined.
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quantized.h"
 #include "kernels/cpu/strided.h"
 
 namespace kiln::kernels {
@@ -44,9 +48,10 @@ struct MatmulProblem {
 
 MatmulProblem plan_matmul(const TensorView& a, const TensorView& b, const TensorView& out) {
   auto operands = [&] { return " (lhs " + describe(a) + ", rhs " + describe(b) + ")"; };
-  if (a.dtype != b.dtype || out.dtype != a.dtype)
-    throw DTypeError("matmul: lhs, rhs and result must share one dtype" + operands() + ", result " +
-                     describe(out));
+  const bool narrow_weights = a.dtype == DType::f32 && (b.dtype == DType::f16 || b.dtype == DType::bf16);
+  if ((a.dtype != b.dtype && !narrow_weights) || out.dtype != a.dtype)
+    throw DTypeError("matmul: lhs, rhs and result must share one dtype (or be f32 with rhs f16/bf16)" + operands() +
+                     ", result " + describe(out));
   if (a.shape.empty() || b.shape.empty())
     throw ShapeError("matmul: operands must have rank 1 or more" + operands());
   const size_t ar = a.shape.size(), br = b.shape.size();
@@ -418,6 +423,36 @@ void matmul_float(const KernelContext& ctx, MatmulProblem p, const T* A, const T
   }
 }
 
+// ---- f32 / f16 / bf16 on the SIMD GEMM -------------------------------------------------------------
+
+// False when no SIMD level applies (the portable path then runs). `b_dtype` differs from `dtype`
+// only for f32 activations with f16/bf16 weights.
+bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b_dtype, const void* A, const void* Bm,
+                 void* C) {
+  if (gemm::active_isa() == gemm::Isa::generic) return false;
+  fold_batch_into_rows(p);
+  const int64_t size = static_cast<int64_t>(dtype_size(dtype)), b_size = static_cast<int64_t>(dtype_size(b_dtype));
+  const gemm::BStorage b_storage = b_dtype == dtype         ? gemm::BStorage::same
+                                   : b_dtype == DType::f16 ? gemm::BStorage::f16
+                                                           : gemm::BStorage::bf16;
+  auto problem = [&](int64_t bi) {
+    auto [ao, bo] = p.batch_offsets(bi);
+    return gemm::Problem{dtype, static_cast<const char*>(A) + ao * size, p.a_row, p.a_col,
+                         static_cast<const char*>(Bm) + bo * b_size, p.b_row, p.b_col,
+                         static_cast<char*>(C) + bi * p.M * p.N * size, p.N, p.M, p.N, p.K, b_storage};
+  };
+  if (p.batch == 1) return gemm::run(ctx, problem(0));
+  // Large matrices: each is split between the threads; small ones (attention's per-head products)
+  // go one per thread.
+  const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  if (p.batch < threads || p.M * p.N * p.K >= (int64_t{1} << 22)) {
+    for (int64_t bi = 0; bi < p.batch; ++bi)
+      if (!gemm::run(ctx, problem(bi))) return false;
+    return true;
+  }
+  return gemm::run_batched(ctx, p.batch, problem);
+}
+
 // ---- f16 / bf16: widen to f32 ----------------------------------------------------------------------
 
 // A strided 16-bit float view widened into a contiguous f32 array.
@@ -510,6 +545,15 @@ void matmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::spa
   const TensorView b = rhs_view(attrs, inputs[1]);
   const TensorView &a = inputs[0], &out = outputs[0];
   const MatmulProblem p = plan_matmul(a, b, out);
+  if ((a.dtype == DType::f32 || a.dtype == DType::f16 || a.dtype == DType::bf16) &&
+      matmul_simd(ctx, p, a.dtype, b.dtype, a.data, b.data, out.data))
+    return;
+  if (a.dtype != b.dtype) {  // f32 x f16/bf16 without SIMD: widen the weights, then the f32 GEMM
+    std::vector<float> b32 = b.dtype == DType::f16 ? widen<f16_t>(ctx, b) : widen<bf16_t>(ctx, b);
+    const TensorView bv = contiguous_f32_view(b32, b);
+    matmul_float<float>(ctx, plan_matmul(a, bv, out), a.as<float>(), b32.data(), out.as<float>());
+    return;
+  }
   visit_dtype(a.dtype, [&]<class T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       matmul_float<T>(ctx, p, a.as<T>(), b.as<T>(), out.as<T>());
@@ -530,6 +574,7 @@ void register_cpu_matmul(KernelRegistry& r) {
         {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i8, DType::i16, DType::i32, DType::i64,
          DType::u8, DType::u16, DType::u32, DType::u64},
         matmul_kernel);
+  register_cpu_quantized(r);  // qmatmul and dequantize live beside matmul (quantized.cpp)
 }
 
 }  // namespace kiln::kernels

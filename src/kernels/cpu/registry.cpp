@@ -16,11 +16,14 @@ const KernelRegistry& builtin_kernels() {
   static const KernelRegistry registry = [] {
     KernelRegistry r;
     register_cpu_sources(r);
+    register_cpu_collectives(r);
     register_cpu_elementwise(r);
     register_cpu_reductions(r);
     register_cpu_matmul(r);
     register_cpu_normalization(r);
     register_cpu_data_movement(r);
+    register_cpu_fused(r);
+    register_cpu_attention(r);
     return r;
   }();
   return registry;

@@ -1,0 +1,138 @@
+// Decode GEMV per weight dtype: x f32 [M, K] times a weight [N, K] stored f32, bf16, f16 (matmul with
+// transpose_b) or Q8_0 (qmatmul), as weight bytes streamed per second, beside a plain streaming read
+// of the same footprint in the same run (the roofline). Each benchmark cycles through copies of its
+// weight totalling >= 1 GiB, so the weights come from DRAM, not the (300 MiB on the Xeon measured) L3.
+//
+//   build-rel/bench_quantized --benchmark_counters_tabular=true
+//   args: M / N / K / threads.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/thread_pool.h"
+#include "kernels/cpu/kernels.h"
+#include "kiln/graph/quantization.h"
+
+namespace {
+
+using kiln::DType;
+using kiln::kernels::TensorView;
+
+constexpr size_t kFootprint = size_t{1} << 30;
+
+std::vector<float> random_floats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// One weight [N, K] in `format` ("f32", "bf16", "f16", "q8_0") as bytes.
+std::vector<uint8_t> weight_bytes(const std::string& format, int64_t N, int64_t K) {
+  const std::vector<float> w = random_floats(N * K, 2);
+  std::vector<uint8_t> out;
+  if (format == "q8_0") {
+    const int64_t rb = kiln::graph::q8_0_row_bytes(K);
+    out.resize(static_cast<size_t>(N * rb));
+    for (int64_t n = 0; n < N; ++n) kiln::graph::quantize_q8_0(w.data() + n * K, K, out.data() + n * rb);
+  } else if (format == "f32") {
+    out.resize(w.size() * 4);
+    std::memcpy(out.data(), w.data(), out.size());
+  } else {
+    out.resize(w.size() * 2);
+    auto* h = reinterpret_cast<uint16_t*>(out.data());
+    for (size_t i = 0; i < w.size(); ++i) h[i] = format == "f16" ? kiln::f32_to_f16(w[i]) : kiln::f32_to_bf16(w[i]);
+  }
+  return out;
+}
+
+void gemv(benchmark::State& state, const std::string& format) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  kiln::engine::ThreadPool pool(static_cast<int>(state.range(3)));
+  const kiln::kernels::KernelContext ctx{&pool};
+  const std::vector<uint8_t> one = weight_bytes(format, N, K);
+  const size_t copies = std::max<size_t>(1, kFootprint / one.size());
+  std::vector<uint8_t> weights(one.size() * copies);
+  for (size_t c = 0; c < copies; ++c) std::memcpy(weights.data() + c * one.size(), one.data(), one.size());
+  std::vector<float> x = random_floats(M * K, 1), y(static_cast<size_t>(M * N));
+  const bool q8 = format == "q8_0";
+  const DType wd = q8 ? DType::u8 : kiln::parse_dtype(format);
+  kiln::graph::Attrs attrs;
+  if (q8)
+    attrs["encoding"] = std::string("q8_0");
+  else
+    attrs["transpose_b"] = int64_t{1};
+  const kiln::kernels::KernelFn fn =
+      kiln::kernels::builtin_kernels().find(q8 ? kiln::graph::Op::qmatmul : kiln::graph::Op::matmul,
+                                            kiln::DeviceKind::CPU, DType::f32);
+  const int64_t cols = q8 ? kiln::graph::q8_0_row_bytes(K) : K;
+  std::vector<TensorView> inputs{TensorView{x.data(), DType::f32, {M, K}, {K, 1}},
+                                 TensorView{weights.data(), wd, {N, cols}, {cols, 1}}};
+  const std::vector<TensorView> outputs{TensorView{y.data(), DType::f32, {M, N}, {N, 1}}};
+  size_t c = 0;
+  for (auto _ : state) {
+    inputs[1].data = weights.data() + c * one.size();
+    fn(ctx, attrs, inputs, outputs);
+    benchmark::DoNotOptimize(y.data());
+    c = (c + 1) % copies;
+  }
+  state.counters["weight B/s"] =
+      benchmark::Counter(static_cast<double>(one.size()), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_f32(benchmark::State& s) { gemv(s, "f32"); }
+void BM_bf16(benchmark::State& s) { gemv(s, "bf16"); }
+void BM_f16(benchmark::State& s) { gemv(s, "f16"); }
+void BM_q8_0(benchmark::State& s) { gemv(s, "q8_0"); }
+
+// The roofline: each thread reads its share of a chunk (16 MiB per iteration, cycling through 1 GiB)
+// as 4 interleaved streams (as the GEMVs read 2-4 weight rows at once), summing 64-byte vectors;
+// args: threads.
+void BM_stream_read(benchmark::State& state) {
+  typedef uint64_t V __attribute__((vector_size(64)));
+  kiln::engine::ThreadPool pool(static_cast<int>(state.range(0)));
+  std::vector<uint64_t> data(kFootprint / 8, 1);
+  constexpr size_t kChunk = size_t{16} << 20, kPiece = 64 << 10;  // bytes; each task reads one piece
+  size_t offset = 0;
+  for (auto _ : state) {
+    const char* base = reinterpret_cast<const char*>(data.data()) + offset;
+    pool.for_range(static_cast<int64_t>(kChunk / kPiece), 1, [&](int64_t begin, int64_t end) {
+      V acc[4] = {};
+      for (int64_t t = begin; t < end; ++t) {
+        const char* piece = base + t * kPiece;
+        for (size_t i = 0; i < kPiece / 4; i += 64)
+          for (int s = 0; s < 4; ++s) {
+            V v;
+            std::memcpy(&v, piece + s * (kPiece / 4) + i, sizeof(V));
+            acc[s] += v;
+          }
+      }
+      benchmark::DoNotOptimize(acc);
+    });
+    offset = (offset + kChunk) % kFootprint;
+  }
+  state.counters["B/s"] = benchmark::Counter(static_cast<double>(kChunk), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2}) {
+    b->Args({1, 4096, 4096, threads});
+    b->Args({8, 4096, 4096, threads});
+    b->Args({1, 2048, 8192, threads});  // N 2048 x K 8192: llama-1B's MLP down projection
+  }
+  b->UseRealTime();
+}
+
+BENCHMARK(BM_stream_read)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_f32)->Apply(shapes);
+BENCHMARK(BM_bf16)->Apply(shapes);
+BENCHMARK(BM_f16)->Apply(shapes);
+BENCHMARK(BM_q8_0)->Apply(shapes);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,197 @@
+// CPU kernel of attention(q, k, v, masked) {scale}: grouped-query attention with an online
+// (flash-style) softmax. The work is split into (kv head, block of queries) units, shared out between
+// threads; a unit walks the keys in tiles, so each K and V row is read from memory once per unit and
+// reused from L1 by every query head of the group and every query of the block. Scores, softmax and
+// the weighted sum accumulate in f32 (f64 for f64).
+//
+// Masked keys are skipped: they would get exp(lowest - max) == 0 exactly. A query row masked
+// everywhere gets the mean of every value row, which is what a softmax over all-equal (lowest)
+// scores gives in the unfused graph.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/strided.h"
+
+namespace kiln::kernels {
+namespace {
+
+using graph::Op;
+
+constexpr int64_t kQueryBlock = 8;  // queries per unit (prefill); decode has one
+constexpr int64_t kKeyTile = 64;    // keys per tile: K and V tiles of 64 x head_dim stay in L1
+
+struct Dims {
+  int64_t seq, heads, head_dim, total, kv_heads, group;
+};
+
+Dims check_operands(std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+  if (inputs.size() != 4 || outputs.size() != 1)
+    throw ValueError(fmt::format("attention: expected 4 operands (q, k, v, masked) and 1 result, got {} and {}",
+                                 inputs.size(), outputs.size()));
+  const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2], &masked = inputs[3], &out = outputs[0];
+  if (q.shape.size() != 3 || k.shape.size() != 3 || k.shape != v.shape || masked.shape.size() != 2 ||
+      k.shape[2] != q.shape[2] || masked.shape[0] != q.shape[0] || masked.shape[1] != k.shape[0])
+    throw ShapeError(fmt::format("attention: expected q [seq, heads, head_dim], k and v [total, kv_heads, "
+                                 "head_dim], masked [seq, total]; got q {}, k {}, v {}, masked {}",
+                                 describe(q), describe(k), describe(v), describe(masked)));
+  if (k.shape[1] < 1 || q.shape[1] % k.shape[1] != 0)
+    throw ShapeError(fmt::format("attention: q's {} heads are not a multiple of k's {} kv heads (q {}, k {})",
+                                 q.shape[1], k.shape[1], describe(q), describe(k)));
+  if (k.dtype != q.dtype || v.dtype != q.dtype || masked.dtype != DType::boolean)
+    throw DTypeError(fmt::format("attention: q, k and v must share a float dtype and masked be bool; got q {}, "
+                                 "k {}, v {}, masked {}",
+                                 describe(q), describe(k), describe(v), describe(masked)));
+  if (out.shape != q.shape || out.dtype != q.dtype || !out.is_contiguous())
+    throw ShapeError(fmt::format("attention: the result {} must be a contiguous {}", describe(out), describe(q)));
+  return Dims{q.shape[0], q.shape[1], q.shape[2], k.shape[0], k.shape[1], q.shape[1] / k.shape[1]};
+}
+
+template <class T>
+void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, std::span<const TensorView> inputs,
+                    const TensorView& out) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2], &masked = inputs[3];
+  const C scale = static_cast<C>(scale_attr);
+  const T* q_data = q.as<T>();
+  const T* k_data = k.as<T>();
+  const T* v_data = v.as<T>();
+  const bool* mask = masked.as<bool>();
+  T* o_data = out.as<T>();
+  const int64_t hd = d.head_dim;
+  const int64_t query_blocks = (d.seq + kQueryBlock - 1) / kQueryBlock;
+
+  parallel_for(ctx, d.kv_heads * query_blocks, 1, [&](int64_t first_unit, int64_t end_unit) {
+    const int64_t rows = kQueryBlock * d.group;  // (query, head of the group) pairs of a unit
+    std::vector<C> q_rows(static_cast<size_t>(rows * hd));      // [query, group, hd]
+    std::vector<C> acc(static_cast<size_t>(rows * hd));         // [query, group, hd]
+    std::vector<C> running_max(static_cast<size_t>(rows)), running_sum(static_cast<size_t>(rows));
+    std::vector<C> k_tile(static_cast<size_t>(hd * kKeyTile));  // [hd, key]: scores vectorise over keys
+    std::vector<C> v_tile(static_cast<size_t>(kKeyTile * hd));
+    std::vector<C> scores(static_cast<size_t>(kKeyTile));
+    std::vector<char> visible(static_cast<size_t>(kKeyTile));
+    std::vector<char> any_visible(static_cast<size_t>(kQueryBlock));
+
+    for (int64_t unit = first_unit; unit < end_unit; ++unit) {
+      const int64_t kv = unit % d.kv_heads;
+      const int64_t s0 = (unit / d.kv_heads) * kQueryBlock;
+      const int64_t queries = std::min(kQueryBlock, d.seq - s0);
+      for (int64_t s = 0; s < queries; ++s)
+        for (int64_t g = 0; g < d.group; ++g) {
+          const T* src = q_data + (s0 + s) * q.strides[0] + (kv * d.group + g) * q.strides[1];
+          C* dst = &q_rows[static_cast<size_t>((s * d.group + g) * hd)];
+          for (int64_t i = 0; i < hd; ++i) dst[i] = static_cast<C>(src[i * q.strides[2]]);
+        }
+      std::fill(acc.begin(), acc.end(), C(0));
+      std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<C>::infinity());
+      std::fill(running_sum.begin(), running_sum.end(), C(0));
+      std::fill(any_visible.begin(), any_visible.end(), 0);
+
+      for (int64_t t0 = 0; t0 < d.total; t0 += kKeyTile) {
+        const int64_t keys = std::min(kKeyTile, d.total - t0);
+        for (int64_t t = 0; t < keys; ++t) {
+          const T* k_row = k_data + (t0 + t) * k.strides[0] + kv * k.strides[1];
+          const T* v_row = v_data + (t0 + t) * v.strides[0] + kv * v.strides[1];
+          for (int64_t i = 0; i < hd; ++i) {
+            k_tile[static_cast<size_t>(i * kKeyTile + t)] = static_cast<C>(k_row[i * k.strides[2]]);
+            v_tile[static_cast<size_t>(t * hd + i)] = static_cast<C>(v_row[i * v.strides[2]]);
+          }
+        }
+        for (int64_t s = 0; s < queries; ++s) {
+          const bool* mask_row = mask + (s0 + s) * masked.strides[0] + t0 * masked.strides[1];
+          bool any = false;
+          for (int64_t t = 0; t < keys; ++t) {
+            visible[static_cast<size_t>(t)] = !mask_row[t * masked.strides[1]];
+            any = any || visible[static_cast<size_t>(t)];
+          }
+          if (!any) continue;
+          any_visible[static_cast<size_t>(s)] = 1;
+          for (int64_t g = 0; g < d.group; ++g) {
+            const int64_t row = s * d.group + g;
+            const C* q_row = &q_rows[static_cast<size_t>(row * hd)];
+            C* a = &acc[static_cast<size_t>(row * hd)];
+            // scores[t] = q . k_t for the whole tile, one q element at a time: independent lanes per
+            // key, so the loop vectorises without reordering any sum.
+            C* score = scores.data();
+            std::fill(score, score + keys, C(0));
+            for (int64_t i = 0; i < hd; ++i) {
+              const C qi = q_row[i];
+              const C* k_column = &k_tile[static_cast<size_t>(i * kKeyTile)];
+              for (int64_t t = 0; t < keys; ++t) score[t] += qi * k_column[t];
+            }
+            C tile_max = -std::numeric_limits<C>::infinity();
+            for (int64_t t = 0; t < keys; ++t) {
+              score[t] *= scale;
+              if (visible[static_cast<size_t>(t)]) tile_max = std::max(tile_max, score[t]);
+            }
+            C& m = running_max[static_cast<size_t>(row)];
+            C& l = running_sum[static_cast<size_t>(row)];
+            if (tile_max > m) {
+              // Rescale what was summed against the old max (exp(-inf) = 0 the first time).
+              const C correction = std::exp(m - tile_max);
+              l *= correction;
+              for (int64_t i = 0; i < hd; ++i) a[i] *= correction;
+              m = tile_max;
+            }
+            for (int64_t t = 0; t < keys; ++t) {
+              if (!visible[static_cast<size_t>(t)]) continue;
+              const C p = std::exp(scores[static_cast<size_t>(t)] - m);
+              l += p;
+              const C* v_row = &v_tile[static_cast<size_t>(t * hd)];
+              for (int64_t i = 0; i < hd; ++i) a[i] += p * v_row[i];
+            }
+          }
+        }
+      }
+
+      for (int64_t s = 0; s < queries; ++s) {
+        if (!any_visible[static_cast<size_t>(s)] && d.total > 0) {
+          // Masked everywhere: every score is the same, so every value row weighs 1 / total.
+          for (int64_t g = 0; g < d.group; ++g) {
+            C* a = &acc[static_cast<size_t>((s * d.group + g) * hd)];
+            for (int64_t t = 0; t < d.total; ++t) {
+              const T* v_row = v_data + t * v.strides[0] + kv * v.strides[1];
+              for (int64_t i = 0; i < hd; ++i) a[i] += static_cast<C>(v_row[i * v.strides[2]]);
+            }
+            running_sum[static_cast<size_t>(s * d.group + g)] = static_cast<C>(d.total);
+          }
+        }
+        for (int64_t g = 0; g < d.group; ++g) {
+          const int64_t row = s * d.group + g;
+          const C l = running_sum[static_cast<size_t>(row)];
+          const C inv = l > C(0) ? C(1) / l : C(0);  // total == 0: nothing to attend, the result is 0
+          const C* a = &acc[static_cast<size_t>(row * hd)];
+          T* dst = o_data + ((s0 + s) * d.heads + kv * d.group + g) * hd;
+          for (int64_t i = 0; i < hd; ++i) dst[i] = static_cast<T>(a[i] * inv);
+        }
+      }
+    }
+  });
+}
+
+void attention_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+                      std::span<const TensorView> outputs) {
+  const Dims d = check_operands(inputs, outputs);
+  const double scale = graph::get_attr<double>(attrs, "scale", Op::attention);
+  switch (inputs[0].dtype) {
+    case DType::f32: return attention_loop<float>(ctx, d, scale, inputs, outputs[0]);
+    case DType::f64: return attention_loop<double>(ctx, d, scale, inputs, outputs[0]);
+    case DType::f16: return attention_loop<f16_t>(ctx, d, scale, inputs, outputs[0]);
+    case DType::bf16: return attention_loop<bf16_t>(ctx, d, scale, inputs, outputs[0]);
+    default: break;
+  }
+  throw DTypeError(fmt::format("attention: q must be a float dtype, got {}", describe(inputs[0])));
+}
+
+}  // namespace
+
+void register_cpu_attention(KernelRegistry& r) {
+  r.add(Op::attention, DeviceKind::CPU, {DType::f32, DType::f64, DType::f16, DType::bf16}, attention_kernel);
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,208 @@
+// The ISA-independent half of the SIMD GEMM: choosing the ISA level, splitting a problem between
+// threads, and each thread's scratch memory. The loops themselves are in gemm_x86-inl.h.
+#include "kernels/cpu/gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "kernels/cpu/strided.h"
+
+namespace kiln::kernels::gemm {
+namespace {
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+bool cpu_has_avx512() {
+#if defined(__x86_64__)
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__)
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+const IsaKernels* kernels_of(Isa isa) {
+  switch (isa) {
+    case Isa::avx2: return avx2_kernels();
+    case Isa::avx512: return avx512_kernels();
+    case Isa::avx512_bf16: return avx512_bf16_kernels();
+    case Isa::generic: break;
+  }
+  return nullptr;
+}
+
+std::atomic<int> g_forced_isa{-1};
+
+// Below this many multiply-adds per thread, waking another thread costs more than it saves.
+constexpr int64_t kMinMacsPerThread = 32 * 1024;
+
+// A thread's scratch, kept between calls (the session's pool threads live as long as the session)
+// and 64-byte aligned for the packed panels.
+class Scratch {
+ public:
+  float* floats(size_t n) {
+    if (n > size_) {
+      void* p = std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+      if (!p) throw std::bad_alloc();
+      data_.reset(static_cast<float*>(p));
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  size_t size_ = 0;
+};
+
+struct ThreadScratch {
+  Scratch a, b, c;
+};
+thread_local ThreadScratch t_scratch;
+
+bool small_m_applies(const Problem& p) {
+  return p.M <= kSmallM && p.b_storage != BStorage::q8_0 && (p.b_row == 1 || p.b_col == 1);
+}
+
+// Part `t` of `parts` of problem p, on the calling thread: column ranges for small M; for GEMM,
+// panels of columns when there are enough of them, else groups of rows.
+void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
+  const Blocking& b = k.blocking;
+  if (small_m_applies(p)) {
+    const int64_t units = (p.N + 15) / 16;  // whole vectors of columns per part
+    const int64_t n0 = std::min(p.N, t * units / parts * 16), n1 = std::min(p.N, (t + 1) * units / parts * 16);
+    Workspace ws{t_scratch.a.floats(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
+    k.small_m(p, n0, n1, ws);
+    return;
+  }
+  const int64_t panels = (p.N + b.nr - 1) / b.nr, row_tiles = (p.M + b.mr - 1) / b.mr;
+  int64_t m0 = 0, m1 = p.M, n0 = 0, n1 = p.N;
+  if (panels >= 4 * parts || panels >= row_tiles) {
+    n0 = std::min(p.N, t * panels / parts * b.nr);
+    n1 = std::min(p.N, (t + 1) * panels / parts * b.nr);
+  } else {
+    m0 = std::min(p.M, t * row_tiles / parts * b.mr);
+    m1 = std::min(p.M, (t + 1) * row_tiles / parts * b.mr);
+  }
+  if (m0 >= m1 || n0 >= n1) return;
+  Workspace ws{t_scratch.a.floats(static_cast<size_t>(b.mr * b.kc)),
+               t_scratch.b.floats(static_cast<size_t>(b.kc * b.nc)), nullptr};
+  if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.floats(static_cast<size_t>((m1 - m0) * b.nc));
+  k.gemm(p, m0, m1, n0, n1, ws);
+}
+
+// Handles what needs no kernel; true when nothing is left to do.
+bool trivial(const Problem& p) {
+  if (p.M == 0 || p.N == 0) return true;
+  if (p.K > 0) return false;
+  const size_t row_bytes = static_cast<size_t>(p.N) * dtype_size(p.dtype);
+  for (int64_t m = 0; m < p.M; ++m)  // every f32/f16/bf16 zero is all-zero bits
+    std::memset(static_cast<char*>(p.c) + m * p.ldc * dtype_size(p.dtype), 0, row_bytes);
+  return true;
+}
+
+bool supported(const Problem& p) {
+  if (p.b_storage != BStorage::same) return p.dtype == DType::f32;
+  return p.dtype == DType::f32 || p.dtype == DType::f16 || p.dtype == DType::bf16;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::generic: return "generic";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+    case Isa::avx512_bf16: return "avx512_bf16";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::generic: return true;
+    case Isa::avx2: return avx2_kernels() && cpu_has_avx2();
+    case Isa::avx512: return avx512_kernels() && cpu_has_avx512();
+    case Isa::avx512_bf16: return avx512_bf16_kernels() && cpu_has_avx512_bf16();
+  }
+  return false;
+}
+
+Isa best_isa() {
+  static const Isa best = [] {
+    // vdpbf16ps pays only where it outruns two FMAs: on AMD Zen 4/5 (double the f32 FMA rate per
+    // flop). On the Intel Xeon (AMX-era) hosts measured it ran at a quarter of vfmadd231ps's
+    // instruction rate, so bf16 widened in registers into the f32 kernel was 1.5x faster there.
+    bool prefer_dot = false;
+#if defined(__x86_64__)
+    prefer_dot = __builtin_cpu_is("amd");
+#endif
+    for (Isa isa : {Isa::avx512_bf16, Isa::avx512, Isa::avx2})
+      if (isa_supported(isa) && (isa != Isa::avx512_bf16 || prefer_dot)) return isa;
+    return Isa::generic;
+  }();
+  return best;
+}
+
+Isa active_isa() {
+  const int forced = g_forced_isa.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<Isa>(forced) : best_isa();
+}
+
+void force_isa_for_testing(std::optional<Isa> isa) {
+  if (isa && !isa_supported(*isa))
+    throw ValueError(std::string("gemm: ISA level ") + isa_name(*isa) + " is not supported on this CPU");
+  g_forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
+}
+
+bool run(const KernelContext& ctx, const Problem& p) {
+  const IsaKernels* k = kernels_of(active_isa());
+  if (!k || !supported(p)) return false;
+  if (trivial(p)) return true;
+  const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  const int64_t parts = std::clamp<int64_t>(p.M * p.N * p.K / kMinMacsPerThread, 1, threads);
+  if (parts == 1) {
+    run_part(*k, p, 0, 1);
+    return true;
+  }
+  // One chunk per thread: each part packs its own blocks, so the split is fixed here, not by the pool.
+  ctx.parallel->for_range(parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) run_part(*k, p, t, parts);
+  });
+  return true;
+}
+
+bool run_batched(const KernelContext& ctx, int64_t count, const std::function<Problem(int64_t)>& problem) {
+  const IsaKernels* k = kernels_of(active_isa());
+  if (count <= 0) return true;
+  const Problem first = problem(0);
+  if (!k || !supported(first)) return false;
+  const int64_t macs = std::max<int64_t>(1, first.M * first.N * first.K);
+  parallel_for(ctx, count, std::max<int64_t>(1, kMinMacsPerThread / macs), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Problem p = problem(i);
+      if (!trivial(p)) run_part(*k, p, 0, 1);
+    }
+  });
+  return true;
+}
+
+}  // namespace kiln::kernels::gemm

@@ -1,0 +1,93 @@
+// Private: the SIMD GEMM / GEMV behind the matmul kernel, for f32, f16 and bf16 operands (f32
+// accumulation), with one implementation per x86 ISA level chosen at run time.
+//
+// Why GCC target pragmas and not Highway's foreach_target: the installed Highway (1.0.3) has no
+// Zen 4 / Sapphire Rapids target and no vdpbf16ps, and the hot loops here are a handful of
+// intrinsics. Each ISA level is one small translation unit (gemm_avx2.cpp, gemm_avx512.cpp,
+// gemm_avx512_bf16.cpp) that compiles the shared templates of gemm_x86-inl.h under
+// `#pragma GCC target`, after all standard headers, so no inline library code is ever compiled
+// for a wider ISA than the baseline (that would break the one-definition rule at link time).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "kernels/cpu/kernels.h"
+#include "kiln/errors.h"
+
+namespace kiln::kernels::gemm {
+
+// Ordered from the portable baseline up; a level is usable when the CPU has all its features.
+enum class Isa : int {
+  generic,      // no SIMD kernels here: matmul.cpp's portable path runs
+  avx2,         // AVX2 + FMA + F16C: 6x16 f32 tile; f16/bf16 widened in registers
+  avx512,       // AVX-512 F/BW/DQ/VL: 6x64 f32 tile; f16/bf16 widened in registers
+  avx512_bf16,  // avx512 + AVX512_BF16: bf16 x bf16 products with vdpbf16ps
+};
+const char* isa_name(Isa isa);
+bool isa_supported(Isa isa);  // compiled in, and the CPU has the features
+Isa best_isa();               // the fastest supported level (avx512_bf16 only on AMD: see gemm.cpp)
+// The level matmul uses: best_isa() unless a test forced another.
+Isa active_isa();
+// Tests only: run matmul on `isa` (which must be supported), or back on best_isa() with nullopt.
+void force_isa_for_testing(std::optional<Isa> isa);
+
+// How B is stored when it is not in the problem's dtype (which is then f32): a weight kept narrow
+// and converted in registers (f16, bf16), or Q8_0 blocks (quantization.h): B is then the weight
+// [N, K] as N rows of K / 32 blocks, `b_col` bytes apart (b_row unused), K a multiple of 32.
+enum class BStorage : uint8_t { same, f16, bf16, q8_0 };
+
+// One 2-D product C[M, N] = A[M, K] . B[K, N]; A and B at any element strides, C contiguous rows
+// (leading dimension ldc). A, B and C share `dtype` (f32, f16 or bf16), unless b_storage says
+// otherwise.
+struct Problem {
+  DType dtype = DType::f32;
+  const void* a = nullptr;
+  int64_t a_row = 0, a_col = 0;
+  const void* b = nullptr;
+  int64_t b_row = 0, b_col = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  int64_t M = 0, N = 0, K = 0;
+  BStorage b_storage = BStorage::same;
+};
+
+// Scratch the driver hands to one thread's call (sizes from Blocking): the ISA code allocates
+// nothing itself.
+struct Workspace {
+  float* packed_a = nullptr;  // >= mr * kc floats
+  float* packed_b = nullptr;  // >= kc * nc floats
+  float* c_acc = nullptr;     // >= rows * nc floats, for f16/bf16 results (f32 partial sums)
+};
+
+// The register tile and cache blocks of one ISA level.
+struct Blocking {
+  int mr = 0, nr = 0;  // register tile: rows x columns
+  int64_t kc = 0;      // depth of a packed block
+  int64_t nc = 0;      // columns of a packed B block (kc x nc stays in L2)
+};
+
+// What each ISA translation unit exports.
+struct IsaKernels {
+  Isa isa = Isa::generic;
+  Blocking blocking;
+  // C rows [m0, m1) x columns [n0, n1) of p, all of K: pack, multiply, store.
+  void (*gemm)(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws);
+  // Small M (<= kSmallM), columns [n0, n1): streams B once. False when B's layout has neither unit
+  // stride, or B is Q8_0 (the caller then runs gemm; quantized.h has the int8 GEMV). ws.packed_a
+  // holds >= M * K floats (A rows converted to f32).
+  bool (*small_m)(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws);
+};
+inline constexpr int64_t kSmallM = 8;
+
+const IsaKernels* avx2_kernels();         // nullptr when not compiled for x86-64
+const IsaKernels* avx512_kernels();
+const IsaKernels* avx512_bf16_kernels();
+
+// Runs one 2-D problem (the caller loops over batches), threaded over ctx.parallel. False when the
+// active level is `generic` or the dtype is not f32/f16/bf16: the caller computes it another way.
+bool run(const KernelContext& ctx, const Problem& p);
+// Many independent problems of one shape (attention's per-head products): one per thread at a time.
+bool run_batched(const KernelContext& ctx, int64_t count, const std::function<Problem(int64_t)>& problem);
+
+}  // namespace kiln::kernels::gemm

@@ -1,0 +1,37 @@
+// The GEMM / GEMV kernels of gemm_x86-inl.h compiled for AVX2 + FMA + F16C (Haswell and later, Zen 1 and
+// later).
+// Standard headers first, then the target pragma (see gemm.h).
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/gemm.h"
+
+#if defined(__x86_64__)
+// GCC 12 flags the deliberately undefined upper halves inside some AVX-512 intrinsics (the
+// _mm256_undefined_pd of _mm512_reduce_add_ps) as maybe-uninitialized, at the intrinsic header's
+// line, so the warning is off for this whole file.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace kiln::kernels::gemm {
+namespace {
+#define KILN_GEMM_AVX2 1
+#include "kernels/cpu/gemm_x86-inl.h"
+}  // namespace
+}  // namespace kiln::kernels::gemm
+#pragma GCC pop_options
+
+namespace kiln::kernels::gemm {
+const IsaKernels* avx2_kernels() {
+  static const IsaKernels kernels{Isa::avx2, kBlocking, gemm_entry, small_m_entry};
+  return &kernels;
+}
+}  // namespace kiln::kernels::gemm
+#else
+namespace kiln::kernels::gemm {
+const IsaKernels* avx2_kernels() { return nullptr; }
+}  // namespace kiln::kernels::gemm
+#endif

@@ -1,0 +1,40 @@
+// The GEMM / GEMV kernels of gemm_x86-inl.h compiled for AVX-512 F/BW/DQ/VL (Skylake-SP and later); bf16
+// widened in registers.
+// Standard headers first, then the target pragma (see gemm.h).
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/gemm.h"
+
+#if defined(__x86_64__)
+// GCC 12 flags the deliberately undefined upper halves inside some AVX-512 intrinsics (the
+// _mm256_undefined_pd of _mm512_reduce_add_ps) as maybe-uninitialized, at the intrinsic header's
+// line, so the warning is off for this whole file.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The same placeholders (`__m512 __Y = __Y` in _mm512_unpacklo_ps) read as plainly uninitialized
+// once pack_b_q8_0's transposes are inlined at -O2.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+namespace kiln::kernels::gemm {
+namespace {
+#define KILN_GEMM_AVX512 1
+#include "kernels/cpu/gemm_x86-inl.h"
+}  // namespace
+}  // namespace kiln::kernels::gemm
+#pragma GCC pop_options
+
+namespace kiln::kernels::gemm {
+const IsaKernels* avx512_kernels() {
+  static const IsaKernels kernels{Isa::avx512, kBlocking, gemm_entry, small_m_entry};
+  return &kernels;
+}
+}  // namespace kiln::kernels::gemm
+#else
+namespace kiln::kernels::gemm {
+const IsaKernels* avx512_kernels() { return nullptr; }
+}  // namespace kiln::kernels::gemm
+#endif

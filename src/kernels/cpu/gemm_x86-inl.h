@@ -1,0 +1,704 @@
+// Private: the GEMM / GEMV templates shared by the x86 ISA levels. Not a normal header: each of
+// gemm_avx2.cpp, gemm_avx512.cpp and gemm_avx512_bf16.cpp includes it once, inside an anonymous
+// namespace and after `#pragma GCC target(...)`, with one of KILN_GEMM_AVX2 / KILN_GEMM_AVX512
+// defined (and KILN_GEMM_BF16_DOT for the vdpbf16ps kernels). It includes nothing itself: all
+// standard headers come before the pragma in the including file (see gemm.h for why).
+//
+// Layout of the packed operands (MR x NR register tile, L floats per vector, NR = NV * L):
+//   f32 kernel:  A rows as given (or packed [MR][kc]), B panels [kc][NR]
+//   bf16 kernel: A rows of bf16 (or packed [MR][kc even]), B panels [kc / 2][NR][2] (k pairs)
+
+// ---- vector traits --------------------------------------------------------------------------------
+
+#if defined(KILN_GEMM_AVX512)
+struct Vec {
+  using V = __m512;
+  static constexpr int L = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const f16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V load(const bf16_t* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  static V load_q8(const uint8_t* q, float d) {  // 16 int8 quants times their block's scale
+    const __m512i wide = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(wide), _mm512_set1_ps(d));
+  }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  // r[j] <- column j of the 16 x 16 matrix whose rows are r[0..15] (unpack, then 128-bit shuffles).
+  static void transpose(V* r) {
+    V t[16], u[16];
+    for (int a = 0; a < 8; ++a) {
+      t[2 * a] = _mm512_unpacklo_ps(r[2 * a], r[2 * a + 1]);
+      t[2 * a + 1] = _mm512_unpackhi_ps(r[2 * a], r[2 * a + 1]);
+    }
+    for (int g = 0; g < 4; ++g) {  // u[4g + c], 128-bit lane l: column 4l + c of rows 4g..4g+3
+      u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const V w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), w1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+      const V w2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88),
+              w3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+      r[c] = _mm512_shuffle_f32x4(w0, w2, 0x88);
+      r[8 + c] = _mm512_shuffle_f32x4(w0, w2, 0xDD);
+      r[4 + c] = _mm512_shuffle_f32x4(w1, w3, 0x88);
+      r[12 + c] = _mm512_shuffle_f32x4(w1, w3, 0xDD);
+    }
+  }
+};
+constexpr int kMR = 6, kNV = 4;            // 6 x 64 tile: 24 zmm accumulators
+constexpr int64_t kKC = 256, kNC = 512;    // B block 512 KiB in the 1 MiB L2; A rows 6 KiB in L1
+#elif defined(KILN_GEMM_AVX2)
+struct Vec {
+  using V = __m256;
+  static constexpr int L = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load(const bf16_t* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static V load_q8(const uint8_t* q, float d) {  // 8 int8 quants times their block's scale
+    const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(wide), _mm256_set1_ps(d));
+  }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static float sum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static void transpose(V* r) {  // 8 x 8, as the AVX-512 one with 128-bit halves
+    V t[8], u[8];
+    for (int a = 0; a < 4; ++a) {
+      t[2 * a] = _mm256_unpacklo_ps(r[2 * a], r[2 * a + 1]);
+      t[2 * a + 1] = _mm256_unpackhi_ps(r[2 * a], r[2 * a + 1]);
+    }
+    for (int g = 0; g < 2; ++g) {
+      u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+      r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+  }
+};
+constexpr int kMR = 6, kNV = 2;            // 6 x 16 tile: 12 ymm accumulators
+constexpr int64_t kKC = 256, kNC = 256;
+#endif
+using V = Vec::V;
+constexpr int kL = Vec::L;
+constexpr int kNR = kNV * kL;
+
+inline int64_t lo(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(f16_t v) { return f16_to_f32(v.bits); }
+inline float to_f32(bf16_t v) { return bf16_to_f32(v.bits); }
+
+// L elements from p, of which the first n (< L) exist; the rest read as zero.
+template <class T> V load_partial(const T* p, int64_t n) {
+  alignas(64) T tmp[kL] = {};
+  std::memcpy(tmp, p, static_cast<size_t>(n) * sizeof(T));
+  return Vec::load(tmp);
+}
+
+// f32 rows [rows][width] (leading dim ld) -> C of element type T (contiguous rows, ldc).
+template <class T> void store_rows(const float* src, int64_t ld, int64_t rows, int64_t width, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* s = src + i * ld;
+    T* d = c + i * ldc;
+    int64_t j = 0;
+#if defined(KILN_GEMM_AVX512)
+    if constexpr (!std::is_same_v<T, float>) {
+      for (; j + 16 <= width; j += 16) {
+        const __m512 v = _mm512_loadu_ps(s + j);
+        __m256i h;
+        if constexpr (std::is_same_v<T, f16_t>) {
+          h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        } else {
+          // f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN.
+          const __m512i bits = _mm512_castps_si512(v);
+          const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+          __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+          const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+          rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+          h = _mm512_cvtepi32_epi16(rounded);
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + j), h);
+      }
+    }
+#endif
+    for (; j < width; ++j) {
+      if constexpr (std::is_same_v<T, float>)
+        d[j] = s[j];
+      else if constexpr (std::is_same_v<T, f16_t>)
+        d[j].bits = f32_to_f16(s[j]);
+      else
+        d[j].bits = f32_to_bf16(s[j]);
+    }
+  }
+}
+
+// ---- f32 micro-kernel ----------------------------------------------------------------------------
+
+// The hot loop: C[mr x nr] (+)= A[MR rows, lda apart][kc] . Bp[kc][NR]. Each step loads NV vectors of
+// B and broadcasts one element of each A row (folded into the FMA's memory operand).
+void micro_f32(int64_t kc, const float* __restrict a, int64_t lda, const float* __restrict b, float* c,
+               int64_t ldc, int64_t mr, int64_t nr, bool accumulate) {
+  V acc[kMR][kNV];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::zero();
+  for (int64_t k = 0; k < kc; ++k) {
+    V bv[kNV];
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) bv[v] = Vec::load(b + k * kNR + v * kL);
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR; ++i) {
+      const V ai = Vec::set1(a[i * lda + k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::fma(ai, bv[v], acc[i][v]);
+    }
+  }
+  if (mr == kMR && nr == kNR) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR; ++i)
+#pragma GCC unroll 8
+      for (int v = 0; v < kNV; ++v) {
+        float* dst = c + i * ldc + v * kL;
+        Vec::store(dst, accumulate ? Vec::add(acc[i][v], Vec::load(dst)) : acc[i][v]);
+      }
+    return;
+  }
+  alignas(64) float tile[kMR][kNR];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) Vec::store(&tile[i][v * kL], acc[i][v]);
+  for (int64_t i = 0; i < mr; ++i)
+    for (int64_t j = 0; j < nr; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
+}
+
+// B[k0 + k, n0 + j] for k < kc, j < nc -> panels [ceil(nc / NR)][kc][NR] of f32, zero past nc.
+template <class T> void pack_b_f32(const Problem& p, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) {
+  const T* B = static_cast<const T*>(p.b);
+  for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+    float* panel = dst + j0 / kNR * kc * kNR;
+    const int64_t w = lo(kNR, nc - j0);
+    if (p.b_col == 1) {  // rows of B contiguous: copy (and widen) NR-wide row pieces
+      for (int64_t k = 0; k < kc; ++k) {
+        const T* src = B + (k0 + k) * p.b_row + n0 + j0;
+        float* d = panel + k * kNR;
+        for (int64_t v = 0; v < kNV; ++v) {
+          const int64_t have = w - v * kL;
+          Vec::store(d + v * kL, have >= kL ? Vec::load(src + v * kL) : have > 0 ? load_partial(src + v * kL, have) : Vec::zero());
+        }
+      }
+    } else if (p.b_row == 1) {  // columns of B contiguous (transpose_b): L x L register transposes
+      int64_t k = 0;
+      if (w == kNR) {
+        for (; k + kL <= kc; k += kL)
+          for (int64_t v = 0; v < kNV; ++v) {
+            V r[kL];
+            for (int j = 0; j < kL; ++j) r[j] = Vec::load(B + (n0 + j0 + v * kL + j) * p.b_col + k0 + k);
+            Vec::transpose(r);
+            for (int kk = 0; kk < kL; ++kk) Vec::store(panel + (k + kk) * kNR + v * kL, r[kk]);
+          }
+      }
+      for (int64_t j = 0; j < kNR; ++j) {
+        const T* src = B + (n0 + j0 + j) * p.b_col + k0;
+        for (int64_t kk = k; kk < kc; ++kk) panel[kk * kNR + j] = j < w ? to_f32(src[kk]) : 0.0f;
+      }
+    } else {
+      for (int64_t k = 0; k < kc; ++k)
+        for (int64_t j = 0; j < kNR; ++j)
+          panel[k * kNR + j] = j < w ? to_f32(B[(k0 + k) * p.b_row + (n0 + j0 + j) * p.b_col]) : 0.0f;
+    }
+  }
+}
+
+// B stored as Q8_0 rows (BStorage::q8_0): column n of B is weight row n, `p.b_col` bytes long.
+struct Q8_0Rows {};
+
+// Weight rows [n0, n0 + nc), depth [k0, k0 + kc) (k0 and kc multiples of 32) -> the f32 panels of
+// pack_b_f32: L rows x L quants dequantized into registers, then transposed.
+void pack_b_q8_0(const Problem& p, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) {
+  const uint8_t* B = static_cast<const uint8_t*>(p.b);
+  for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+    float* panel = dst + j0 / kNR * kc * kNR;
+    const int64_t w = lo(kNR, nc - j0);
+    for (int64_t v = 0; v < kNV; ++v)
+      for (int64_t k = 0; k < kc; k += kL) {
+        const int64_t block = (k0 + k) / 32, within = (k0 + k) % 32;
+        V r[kL];
+        for (int j = 0; j < kL; ++j) {
+          const int64_t col = v * kL + j;
+          if (col >= w) {
+            r[j] = Vec::zero();
+            continue;
+          }
+          const uint8_t* b = B + (n0 + j0 + col) * p.b_col + block * 34;
+          uint16_t d;
+          std::memcpy(&d, b, 2);
+          r[j] = Vec::load_q8(b + 2 + within, _cvtsh_ss(d));
+        }
+        Vec::transpose(r);
+        for (int kk = 0; kk < kL; ++kk) Vec::store(panel + (k + kk) * kNR + v * kL, r[kk]);
+      }
+  }
+}
+
+// A rows [m0, m0 + mr), depth [k0, k0 + kc) -> f32 [MR][kc], rows past mr zero.
+template <class T> void pack_a_f32(const Problem& p, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float* dst) {
+  const T* A = static_cast<const T*>(p.a);
+  for (int64_t i = 0; i < kMR; ++i) {
+    float* d = dst + i * kc;
+    if (i >= mr) {
+      for (int64_t k = 0; k < kc; ++k) d[k] = 0.0f;
+      continue;
+    }
+    const T* src = A + (m0 + i) * p.a_row + k0 * p.a_col;
+    if (p.a_col == 1) {
+      int64_t k = 0;
+      for (; k + kL <= kc; k += kL) Vec::store(d + k, Vec::load(src + k));
+      for (; k < kc; ++k) d[k] = to_f32(src[k]);
+    } else {
+      for (int64_t k = 0; k < kc; ++k) d[k] = to_f32(src[k * p.a_col]);
+    }
+  }
+}
+
+// Rows [m0, m1) x columns [n0, n1) of C: blocks of NC columns and KC depth (the packed B block stays
+// in L2); for each MR rows, the micro-kernel sweeps the block's panels with the A rows held in L1.
+// T: A and C's element type; TB: B's (float, f16_t, bf16_t or Q8_0Rows), converted while packing.
+template <class T, class TB = T>
+void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  const T* A = static_cast<const T*>(p.a);
+  for (int64_t jc = n0; jc < n1; jc += kNC) {
+    const int64_t nc = lo(kNC, n1 - jc);
+    for (int64_t pc = 0; pc < p.K; pc += kKC) {
+      const int64_t kc = lo(kKC, p.K - pc);
+      if constexpr (std::is_same_v<TB, Q8_0Rows>)
+        pack_b_q8_0(p, pc, kc, jc, nc, ws.packed_b);
+      else
+        pack_b_f32<TB>(p, pc, kc, jc, nc, ws.packed_b);
+      for (int64_t ir = m0; ir < m1; ir += kMR) {
+        const int64_t mr = lo(kMR, m1 - ir);
+        const float* a;
+        int64_t lda;
+        if constexpr (kF32) {
+          if (p.a_col == 1 && mr == kMR) {  // A rows read in place: no packing
+            a = A + ir * p.a_row + pc;
+            lda = p.a_row;
+          } else {
+            pack_a_f32<T>(p, ir, mr, pc, kc, ws.packed_a);
+            a = ws.packed_a;
+            lda = kc;
+          }
+        } else {
+          pack_a_f32<T>(p, ir, mr, pc, kc, ws.packed_a);
+          a = ws.packed_a;
+          lda = kc;
+        }
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const float* bp = ws.packed_b + jr / kNR * kc * kNR;
+          if constexpr (kF32)
+            micro_f32(kc, a, lda, bp, static_cast<float*>(p.c) + ir * p.ldc + jc + jr, p.ldc, mr, lo(kNR, nc - jr), pc > 0);
+          else
+            micro_f32(kc, a, lda, bp, ws.c_acc + (ir - m0) * kNC + jr, kNC, mr, lo(kNR, nc - jr), pc > 0);
+        }
+      }
+    }
+    if constexpr (!kF32) store_rows(ws.c_acc, kNC, m1 - m0, nc, static_cast<T*>(p.c) + m0 * p.ldc + jc, p.ldc);
+  }
+}
+
+// ---- bf16 x bf16 with vdpbf16ps ---------------------------------------------------------------------
+
+#if defined(KILN_GEMM_BF16_DOT)
+// C[mr x nr] (+)= A[MR rows of bf16, lda apart][kc] . Bp[kc / 2][NR][2]: each step takes one k pair,
+// a 32-bit broadcast of each A row's pair against NV vectors of 16 B pairs.
+void micro_bf16(int64_t kpairs, const uint16_t* __restrict a, int64_t lda, const uint16_t* __restrict b, float* c,
+                int64_t ldc, int64_t mr, int64_t nr, bool accumulate) {
+  __m512 acc[kMR][kNV];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < kpairs; ++q) {
+    __m512i bv[kNV];
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_loadu_si512(b + (q * kNR + v * kL) * 2);
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR; ++i) {
+      uint32_t pair;
+      std::memcpy(&pair, a + i * lda + 2 * q, sizeof(pair));
+      const __m512i ai = _mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 8
+      for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)ai, (__m512bh)bv[v]);
+    }
+  }
+  if (mr == kMR && nr == kNR) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR; ++i)
+#pragma GCC unroll 8
+      for (int v = 0; v < kNV; ++v) {
+        float* dst = c + i * ldc + v * kL;
+        _mm512_storeu_ps(dst, accumulate ? _mm512_add_ps(acc[i][v], _mm512_loadu_ps(dst)) : acc[i][v]);
+      }
+    return;
+  }
+  alignas(64) float tile[kMR][kNR];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) _mm512_storeu_ps(&tile[i][v * kL], acc[i][v]);
+  for (int64_t i = 0; i < mr; ++i)
+    for (int64_t j = 0; j < nr; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
+}
+
+// B[k0 + k, n0 + j] (bf16) -> panels [ceil(nc / NR)][ceil(kc / 2)][NR][2], zero past kc and nc.
+void pack_b_bf16(const Problem& p, int64_t k0, int64_t kc, int64_t n0, int64_t nc, uint16_t* dst) {
+  const uint16_t* B = static_cast<const uint16_t*>(p.b);
+  const int64_t kp = (kc + 1) / 2;
+  for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+    uint16_t* panel = dst + j0 / kNR * kp * kNR * 2;
+    const int64_t w = lo(kNR, nc - j0);
+    int64_t q = 0;
+    // transpose_b with even row stride and start: each k pair is one 32-bit word of a B column.
+    if (p.b_row == 1 && w == kNR) {
+      for (; 2 * q + 2 * kL <= kc; q += kL)
+        for (int64_t v = 0; v < kNV; ++v) {
+          __m512 r[kL];
+          for (int j = 0; j < kL; ++j) r[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(B + (n0 + j0 + v * kL + j) * p.b_col + k0 + 2 * q));
+          Vec::transpose(r);
+          for (int qq = 0; qq < kL; ++qq) _mm512_storeu_ps(reinterpret_cast<float*>(panel + ((q + qq) * kNR + v * kL) * 2), r[qq]);
+        }
+    } else if (p.b_col == 1 && w == kNR) {
+      // Row-major B: interleave rows k and k + 1 (16-bit lanes from two sources).
+      const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                              6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+      const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+      for (; 2 * q + 2 <= kc; ++q) {
+        const uint16_t* r0 = B + (k0 + 2 * q) * p.b_row + n0 + j0;
+        const uint16_t* r1 = r0 + p.b_row;
+        for (int64_t v = 0; v < kNV; v += 2) {  // 32 columns of each row at a time
+          const __m512i x0 = _mm512_loadu_si512(r0 + v * kL), x1 = _mm512_loadu_si512(r1 + v * kL);
+          _mm512_storeu_si512(panel + (q * kNR + v * kL) * 2, _mm512_permutex2var_epi16(x0, lo_idx, x1));
+          _mm512_storeu_si512(panel + (q * kNR + v * kL) * 2 + 32, _mm512_permutex2var_epi16(x0, hi_idx, x1));
+        }
+      }
+    }
+    for (; q < kp; ++q)
+      for (int64_t j = 0; j < kNR; ++j)
+        for (int64_t h = 0; h < 2; ++h) {
+          const int64_t k = 2 * q + h;
+          panel[(q * kNR + j) * 2 + h] = (j < w && k < kc) ? B[(k0 + k) * p.b_row + (n0 + j0 + j) * p.b_col] : 0;
+        }
+  }
+}
+
+// A rows [m0, m0 + mr), depth [k0, k0 + kc) -> bf16 [MR][kc rounded up to even], zero padded.
+void pack_a_bf16(const Problem& p, int64_t m0, int64_t mr, int64_t k0, int64_t kc, uint16_t* dst) {
+  const uint16_t* A = static_cast<const uint16_t*>(p.a);
+  const int64_t ld = (kc + 1) / 2 * 2;
+  for (int64_t i = 0; i < kMR; ++i) {
+    uint16_t* d = dst + i * ld;
+    for (int64_t k = 0; k < ld; ++k) d[k] = (i < mr && k < kc) ? A[(m0 + i) * p.a_row + (k0 + k) * p.a_col] : 0;
+  }
+}
+
+void gemm_bf16(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
+  constexpr int64_t kKCPairs = 2 * kKC;  // same bytes per packed B row as f32
+  const uint16_t* A = static_cast<const uint16_t*>(p.a);
+  uint16_t* packed_b = reinterpret_cast<uint16_t*>(ws.packed_b);
+  uint16_t* packed_a = reinterpret_cast<uint16_t*>(ws.packed_a);
+  for (int64_t jc = n0; jc < n1; jc += kNC) {
+    const int64_t nc = lo(kNC, n1 - jc);
+    for (int64_t pc = 0; pc < p.K; pc += kKCPairs) {
+      const int64_t kc = lo(kKCPairs, p.K - pc);
+      const int64_t kp = (kc + 1) / 2;
+      pack_b_bf16(p, pc, kc, jc, nc, packed_b);
+      for (int64_t ir = m0; ir < m1; ir += kMR) {
+        const int64_t mr = lo(kMR, m1 - ir);
+        const uint16_t* a;
+        int64_t lda;
+        if (p.a_col == 1 && mr == kMR && kc % 2 == 0 && p.a_row % 2 == 0) {  // pairs read in place
+          a = A + ir * p.a_row + pc;
+          lda = p.a_row;
+        } else {
+          pack_a_bf16(p, ir, mr, pc, kc, packed_a);
+          a = packed_a;
+          lda = kp * 2;
+        }
+        for (int64_t jr = 0; jr < nc; jr += kNR)
+          micro_bf16(kp, a, lda, packed_b + jr / kNR * kp * kNR * 2, ws.c_acc + (ir - m0) * kNC + jr, kNC, mr,
+                     lo(kNR, nc - jr), pc > 0);
+      }
+    }
+    store_rows(ws.c_acc, kNC, m1 - m0, nc, static_cast<bf16_t*>(p.c) + m0 * p.ldc + jc, p.ldc);
+  }
+}
+#endif
+
+// ---- small M (decode): stream B once ---------------------------------------------------------------
+
+// The M rows of A as contiguous f32 [M][K]: in place when already so, else converted into `buf`.
+template <class T> const float* rows_f32(const Problem& p, float* buf) {
+  if constexpr (std::is_same_v<T, float>)
+    if (p.a_col == 1 && (p.M == 1 || p.a_row == p.K)) return static_cast<const float*>(p.a);
+  const T* A = static_cast<const T*>(p.a);
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t k = 0; k < p.K; ++k) buf[m * p.K + k] = to_f32(A[m * p.a_row + k * p.a_col]);
+  return buf;
+}
+
+template <class T> void store_one(const Problem& p, int64_t m, int64_t n, float v) {
+  T* c = static_cast<T*>(p.c) + m * p.ldc + n;
+  if constexpr (std::is_same_v<T, float>)
+    *c = v;
+  else if constexpr (std::is_same_v<T, f16_t>)
+    c->bits = f32_to_f16(v);
+  else
+    c->bits = f32_to_bf16(v);
+}
+
+// B with contiguous columns (transpose_b: the weight's rows): R columns at a time, each a dot product
+// of a weight row with all M rows of x. Every weight byte is read once; x stays in L1/L2.
+template <class T, int M, int R, class TB = T>
+void dot_columns(const Problem& p, const float* x, int64_t n, int64_t n_end) {
+  const TB* B = static_cast<const TB*>(p.b);
+  const int64_t K = p.K, kv = K / kL * kL;
+  for (; n + R <= n_end; n += R) {
+    V acc[M][R];
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[m][r] = Vec::zero();
+    const TB* row[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) row[r] = B + (n + r) * p.b_col;
+    for (int64_t k = 0; k < kv; k += kL) {
+      V w[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(row[r] + k) + 1024, _MM_HINT_T0);
+        w[r] = Vec::load(row[r] + k);
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        const V xv = Vec::load(x + m * K + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[m][r] = Vec::fma(xv, w[r], acc[m][r]);
+      }
+    }
+    if (kv < K) {
+      V w[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) w[r] = load_partial(row[r] + kv, K - kv);
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        const V xv = load_partial(x + m * K + kv, K - kv);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[m][r] = Vec::fma(xv, w[r], acc[m][r]);
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < R; ++r) store_one<T>(p, m, n + r, Vec::sum(acc[m][r]));
+  }
+  if constexpr (R > 1) dot_columns<T, M, 1, TB>(p, x, n, n_end);
+}
+
+#if defined(KILN_GEMM_BF16_DOT)
+// bf16 x bf16 dot products with vdpbf16ps: adjacent k are the pairs it multiplies, so neither side
+// is converted. `x` is the M rows of A as bf16 [M][K].
+template <int M, int R>
+void dot_columns_bf16(const Problem& p, const uint16_t* x, int64_t n, int64_t n_end) {
+  const uint16_t* B = static_cast<const uint16_t*>(p.b);
+  const int64_t K = p.K, kv = K / 32 * 32;
+  const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (K - kv)) - 1);
+  for (; n + R <= n_end; n += R) {
+    __m512 acc[M][R];
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+    const uint16_t* row[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) row[r] = B + (n + r) * p.b_col;
+    for (int64_t k = 0; k < kv; k += 32) {
+      __m512i w[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(row[r] + k) + 1024, _MM_HINT_T0);
+        w[r] = _mm512_loadu_si512(row[r] + k);
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        const __m512i xv = _mm512_loadu_si512(x + m * K + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], (__m512bh)xv, (__m512bh)w[r]);
+      }
+    }
+    if (kv < K) {
+      __m512i w[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) w[r] = _mm512_maskz_loadu_epi16(tail, row[r] + kv);
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        const __m512i xv = _mm512_maskz_loadu_epi16(tail, x + m * K + kv);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], (__m512bh)xv, (__m512bh)w[r]);
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < R; ++r) store_one<bf16_t>(p, m, n + r, _mm512_reduce_add_ps(acc[m][r]));
+  }
+  if constexpr (R > 1) dot_columns_bf16<M, 1>(p, x, n, n_end);
+}
+#endif
+
+// B with contiguous rows ([K, N]): NV vectors of columns at a time, accumulating x[m, k] * B[k, :]
+// over k in registers, so each B row piece is read once for all M rows.
+template <class T, int M, int NV, class TB = T>
+int64_t axpy_columns(const Problem& p, const float* x, int64_t n, int64_t n_end) {
+  const TB* B = static_cast<const TB*>(p.b);
+  for (; n + NV * kL <= n_end; n += NV * kL) {
+    V acc[M][NV];
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[m][v] = Vec::zero();
+    for (int64_t k = 0; k < p.K; ++k) {
+      const TB* src = B + k * p.b_row + n;
+      V w[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) w[v] = Vec::load(src + v * kL);
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        const V xv = Vec::set1(x[m * p.K + k]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[m][v] = Vec::fma(xv, w[v], acc[m][v]);
+      }
+    }
+    alignas(64) float out[NV * kL];
+    for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) Vec::store(out + v * kL, acc[m][v]);
+      for (int j = 0; j < NV * kL; ++j) store_one<T>(p, m, n + j, out[j]);
+    }
+  }
+  return n;
+}
+
+template <class T, int M, class TB = T>
+void small_m_rows(const Problem& p, const float* x, int64_t n0, int64_t n1) {
+  if (p.b_row == 1) {
+    dot_columns<T, M, (M <= 2 ? 4 : 2), TB>(p, x, n0, n1);
+    return;
+  }
+  int64_t n = axpy_columns<T, M, (M <= 4 ? 4 : 2), TB>(p, x, n0, n1);
+  n = axpy_columns<T, M, 1, TB>(p, x, n, n1);
+  const TB* B = static_cast<const TB*>(p.b);
+  for (; n < n1; ++n)  // the last columns one at a time, with the same fused multiply-add as above
+    for (int m = 0; m < M; ++m) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < p.K; ++k) s = __builtin_fmaf(x[m * p.K + k], to_f32(B[k * p.b_row + n]), s);
+      store_one<T>(p, m, n, s);
+    }
+}
+
+template <class T, int M, class TB = T>
+void small_m_dispatch(const Problem& p, const float* x, int64_t n0, int64_t n1) {
+  if constexpr (M <= kSmallM) {
+    if (p.M == M) return small_m_rows<T, M, TB>(p, x, n0, n1);
+    small_m_dispatch<T, M + 1, TB>(p, x, n0, n1);
+  }
+}
+
+template <class T, class TB = T> bool small_m_typed(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws) {
+  if (p.b_row != 1 && p.b_col != 1) return false;
+#if defined(KILN_GEMM_BF16_DOT)
+  if constexpr (std::is_same_v<T, bf16_t> && std::is_same_v<TB, bf16_t>) {
+    if (p.b_row == 1) {
+      const uint16_t* x = static_cast<const uint16_t*>(p.a);
+      if (!(p.a_col == 1 && (p.M == 1 || p.a_row == p.K))) {
+        uint16_t* buf = reinterpret_cast<uint16_t*>(ws.packed_a);
+        for (int64_t m = 0; m < p.M; ++m)
+          for (int64_t k = 0; k < p.K; ++k) buf[m * p.K + k] = x[m * p.a_row + k * p.a_col];
+        x = buf;
+      }
+      switch (p.M) {
+        case 1: dot_columns_bf16<1, 4>(p, x, n0, n1); break;
+        case 2: dot_columns_bf16<2, 4>(p, x, n0, n1); break;
+        case 3: dot_columns_bf16<3, 2>(p, x, n0, n1); break;
+        case 4: dot_columns_bf16<4, 2>(p, x, n0, n1); break;
+        case 5: dot_columns_bf16<5, 2>(p, x, n0, n1); break;
+        case 6: dot_columns_bf16<6, 2>(p, x, n0, n1); break;
+        case 7: dot_columns_bf16<7, 2>(p, x, n0, n1); break;
+        default: dot_columns_bf16<8, 2>(p, x, n0, n1); break;
+      }
+      return true;
+    }
+  }
+#endif
+  small_m_dispatch<T, 1, TB>(p, rows_f32<T>(p, ws.packed_a), n0, n1);
+  return true;
+}
+
+// ---- entry points -------------------------------------------------------------------------------------
+
+void gemm_entry(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
+  switch (p.b_storage) {  // f32 activations with narrow or quantized weights
+    case BStorage::f16: return gemm_f32<float, f16_t>(p, m0, m1, n0, n1, ws);
+    case BStorage::bf16: return gemm_f32<float, bf16_t>(p, m0, m1, n0, n1, ws);
+    case BStorage::q8_0: return gemm_f32<float, Q8_0Rows>(p, m0, m1, n0, n1, ws);
+    case BStorage::same: break;
+  }
+  switch (p.dtype) {
+    case DType::f32: return gemm_f32<float>(p, m0, m1, n0, n1, ws);
+    case DType::f16: return gemm_f32<f16_t>(p, m0, m1, n0, n1, ws);
+#if defined(KILN_GEMM_BF16_DOT)
+    case DType::bf16: return gemm_bf16(p, m0, m1, n0, n1, ws);
+#else
+    case DType::bf16: return gemm_f32<bf16_t>(p, m0, m1, n0, n1, ws);
+#endif
+    default: return;
+  }
+}
+
+bool small_m_entry(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws) {
+  switch (p.b_storage) {
+    case BStorage::f16: return small_m_typed<float, f16_t>(p, n0, n1, ws);
+    case BStorage::bf16: return small_m_typed<float, bf16_t>(p, n0, n1, ws);
+    case BStorage::q8_0: return false;
+    case BStorage::same: break;
+  }
+  switch (p.dtype) {
+    case DType::f32: return small_m_typed<float>(p, n0, n1, ws);
+    case DType::f16: return small_m_typed<f16_t>(p, n0, n1, ws);
+    case DType::bf16: return small_m_typed<bf16_t>(p, n0, n1, ws);
+    default: return false;
+  }
+}
+
+constexpr Blocking kBlocking{kMR, kNR, kKC, kNC};

@@ -1,0 +1,300 @@
+// The SIMD GEMM / GEMV behind matmul (kernels/cpu/gemm.h), on every ISA level this CPU supports
+// (forced one at a time, so the AVX2 and generic fallbacks run on an AVX-512 machine too), against a
+// naive double-precision loop written here: edge sizes around the register tile and cache blocks,
+// both rhs layouts (plain [K, N] and transpose_b's [N, K]), strided operands, batches, f32 / f16 /
+// bf16, and 1 vs 2 threads.
+//
+// Tolerance, per element: the accumulation bound K * 2^-23 * sum_k |a_k b_k| (f32 accumulators,
+// whatever the summation order; vdpbf16ps rounds no more often than an FMA chain), plus the final
+// rounding to the result dtype (2^-24, 2^-11, 2^-8 of |result| for f32, f16, bf16; 2^-25 absolute for
+// f16's subnormals). Inputs are
+// drawn in the operand dtype, so the reference sees exactly the values the kernel sees. One wrong
+// product changes a result by about sum / K, far above this bound.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/kernel_test_util.h"
+#include "kernels/threaded_parallel.h"
+
+namespace kiln::kernels {
+namespace {
+
+using gemm::Isa;
+using graph::Op;
+using kernel_test::HostTensor;
+using kernel_test::run_kernel;
+using kernel_test::tensor_from_doubles;
+using kernel_test::ThreadedParallel;
+
+// Forces an ISA level for one scope.
+class ForcedIsa {
+ public:
+  explicit ForcedIsa(Isa isa) { gemm::force_isa_for_testing(isa); }
+  ~ForcedIsa() { gemm::force_isa_for_testing(std::nullopt); }
+  ForcedIsa(const ForcedIsa&) = delete;
+  ForcedIsa& operator=(const ForcedIsa&) = delete;
+};
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
+    if (gemm::isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+// How the rhs is stored and handed to the kernel.
+enum class Rhs {
+  plain,        // [K, N] contiguous
+  transposed,   // stored [N, K], attr transpose_b (nn::Linear's weights)
+  strided,      // [K, N] view of every other column of a [K, 2N] array: no unit stride
+};
+const char* rhs_name(Rhs r) { return r == Rhs::plain ? "plain" : r == Rhs::transposed ? "transpose_b" : "strided"; }
+
+struct Operands {
+  HostTensor a, b;                     // as stored
+  TensorView a_view, b_view;           // as passed to the kernel
+  graph::Attrs attrs;
+  std::vector<double> a_vals, b_vals;  // logical [batch_a, M, K] and [batch_b, K, N], exact values
+};
+
+std::vector<double> random_doubles(int64_t n, std::mt19937& rng) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = std::uniform_real_distribution<double>(-1, 1)(rng);
+  return v;
+}
+
+// lhs [batch_a, M, K], rhs [batch_b, K, N] (batch dims dropped when 0), values representable in dtype.
+Operands make_operands(DType dtype, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K, Rhs rhs,
+                       uint32_t seed) {
+  std::mt19937 rng(seed);
+  Operands o;
+  const int64_t ba = std::max<int64_t>(batch_a, 1), bb = std::max<int64_t>(batch_b, 1);
+  auto with_batch = [](int64_t batch, std::vector<int64_t> s) {
+    if (batch > 0) s.insert(s.begin(), batch);
+    return s;
+  };
+  o.a = tensor_from_doubles(dtype, with_batch(batch_a, {M, K}), random_doubles(ba * M * K, rng));
+  o.a_view = o.a.view();
+  for (int64_t i = 0; i < o.a.numel(); ++i) o.a_vals.push_back(o.a.as_double(i));
+  o.b_vals.assign(static_cast<size_t>(bb * K * N), 0.0);
+  switch (rhs) {
+    case Rhs::plain:
+      o.b = tensor_from_doubles(dtype, with_batch(batch_b, {K, N}), random_doubles(bb * K * N, rng));
+      o.b_view = o.b.view();
+      for (int64_t i = 0; i < o.b.numel(); ++i) o.b_vals[i] = o.b.as_double(i);
+      break;
+    case Rhs::transposed:
+      o.b = tensor_from_doubles(dtype, with_batch(batch_b, {N, K}), random_doubles(bb * K * N, rng));
+      o.b_view = o.b.view();
+      o.attrs["transpose_b"] = int64_t{1};
+      for (int64_t z = 0; z < bb; ++z)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < K; ++k) o.b_vals[(z * K + k) * N + n] = o.b.as_double((z * N + n) * K + k);
+      break;
+    case Rhs::strided:
+      o.b = tensor_from_doubles(dtype, with_batch(batch_b, {K, 2 * N}), random_doubles(bb * K * 2 * N, rng));
+      o.b_view = o.b.view();
+      o.b_view.shape.back() = N;
+      o.b_view.strides.back() = 2;
+      for (int64_t z = 0; z < bb; ++z)
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t n = 0; n < N; ++n) o.b_vals[(z * K + k) * N + n] = o.b.as_double((z * K + k) * 2 * N + 2 * n);
+      break;
+  }
+  return o;
+}
+
+double rounding_of(DType dtype) { return dtype == DType::f32 ? 0x1p-24 : dtype == DType::f16 ? 0x1p-11 : 0x1p-8; }
+// Half the spacing of the result dtype's subnormals: the absolute rounding error of tiny results.
+double subnormal_step(DType dtype) { return dtype == DType::f16 ? 0x1p-25 : 0x1p-150; }
+
+HostTensor run(const Operands& o, const std::vector<int64_t>& out_shape, Parallel* parallel = nullptr) {
+  HostTensor out(o.a.dtype, out_shape);
+  run_kernel(Op::matmul, o.attrs, {o.a_view, o.b_view}, {out.view()}, parallel);
+  return out;
+}
+
+// Checks matmul of `o` against the naive loop (batch broadcast: a size-1 batch repeats).
+void expect_correct(const Operands& o, int64_t batch, int64_t M, int64_t N, int64_t K, const std::string& what,
+                    Parallel* parallel = nullptr) {
+  SCOPED_TRACE(what);
+  const int64_t ba = o.a_vals.size() / static_cast<size_t>(M * K), bb = o.b_vals.size() / static_cast<size_t>(K * N);
+  std::vector<int64_t> shape = {M, N};
+  if (batch > 0) shape.insert(shape.begin(), batch);
+  const HostTensor out = run(o, shape, parallel);
+  const DType dtype = o.a.dtype;
+  int failures = 0;
+  for (int64_t z = 0; z < std::max<int64_t>(batch, 1); ++z)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double sum = 0, abs_sum = 0;
+        const int64_t za = ba == 1 ? 0 : z, zb = bb == 1 ? 0 : z;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = o.a_vals[(za * M + m) * K + k] * o.b_vals[(zb * K + k) * N + n];
+          sum += p;
+          abs_sum += std::abs(p);
+        }
+        const double got = out.as_double((z * M + m) * N + n);
+        const double tol = K * 0x1p-23 * abs_sum + rounding_of(dtype) * std::abs(sum) + subnormal_step(dtype);
+        if (!(std::abs(got - sum) <= tol) && ++failures <= 5)
+          ADD_FAILURE() << "[" << z << ", " << m << ", " << n << "]: got " << got << ", want " << sum
+                        << " (tolerance " << tol << ")";
+      }
+}
+
+std::string label(Isa isa, DType dtype, Rhs rhs, int64_t M, int64_t N, int64_t K) {
+  return std::string(gemm::isa_name(isa)) + " " + std::string(dtype_name(dtype)) + " " + rhs_name(rhs) + " M=" +
+         std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+}
+
+// Sizes around the register tiles (6 x 16, 6 x 64), the small-M limit (8), the vector width and the
+// cache blocks (KC 256 f32 / 512 bf16, NC 256 / 512).
+struct Shape {
+  int64_t M, N, K;
+};
+const Shape kShapes[] = {
+    {1, 1, 1},    {1, 7, 17},    {1, 129, 65},  {1, 33, 600},  {2, 65, 33},    {3, 17, 129}, {7, 33, 7},
+    {8, 129, 17}, {9, 7, 65},    {17, 65, 33},  {33, 17, 129}, {65, 129, 1},   {6, 64, 256}, {12, 128, 512},
+    {13, 65, 257}, {20, 600, 40}, {19, 70, 1100}, {129, 33, 65}, {5, 1000, 70},
+};
+
+TEST(Gemm, MatchesNaiveLoopOnEveryIsaDtypeAndRhsLayout) {
+  uint32_t seed = 1;
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (Rhs rhs : {Rhs::plain, Rhs::transposed, Rhs::strided})
+        for (const Shape& s : kShapes) {
+          if (rhs == Rhs::strided && s.M * s.N * s.K > 200000) continue;  // the slow generic packing path
+          const Operands o = make_operands(dtype, 0, 0, s.M, s.N, s.K, rhs, seed++);
+          expect_correct(o, 0, s.M, s.N, s.K, label(isa, dtype, rhs, s.M, s.N, s.K));
+        }
+  }
+}
+
+TEST(Gemm, BatchedAndBroadcastBatchesMatchNaiveLoop) {
+  uint32_t seed = 100;
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (Rhs rhs : {Rhs::plain, Rhs::transposed}) {
+        // Per-batch rhs (attention-like), small and large M.
+        for (const Shape& s : {Shape{1, 37, 64}, Shape{4, 20, 33}, Shape{30, 45, 70}}) {
+          const Operands o = make_operands(dtype, 5, 5, s.M, s.N, s.K, rhs, seed++);
+          expect_correct(o, 5, s.M, s.N, s.K, "batched " + label(isa, dtype, rhs, s.M, s.N, s.K));
+        }
+        // One rhs shared by every batch (a linear layer): batches fold into rows.
+        const Operands shared = make_operands(dtype, 3, 0, 5, 70, 40, rhs, seed++);
+        expect_correct(shared, 3, 5, 70, 40, "shared rhs " + label(isa, dtype, rhs, 5, 70, 40));
+      }
+  }
+}
+
+TEST(Gemm, StridedLhsMatchesNaiveLoop) {
+  // lhs [M, K] read through a [K, M] array's transpose: no unit stride along K.
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (const Shape& s : {Shape{3, 70, 33}, Shape{20, 40, 300}}) {
+        Operands o = make_operands(dtype, 0, 0, s.M, s.N, s.K, Rhs::transposed, 7);
+        std::mt19937 rng(8);
+        o.a = tensor_from_doubles(dtype, {s.K, s.M}, random_doubles(s.K * s.M, rng));
+        o.a_view = kernel_test::permuted(o.a.view(), {1, 0});
+        for (int64_t m = 0; m < s.M; ++m)
+          for (int64_t k = 0; k < s.K; ++k) o.a_vals[m * s.K + k] = o.a.as_double(k * s.M + m);
+        expect_correct(o, 0, s.M, s.N, s.K, "strided lhs " + label(isa, dtype, Rhs::transposed, s.M, s.N, s.K));
+      }
+  }
+}
+
+TEST(Gemm, TwoThreadsGiveTheSameBitsAsOne) {
+  ThreadedParallel two(2);
+  uint32_t seed = 200;
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (Rhs rhs : {Rhs::plain, Rhs::transposed})
+        for (const Shape& s : {Shape{1, 1000, 130}, Shape{5, 333, 200}, Shape{100, 300, 300}, Shape{300, 40, 100}}) {
+          const Operands o = make_operands(dtype, 0, 0, s.M, s.N, s.K, rhs, seed++);
+          const int64_t before = two.chunks_run();
+          const HostTensor serial = run(o, {s.M, s.N});
+          const HostTensor threaded = run(o, {s.M, s.N}, &two);
+          const std::string what = label(isa, dtype, rhs, s.M, s.N, s.K);
+          EXPECT_GT(two.chunks_run() - before, 1) << what << ": the work was not split";
+          EXPECT_EQ(serial.bytes, threaded.bytes) << what;
+          expect_correct(o, 0, s.M, s.N, s.K, what, &two);
+        }
+  }
+}
+
+TEST(Gemm, SpecialValuesPropagate) {
+  // A NaN or infinity in one operand reaches exactly the results it contributes to.
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (int64_t M : {1, 20}) {
+        Operands o = make_operands(dtype, 0, 0, M, 40, 30, Rhs::transposed, 9);
+        const HostTensor nan = tensor_from_doubles(dtype, {1}, {std::nan("")});
+        const HostTensor inf = tensor_from_doubles(dtype, {1}, {INFINITY});
+        const size_t size = dtype_size(dtype);
+        std::memcpy(o.a.bytes.data() + (0 * 30 + 3) * size, nan.bytes.data(), size);  // a[0, 3]
+        std::memcpy(o.b.bytes.data() + (5 * 30 + 4) * size, inf.bytes.data(), size);  // b^T[5, 4]
+        const HostTensor out = run(o, {M, 40});
+        const std::string what = label(isa, dtype, Rhs::transposed, M, 40, 30);
+        for (int64_t n = 0; n < 40; ++n) EXPECT_TRUE(std::isnan(out.as_double(n))) << what << " n=" << n;
+        for (int64_t m = 1; m < M; ++m) {
+          EXPECT_TRUE(std::isinf(out.as_double(m * 40 + 5))) << what << " m=" << m;
+          EXPECT_TRUE(std::isfinite(out.as_double(m * 40 + 6))) << what << " m=" << m;
+        }
+      }
+  }
+}
+
+TEST(Gemm, SelectsAvx512WhereAvailableAndObeysForcing) {
+  const Isa best = gemm::best_isa();
+  EXPECT_TRUE(gemm::isa_supported(best));
+  EXPECT_TRUE(gemm::isa_supported(Isa::generic));
+  EXPECT_EQ(gemm::active_isa(), best);
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    EXPECT_EQ(gemm::active_isa(), isa);
+  }
+  EXPECT_EQ(gemm::active_isa(), best);
+#if defined(__x86_64__)
+  // What this x86-64 CPU reports must be what is selected: AVX-512 kernels wherever AVX-512 is there
+  // (vdpbf16ps ones on AMD only, where they are faster).
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_is("amd")) {
+    EXPECT_EQ(best, Isa::avx512_bf16);
+  } else if (avx512) {
+    EXPECT_EQ(best, Isa::avx512);
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !__builtin_cpu_supports("avx512f")) {
+    EXPECT_EQ(best, Isa::avx2);
+  }
+#endif
+}
+
+TEST(Gemm, ForcingAnUnsupportedLevelIsAnError) {
+  for (Isa isa : {Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
+    if (gemm::isa_supported(isa)) continue;
+    try {
+      gemm::force_isa_for_testing(isa);
+      ADD_FAILURE() << "forcing " << gemm::isa_name(isa) << " did not throw";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(gemm::isa_name(isa)), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(gemm::active_isa(), gemm::best_isa());
+}
+
+}  // namespace
+}  // namespace kiln::kernels

@@ -1,0 +1,184 @@
+// Weight formats in the Llama reference configs (tests/data/llama_reference_*.json): the same hashed
+// checkpoint run with f32 weights and with bf16, f16 or Q8_0 weights (converted here, by the test's
+// own loops), activations f32 throughout. The logits must stay within the documented tolerance of
+// the f32 logits, relative to max |logit| (docs/quantization.md: measured errors and margins), and
+// greedy tokens must agree. Also: a Linear / Embedding declares its weight in its format.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+#include "hashed_weights.h"
+#include "kiln/engine/session.h"
+#include "kiln/graph/quantization.h"
+#include "kiln/nn/transformer.h"
+
+namespace {
+
+using namespace kiln;
+using nlohmann::json;
+using nn::WeightFormat;
+
+constexpr int64_t kCacheLen = 16;
+
+nn::LlamaConfig load_config(const std::string& name) {
+  auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "data" /
+              ("llama_reference_" + name + ".json");
+  std::ifstream file(path);
+  if (!file) throw std::runtime_error("cannot open " + path.string());
+  const json c = json::parse(file).at("config");
+  nn::LlamaConfig r;
+  r.vocab_size = c.at("vocab_size");
+  r.hidden_size = c.at("hidden_size");
+  r.intermediate_size = c.at("intermediate_size");
+  r.num_hidden_layers = c.at("num_hidden_layers");
+  r.num_attention_heads = c.at("num_attention_heads");
+  r.num_key_value_heads = c.at("num_key_value_heads");
+  r.rms_norm_eps = c.at("rms_norm_eps");
+  r.rope_theta = c.at("rope_theta");
+  r.max_position_embeddings = c.at("max_position_embeddings");
+  r.tie_word_embeddings = c.at("tie_word_embeddings");
+  r.attention_bias = c.at("attention_bias");
+  if (!c.at("rope_scaling").is_null()) {
+    const json& s = c.at("rope_scaling");
+    r.rope_scaling = nn::Llama3RopeScaling{s.at("factor"), s.at("low_freq_factor"), s.at("high_freq_factor"),
+                                           s.at("original_max_position_embeddings")};
+  }
+  return r;
+}
+
+// The hashed f32 checkpoint, converted to what `model` declares: the test's own casts and Q8_0 rows.
+WeightsRegistry converted_weights(const nn::Transformer& model) {
+  WeightsRegistry weights;
+  for (const auto& [name, w] : model.raw_state_dict()) {
+    const std::vector<int64_t> shape = w.shape.static_dims();
+    if (w.dtype == DType::f32) {
+      weights.emplace(name, nn::hashed_weights::make(name, shape));
+      continue;
+    }
+    if (w.dtype == DType::u8) {  // [rows, cols / 32 * 34]
+      const int64_t rows = shape[0], cols = shape[1] / 34 * 32;
+      const std::vector<float> f = nn::hashed_weights::make(name, {rows, cols}).to_vector<float>();
+      std::vector<uint8_t> q(static_cast<size_t>(rows * shape[1]));
+      for (int64_t r = 0; r < rows; ++r) graph::quantize_q8_0(f.data() + r * cols, cols, q.data() + r * shape[1]);
+      weights.emplace(name, Tensor::from_vector(q, shape));
+      continue;
+    }
+    const std::vector<float> f = nn::hashed_weights::make(name, shape).to_vector<float>();
+    if (w.dtype == DType::bf16) {
+      std::vector<bf16_t> h(f.size());
+      for (size_t i = 0; i < f.size(); ++i) h[i] = bf16_t(f[i]);
+      weights.emplace(name, Tensor::from_vector(h, shape));
+    } else {
+      std::vector<f16_t> h(f.size());
+      for (size_t i = 0; i < f.size(); ++i) h[i] = f16_t(f[i]);
+      weights.emplace(name, Tensor::from_vector(h, shape));
+    }
+  }
+  return weights;
+}
+
+engine::Model load_model(nn::Transformer& model) {
+  const nn::TypeTree tree = *model.input_tree();
+  graph::Graph g("llama", tree.flatten());
+  {
+    graph::Graph::Scope scope(g);
+    g.output(model.forward({tree.unflatten(g.inputs())}).flatten());
+  }
+  engine::InferenceSession session({DeviceRef::CPU()});
+  return session.load(g, converted_weights(model));
+}
+
+// Logits [rows][vocab] of the prompt as a 5-token prefill then two single-token decode steps.
+std::vector<std::vector<float>> prefill_then_decode(const nn::LlamaConfig& config) {
+  nn::Transformer model(config, kCacheLen);
+  engine::Model compiled = load_model(model);
+  const std::vector<int64_t> shape{config.num_hidden_layers, kCacheLen, config.num_key_value_heads,
+                                   config.resolved_head_dim()};
+  Tensor k = Tensor::zeros(DType::f32, shape), v = Tensor::zeros(DType::f32, shape);
+  const std::vector<int64_t> prompt{3, 17, 42, 99, 5, 64, 127};
+  std::vector<std::vector<float>> rows;
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 5}, {5, 6}, {6, 7}}) {
+    std::vector<int64_t> tokens(prompt.begin() + begin, prompt.begin() + end);
+    auto out = compiled.execute({Tensor::from_vector(tokens, {end - begin}),
+                                 Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(end), 1), {end}), k, v});
+    const std::vector<float> flat = out.at(0).to_vector<float>();
+    for (int64_t r = 0; r < end - begin; ++r)
+      rows.emplace_back(flat.begin() + r * config.vocab_size, flat.begin() + (r + 1) * config.vocab_size);
+  }
+  return rows;
+}
+
+struct Case {
+  std::string config;
+  WeightFormat format;
+  double tolerance;  // max |logit - f32 logit| / max |f32 logit|
+};
+
+class WeightFormats : public ::testing::TestWithParam<Case> {};
+
+TEST_P(WeightFormats, LogitsStayWithinToleranceOfF32AndGreedyTokensAgree) {
+  const Case& c = GetParam();
+  nn::LlamaConfig config = load_config(c.config);
+  const auto f32 = prefill_then_decode(config);
+  config.weight_format = c.format;
+  const auto narrow = prefill_then_decode(config);
+  ASSERT_EQ(f32.size(), narrow.size());
+  double max_abs = 0, worst = 0;
+  for (const auto& row : f32)
+    for (float v : row) max_abs = std::max(max_abs, double(std::fabs(v)));
+  for (size_t r = 0; r < f32.size(); ++r) {
+    for (size_t i = 0; i < f32[r].size(); ++i) worst = std::max(worst, double(std::fabs(narrow[r][i] - f32[r][i])));
+    const auto argmax = [](const std::vector<float>& v) { return std::max_element(v.begin(), v.end()) - v.begin(); };
+    EXPECT_EQ(argmax(narrow[r]), argmax(f32[r])) << "greedy token of row " << r;
+  }
+  std::cout << "[ measured ] " << c.config << " " << nn::weight_format_name(c.format) << ": max |dlogit| / max |logit| = "
+            << worst / max_abs << "\n";
+  EXPECT_LE(worst / max_abs, c.tolerance);
+  EXPECT_GT(worst, 0.0) << "the weights were not actually narrowed";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TinyConfigs, WeightFormats,
+    ::testing::Values(Case{"llama3_tied", WeightFormat::bf16, 1e-2}, Case{"untied", WeightFormat::bf16, 1e-2},
+                      Case{"qkv_bias", WeightFormat::bf16, 1e-2}, Case{"llama3_tied", WeightFormat::f16, 1e-3},
+                      Case{"untied", WeightFormat::f16, 1e-3}, Case{"qkv_bias", WeightFormat::f16, 1e-3},
+                      Case{"llama3_tied", WeightFormat::q8_0, 3e-2}, Case{"untied", WeightFormat::q8_0, 3e-2},
+                      Case{"qkv_bias", WeightFormat::q8_0, 3e-2}),
+    [](const auto& info) {
+      return info.param.config + "_" + std::string(nn::weight_format_name(info.param.format));
+    });
+
+TEST(WeightFormat, LinearAndEmbeddingDeclareTheirWeightInTheirFormat) {
+  nn::Linear q8(64, 96, DType::f32, true, DeviceRef::CPU(), WeightFormat::q8_0);
+  const auto sd = q8.raw_state_dict();
+  EXPECT_EQ(sd.at("weight").type(), (graph::TensorType{DType::u8, {96, 68}}));
+  EXPECT_EQ(sd.at("bias").type(), (graph::TensorType{DType::f32, {96}}));
+  nn::Embedding e(100, 32, DType::f32, DeviceRef::CPU(), WeightFormat::bf16);
+  EXPECT_EQ(e.raw_state_dict().at("weight").type(), (graph::TensorType{DType::bf16, {100, 32}}));
+  nn::WeightFormatScope scope(WeightFormat::f16);
+  nn::Linear scoped(32, 8);
+  EXPECT_EQ(scoped.raw_state_dict().at("weight").type(), (graph::TensorType{DType::f16, {8, 32}}));
+}
+
+TEST(WeightFormat, BadCombinationsAreValueErrors) {
+  kiln::testing::expect_error<ValueError>(
+      [] { nn::Linear(48, 8, DType::f32, false, DeviceRef::CPU(), WeightFormat::q8_0); }, {"multiple of 32", "48"});
+  kiln::testing::expect_error<ValueError>(
+      [] { nn::Linear(64, 8, DType::bf16, false, DeviceRef::CPU(), WeightFormat::q8_0); },
+      {"Linear", "q8_0", "f32 activations", "bf16"});
+  kiln::testing::expect_error<ValueError>([] { nn::parse_weight_format("q4_0"); }, {"q4_0", "bf16", "q8_0"});
+  nn::LlamaConfig config;
+  config.dtype = DType::bf16;
+  config.weight_format = WeightFormat::q8_0;
+  kiln::testing::expect_error<ValueError>([&] { config.validate(); }, {"weight_format q8_0", "dtype f32"});
+}
+
+}  // namespace

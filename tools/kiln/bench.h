@@ -1,0 +1,165 @@
+// `kiln bench`: how fast kiln runs on this machine, beside what bounds it, measured in the same run.
+//   kiln bench --model stories15M,DIR --threads 1,2 [--dtype f32] [--prompt-tokens 128]
+//              [--gen-tokens 64] [--repetitions 3] [--json]
+//       prefill and decode tokens/s; each (model, threads) first measures the streaming read
+//       bandwidth, so decode is also a fraction of its roofline (weight bytes per token / bandwidth)
+//   kiln bench gemm --m 1024 --n 1024 --k 1024 [--dtype f32|bf16] [--threads 1,2] [--json]
+//       GFLOP/s of a one-matmul kiln graph (weights [N, K], as nn::Linear) beside oneDNN's
+//   kiln bench bandwidth [--threads 1,2] [--buffer-mib 1024] [--passes 10] [--json]
+// Human output is one table row per result; --json prints one JSON object per line instead.
+// docs/bench.md says what each figure means.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/graph/dtype.h"
+#include "kiln/nn/transformer.h"
+#include "kiln/nn/weight_format.h"
+
+namespace CLI {
+class App;
+}
+
+namespace kiln::bench {
+
+// ---- weight formats and the bytes a decode step reads ---------------------------------------------
+
+// How a model's weight matrices are stored (nn::WeightFormat: f32, f16, bf16, or ggml's q8_0 blocks
+// of 32 int8 values and one f16 scale, 34 bytes per 32 weights).
+using nn::WeightFormat;
+double bytes_per_weight(WeightFormat format);
+
+// Parameters of a Llama-family model: every weight the model declares (a tied lm_head counted once).
+int64_t parameter_count(const nn::LlamaConfig& config);
+// Bytes of weights one decode step reads: every matrix and bias in `format`, norm weights in f32
+// (they stay f32 in every format, as in ggml), the embedding row of the new token, and the lm_head
+// (the embedding table itself when tied). The KV cache is not counted.
+double decode_weight_bytes(const nn::LlamaConfig& config, WeightFormat format);
+
+// The decode speed at which reading the weights takes all of the read bandwidth.
+double roofline_tokens_per_s(double weight_bytes_per_token, double read_bytes_per_s);
+
+// ---- streaming read bandwidth ----------------------------------------------------------------------
+
+struct BandwidthResult {
+  int threads = 1;
+  int64_t buffer_bytes = 0;
+  int streams_per_thread = 4;
+  int passes = 0;
+  double read_bytes_per_s = 0;  // the best pass
+};
+
+// Each thread sums its own slice of a buffer (first touched by that thread, huge pages advised),
+// reading it as `streams_per_thread` interleaved streams with vector loads; the best of `passes`
+// timed passes, all threads together. ValueError for threads < 1, passes < 1 or a buffer too small.
+BandwidthResult measure_read_bandwidth(int threads, int64_t buffer_bytes = int64_t{1} << 30, int passes = 5);
+
+// ---- model benchmark ---------------------------------------------------------------------------------
+
+struct ModelBenchOptions {
+  std::string model;  // a named shape (pipelines::named_config_names()) or a model directory
+  WeightFormat format = WeightFormat::f32;
+  int threads = 1;
+  int64_t prompt_tokens = 128;
+  int64_t gen_tokens = 64;
+  int repetitions = 3;
+  uint64_t seed = 0;
+};
+
+struct ModelBenchResult {
+  std::string model;
+  WeightFormat format = WeightFormat::f32;
+  int threads = 1;
+  int64_t parameters = 0;
+  double weight_bytes_per_token = 0;
+  int64_t prompt_tokens = 0;
+  int64_t gen_tokens = 0;
+  int repetitions = 0;
+  double prefill_tokens_per_s = 0;  // best of the repetitions
+  double decode_tokens_per_s = 0;   // best of the repetitions
+  double read_bytes_per_s = 0;      // measured just before, same threads
+  double roofline_tokens_per_s = 0;
+  double roofline_fraction = 0;  // decode_tokens_per_s / roofline_tokens_per_s
+};
+
+// The model's config for a name or a directory; ValueError listing the known names otherwise.
+nn::LlamaConfig resolve_model_config(const std::string& model);
+// Greedy generation of gen_tokens after a seeded prompt of prompt_tokens ids, after one untimed
+// warm-up; `bandwidth` (measured with the same threads) gives the roofline. ValueError for bad
+// options; DTypeError for a weight format the model cannot run yet.
+ModelBenchResult bench_model(const ModelBenchOptions& options, const BandwidthResult& bandwidth);
+
+// ---- GEMM benchmark ----------------------------------------------------------------------------------
+
+struct GemmBenchOptions {
+  int64_t m = 1024, n = 1024, k = 1024;
+  DType dtype = DType::f32;  // f32 or bf16 (both operands and the result)
+  int threads = 1;
+  double min_seconds = 0.5;  // each side repeats until this much time is spent (at least 3 runs)
+};
+
+struct GemmBenchResult {
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::f32;
+  int threads = 1;
+  int repetitions = 0;                  // kiln's timed runs
+  double seconds = 0;                   // kiln's best run
+  double gflops = 0;                    // 2 m n k / seconds
+  std::optional<double> onednn_gflops;  // nullopt: oneDNN not available in this build
+};
+
+// C[M, N] = A[M, K] @ W[N, K]^T through a one-matmul graph compiled by an InferenceSession, then
+// through oneDNN's matmul primitive with the same layout and thread count. Both results are checked
+// against a double-precision dot product at sampled entries (ExecutionError when off).
+GemmBenchResult bench_gemm(const GemmBenchOptions& options);
+// "oneDNN 2.6.3 (OpenMP)" or "oneDNN: not available".
+std::string onednn_description();
+
+// ---- output --------------------------------------------------------------------------------------------
+
+// One object per result; "kind" is "model", "gemm" or "bandwidth".
+nlohmann::json to_json(const ModelBenchResult& r);
+nlohmann::json to_json(const GemmBenchResult& r);
+nlohmann::json to_json(const BandwidthResult& r);
+// Table rows for people, and the header line each table starts with.
+std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens);
+std::string table_row(const ModelBenchResult& r);
+std::string gemm_table_header();
+std::string table_row(const GemmBenchResult& r);
+std::string bandwidth_table_header();
+std::string table_row(const BandwidthResult& r);
+
+// ---- the command ---------------------------------------------------------------------------------------
+
+// Registers `bench` (and `bench gemm`, `bench bandwidth`) on the app; after parsing, selected() says
+// whether it was chosen and run() runs it. The object must outlive parsing (it holds the options).
+class BenchCommand {
+ public:
+  explicit BenchCommand(CLI::App& app);
+  bool selected() const;
+  int run() const;
+
+ private:
+  CLI::App* bench_ = nullptr;
+  CLI::App* gemm_ = nullptr;
+  CLI::App* bandwidth_ = nullptr;
+  std::vector<std::string> models_;
+  std::vector<std::string> dtypes_{"f32"};
+  std::vector<int> threads_{0};
+  int64_t prompt_tokens_ = 128;
+  int64_t gen_tokens_ = 64;
+  int repetitions_ = 3;
+  uint64_t seed_ = 0;
+  int64_t m_ = 1024, n_ = 1024, k_ = 1024;
+  double min_seconds_ = 0.5;
+  int64_t buffer_mib_ = 1024;
+  int passes_ = 10;
+  bool json_ = false;
+};
+
+}  // namespace kiln::bench
