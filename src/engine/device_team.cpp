@@ -1,4 +1,5 @@
 #include "engine/device_team.h"
+#include "kernels/cpu/spin.h"
 
 #include <chrono>
 
@@ -6,30 +7,13 @@ namespace kiln::engine {
 
 namespace {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // How long a worker waits for the next job (or the caller for stragglers) before it sleeps: long
 // enough to bridge the ops between two collectives of one decode step, short enough not to hold a
 // core while the session is idle.
 constexpr auto kSpinTime = std::chrono::microseconds(100);
 
-template <class Pred> bool spin_until(Pred pred) {
-  const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
-  for (int i = 0;; ++i) {
-    if (pred()) return true;
-    cpu_relax();
-    if ((i & 63) == 63) {
-      if (std::chrono::steady_clock::now() >= deadline) return pred();
-      std::this_thread::yield();  // more devices than cores: let the thread we wait for run
-    }
-  }
-}
+// Yielding: with more devices than cores, the thread waited for needs this core.
+template <class Pred> bool spin_until(Pred pred) { return kernels::spin_until(pred, kSpinTime, /*yield=*/true); }
 
 }  // namespace
 

@@ -1,4 +1,5 @@
 #include "engine/thread_pool.h"
+#include "kernels/cpu/spin.h"
 
 #include <algorithm>
 #include <atomic>
@@ -19,27 +20,11 @@ namespace {
 // waiting for it from inside would deadlock.
 thread_local bool t_inside_pool = false;
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // How long an idle worker (or a caller waiting for stragglers) spins before it blocks. Long enough to
 // bridge the gap between the small ops of one decode step, short enough not to hold a core when idle.
 constexpr auto kSpinTime = std::chrono::microseconds(200);
 
-// Spins until pred() or kSpinTime has passed; returns pred().
-template <class Pred> bool spin_until(Pred pred) {
-  auto deadline = std::chrono::steady_clock::now() + kSpinTime;
-  for (int i = 0;; ++i) {
-    if (pred()) return true;
-    cpu_relax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() >= deadline) return pred();
-  }
-}
+template <class Pred> bool spin_until(Pred pred) { return kernels::spin_until(pred, kSpinTime); }
 
 }  // namespace
 

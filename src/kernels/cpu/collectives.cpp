@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/spin.h"
 #include "kiln/errors.h"
 #include "kiln/graph/signals.h"
 
@@ -58,14 +59,6 @@ uint64_t load_acquire(uint64_t& field) { return std::atomic_ref<uint64_t>(field)
 uint64_t load_relaxed(uint64_t& field) { return std::atomic_ref<uint64_t>(field).load(std::memory_order_relaxed); }
 void store_release(uint64_t& field, uint64_t v) { std::atomic_ref<uint64_t>(field).store(v, std::memory_order_release); }
 void store_relaxed(uint64_t& field, uint64_t v) { std::atomic_ref<uint64_t>(field).store(v, std::memory_order_relaxed); }
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Waits until ready(field) and returns the value that was. Peers usually arrive within microseconds,
 // so spin with a pause first; then yield, since with more devices than cores the peer waited for

@@ -497,11 +497,14 @@ void dot_columns(const Problem& p, const float* x, int64_t n, int64_t n_end) {
     const TB* row[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) row[r] = B + (n + r) * p.b_col;
+    // Prefetch the same position of the next group of rows: with short rows (K of a few hundred) a
+    // fixed distance ahead within a row would land in rows this group already loads.
+    const int64_t ahead = R * p.b_col;
     for (int64_t k = 0; k < kv; k += kL) {
       V w[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(row[r] + k) + 1024, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row[r] + k + ahead), _MM_HINT_T0);
         w[r] = Vec::load(row[r] + k);
       }
 #pragma GCC unroll 8
