@@ -191,7 +191,7 @@ int generate(GenerateArgs args) {
         fmt::format("model '{}' has random weights and no tokenizer: give --prompt-tokens N", args.model));
   if (!named && args.prompt_tokens > 0)
     throw ValueError(
-        "--prompt-tokens is for the random-weight shapes (stories15M, stories110M); give --prompt");
+        "--prompt-tokens is for the random-weight shapes (stories15M, stories110M, llama-1B); give --prompt");
   if (!named && args.prompt.empty()) throw ValueError("--prompt is required");
 
   auto pipe = load_pipeline(args);
@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
   int64_t graph_max_seq_len = 0;
   auto* graph_cmd =
       app.add_subcommand("graph", "Print the text generation graphs (model, sampler) of a model");
-  graph_cmd->add_option("--model", graph_model, "model directory, or stories15M / stories110M")
+  graph_cmd->add_option("--model", graph_model, "model directory, or stories15M / stories110M / llama-1B")
       ->capture_default_str();
   graph_cmd->add_option("--max-seq-len", graph_max_seq_len, "KV cache length of the traced graph");
 
