@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
 
@@ -34,21 +35,8 @@ using kernel_test::run_kernel;
 using kernel_test::tensor_from_doubles;
 using kernel_test::ThreadedParallel;
 
-// Forces an ISA level for one scope.
-class ForcedIsa {
- public:
-  explicit ForcedIsa(Isa isa) { gemm::force_isa_for_testing(isa); }
-  ~ForcedIsa() { gemm::force_isa_for_testing(std::nullopt); }
-  ForcedIsa(const ForcedIsa&) = delete;
-  ForcedIsa& operator=(const ForcedIsa&) = delete;
-};
-
-std::vector<Isa> supported_isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
-    if (gemm::isa_supported(isa)) out.push_back(isa);
-  return out;
-}
+using kernel_test::ForcedIsa;
+using kernel_test::supported_isas;
 
 // How the rhs is stored and handed to the kernel.
 enum class Rhs {

@@ -17,6 +17,7 @@
 
 #include "../test_util.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
 #include "kiln/graph/quantization.h"
@@ -30,20 +31,8 @@ using kernel_test::HostTensor;
 using kernel_test::run_kernel;
 using kernel_test::ThreadedParallel;
 
-class ForcedIsa {
- public:
-  explicit ForcedIsa(Isa isa) { gemm::force_isa_for_testing(isa); }
-  ~ForcedIsa() { gemm::force_isa_for_testing(std::nullopt); }
-  ForcedIsa(const ForcedIsa&) = delete;
-  ForcedIsa& operator=(const ForcedIsa&) = delete;
-};
-
-std::vector<Isa> supported_isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
-    if (gemm::isa_supported(isa)) out.push_back(isa);
-  return out;
-}
+using kernel_test::ForcedIsa;
+using kernel_test::supported_isas;
 
 const graph::Attrs kQ8Attrs{{"encoding", std::string("q8_0")}};
 

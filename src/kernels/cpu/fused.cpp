@@ -2,9 +2,8 @@
 // output elements. Each instruction runs as one tight loop over a block (vectorisable, no dispatch per
 // element), and blocks are shared out between threads. Registers hold f32 (bool as 0 / 1); an
 // instruction whose result is f16 or bf16 rounds its block to that dtype, so the result equals the
-// unfused ops' bit for bit (their formulas are elementwise.cpp's, in f32).
+// unfused ops' bit for bit (the same functors, elementwise_functors.h, in f32).
 #include <cmath>
-#include <numbers>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -12,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "kernels/cpu/elementwise_functors.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
 #include "kiln/graph/elementwise_program.h"
@@ -44,87 +44,63 @@ const ElementwiseProgram& cached_program(const std::string& text, int32_t num_in
 
 // ---- one instruction over n elements ------------------------------------------------------------
 
+// Booleans live in registers as 0 / 1 (the functors' bool results convert to that, and a register
+// passed to a bool operand is true when nonzero).
 template <class F> void unary_loop(const float* a, float* o, int64_t n, F f) {
-  for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(f(a[i]));
 }
 template <class F> void binary_loop(const float* a, const float* b, float* o, int64_t n, F f) {
-  for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(f(a[i], b[i]));
 }
 
 float bool_value(bool b) { return b ? 1.0f : 0.0f; }
 
-float round_half_even(float x) {
-  const float r = std::round(x);
-  if (std::fabs(x - std::trunc(x)) == 0.5f) return 2.0f * std::round(x * 0.5f);
-  return r;
-}
-
-float python_mod(float a, float b) {
-  float r = std::fmod(a, b);
-  if (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) r += b;
-  if (r == 0.0f) r = std::copysign(0.0f, b);
-  return r;
-}
-
 void run_instruction(const ElementwiseInstruction& in, const float* const* regs, float* o, int64_t n) {
+  using namespace elementwise;
   const float* a = regs[in.operands[0]];
   const float* b = in.operands.size() > 1 ? regs[in.operands[1]] : nullptr;
   switch (in.op) {
-    case Op::neg: return unary_loop(a, o, n, [](float x) { return 0.0f - x; });
-    case Op::abs: return unary_loop(a, o, n, [](float x) { return std::fabs(x); });
-    case Op::exp: return unary_loop(a, o, n, [](float x) { return std::exp(x); });
-    case Op::log: return unary_loop(a, o, n, [](float x) { return std::log(x); });
-    case Op::sqrt: return unary_loop(a, o, n, [](float x) { return std::sqrt(x); });
-    case Op::rsqrt: return unary_loop(a, o, n, [](float x) { return 1.0f / std::sqrt(x); });
-    case Op::sin: return unary_loop(a, o, n, [](float x) { return std::sin(x); });
-    case Op::cos: return unary_loop(a, o, n, [](float x) { return std::cos(x); });
-    case Op::tanh: return unary_loop(a, o, n, [](float x) { return std::tanh(x); });
-    case Op::sigmoid: return unary_loop(a, o, n, [](float x) { return 1.0f / (1.0f + std::exp(-x)); });
-    case Op::silu: return unary_loop(a, o, n, [](float x) { return x / (1.0f + std::exp(-x)); });
+    case Op::neg: return unary_loop(a, o, n, Neg{});
+    case Op::abs: return unary_loop(a, o, n, Abs{});
+    case Op::exp: return unary_loop(a, o, n, Exp{});
+    case Op::log: return unary_loop(a, o, n, Log{});
+    case Op::sqrt: return unary_loop(a, o, n, Sqrt{});
+    case Op::rsqrt: return unary_loop(a, o, n, Rsqrt{});
+    case Op::sin: return unary_loop(a, o, n, Sin{});
+    case Op::cos: return unary_loop(a, o, n, Cos{});
+    case Op::tanh: return unary_loop(a, o, n, Tanh{});
+    case Op::sigmoid: return unary_loop(a, o, n, Sigmoid{});
+    case Op::silu: return unary_loop(a, o, n, Silu{});
     case Op::gelu:
-      if (in.gelu_tanh)
-        return unary_loop(a, o, n, [](float x) {
-          const float k = static_cast<float>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2 / pi)
-          return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-        });
-      return unary_loop(a, o, n, [](float x) {
-        return 0.5f * x * (1.0f + std::erf(x * static_cast<float>(std::numbers::sqrt2 / 2)));
-      });
-    // x < 0 rather than x > 0 so NaN passes through, as in PyTorch.
-    case Op::relu: return unary_loop(a, o, n, [](float x) { return x < 0.0f ? 0.0f : x; });
-    case Op::erf: return unary_loop(a, o, n, [](float x) { return std::erf(x); });
-    case Op::floor: return unary_loop(a, o, n, [](float x) { return std::floor(x); });
-    case Op::ceil: return unary_loop(a, o, n, [](float x) { return std::ceil(x); });
-    case Op::round: return unary_loop(a, o, n, round_half_even);
-    case Op::reciprocal: return unary_loop(a, o, n, [](float x) { return 1.0f / x; });
-    case Op::square: return unary_loop(a, o, n, [](float x) { return x * x; });
-    case Op::logical_not: return unary_loop(a, o, n, [](float x) { return bool_value(x == 0.0f); });
-    case Op::is_nan: return unary_loop(a, o, n, [](float x) { return bool_value(std::isnan(x)); });
+      if (in.gelu_tanh) return unary_loop(a, o, n, GeluTanh{});
+      return unary_loop(a, o, n, GeluErf{});
+    case Op::relu: return unary_loop(a, o, n, Relu{});
+    case Op::erf: return unary_loop(a, o, n, Erf{});
+    case Op::floor: return unary_loop(a, o, n, Floor{});
+    case Op::ceil: return unary_loop(a, o, n, Ceil{});
+    case Op::round: return unary_loop(a, o, n, RoundHalfEven{});
+    case Op::reciprocal: return unary_loop(a, o, n, Reciprocal{});
+    case Op::square: return unary_loop(a, o, n, Square{});
+    case Op::logical_not: return unary_loop(a, o, n, LogicalNot{});
+    case Op::is_nan: return unary_loop(a, o, n, IsNan{});
 
-    case Op::add: return binary_loop(a, b, o, n, [](float x, float y) { return x + y; });
-    case Op::sub: return binary_loop(a, b, o, n, [](float x, float y) { return x - y; });
-    case Op::mul: return binary_loop(a, b, o, n, [](float x, float y) { return x * y; });
-    case Op::div: return binary_loop(a, b, o, n, [](float x, float y) { return x / y; });
-    case Op::mod: return binary_loop(a, b, o, n, python_mod);
-    case Op::pow: return binary_loop(a, b, o, n, [](float x, float y) { return std::pow(x, y); });
-    // NaN propagates, as PyTorch's maximum/minimum do.
-    case Op::maximum:
-      return binary_loop(a, b, o, n, [](float x, float y) { return (x > y || std::isnan(x)) ? x : y; });
-    case Op::minimum:
-      return binary_loop(a, b, o, n, [](float x, float y) { return (x < y || std::isnan(x)) ? x : y; });
-    case Op::equal: return binary_loop(a, b, o, n, [](float x, float y) { return bool_value(x == y); });
-    case Op::not_equal: return binary_loop(a, b, o, n, [](float x, float y) { return bool_value(x != y); });
-    case Op::greater: return binary_loop(a, b, o, n, [](float x, float y) { return bool_value(x > y); });
-    case Op::greater_equal:
-      return binary_loop(a, b, o, n, [](float x, float y) { return bool_value(x >= y); });
-    case Op::less: return binary_loop(a, b, o, n, [](float x, float y) { return bool_value(x < y); });
-    case Op::less_equal: return binary_loop(a, b, o, n, [](float x, float y) { return bool_value(x <= y); });
-    case Op::logical_and:
-      return binary_loop(a, b, o, n, [](float x, float y) { return bool_value(x != 0.0f && y != 0.0f); });
-    case Op::logical_or:
-      return binary_loop(a, b, o, n, [](float x, float y) { return bool_value(x != 0.0f || y != 0.0f); });
-    case Op::logical_xor:
-      return binary_loop(a, b, o, n, [](float x, float y) { return bool_value((x != 0.0f) != (y != 0.0f)); });
+    case Op::add: return binary_loop(a, b, o, n, Add{});
+    case Op::sub: return binary_loop(a, b, o, n, Sub{});
+    case Op::mul: return binary_loop(a, b, o, n, Mul{});
+    case Op::div: return binary_loop(a, b, o, n, Div{});
+    case Op::mod: return binary_loop(a, b, o, n, Mod{});
+    case Op::pow: return binary_loop(a, b, o, n, Pow{});
+    case Op::maximum: return binary_loop(a, b, o, n, Maximum{});
+    case Op::minimum: return binary_loop(a, b, o, n, Minimum{});
+    case Op::equal: return binary_loop(a, b, o, n, Equal{});
+    case Op::not_equal: return binary_loop(a, b, o, n, NotEqual{});
+    case Op::greater: return binary_loop(a, b, o, n, Greater{});
+    case Op::greater_equal: return binary_loop(a, b, o, n, GreaterEqual{});
+    case Op::less: return binary_loop(a, b, o, n, Less{});
+    case Op::less_equal: return binary_loop(a, b, o, n, LessEqual{});
+    case Op::logical_and: return binary_loop(a, b, o, n, LogicalAnd{});
+    case Op::logical_or: return binary_loop(a, b, o, n, LogicalOr{});
+    case Op::logical_xor: return binary_loop(a, b, o, n, LogicalXor{});
 
     case Op::where: {
       const float* c = a;
