@@ -20,7 +20,12 @@ using compiler::PlanValue;
 using compiler::Step;
 using compiler::ValueKind;
 
-kernels::KernelFn resolve_kernel(const GraphPlan& plan, const Step& step) {
+struct KernelKey {
+  DeviceKind device;
+  DType dtype;
+};
+
+KernelKey kernel_key(const GraphPlan& plan, const Step& step) {
   std::vector<DType> input_dtypes, output_dtypes;
   for (int32_t v : step.inputs) input_dtypes.push_back(graph::dtype_of(plan.values.at(v).type));
   for (int32_t v : step.outputs) output_dtypes.push_back(graph::dtype_of(plan.values.at(v).type));
@@ -30,11 +35,16 @@ kernels::KernelFn resolve_kernel(const GraphPlan& plan, const Step& step) {
     device = graph::device_of(plan.values.at(step.outputs.front()).type).kind;
   else if (!step.inputs.empty())
     device = graph::device_of(plan.values.at(step.inputs.front()).type).kind;
-  kernels::KernelFn fn = kernels::builtin_kernels().find(step.op, device, dtype);
+  return {device, dtype};
+}
+
+kernels::KernelFn resolve_kernel(const GraphPlan& plan, const Step& step) {
+  const KernelKey key = kernel_key(plan, step);
+  kernels::KernelFn fn = kernels::builtin_kernels().find(step.op, key.device, key.dtype);
   if (!fn)
     throw Error(fmt::format("init: graph '{}' node {}: no {} kernel for {} on {}", plan.name, step.node,
-                            device == DeviceKind::CPU ? "cpu" : "gpu", graph::op_name(step.op),
-                            dtype_name(dtype)));
+                            key.device == DeviceKind::CPU ? "cpu" : "gpu", graph::op_name(step.op),
+                            dtype_name(key.dtype)));
   return fn;
 }
 
@@ -131,13 +141,13 @@ Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, kernels::Para
 
   for (const Step& step : plan_.steps) {
     if (step.op == graph::Op::custom || step.op == graph::Op::inplace_custom)
-      steps_.push_back({nullptr, has_symbolic_shape_attr(step.attrs), resolve_custom_op(plan_, step)});
+      steps_.push_back({nullptr, has_symbolic_shape_attr(step.attrs), resolve_custom_op(plan_, step), nullptr});
     else
-      steps_.push_back({resolve_kernel(plan_, step), has_symbolic_shape_attr(step.attrs)});
+      steps_.push_back({resolve_kernel(plan_, step), has_symbolic_shape_attr(step.attrs), nullptr, nullptr});
   }
 
   for (const Step& step : plan_.constants) {
-    StepInfo info{resolve_kernel(plan_, step), false};
+    StepInfo info{resolve_kernel(plan_, step), false, nullptr, nullptr};
     std::vector<kernels::TensorView> views;
     for (int32_t v : step.outputs) {
       const auto& type = plan_.values.at(v).type;
@@ -149,7 +159,41 @@ Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, kernels::Para
     }
     launch(step, info, step.attrs, views);
   }
+  prepare_steps();
   slots_.resize(static_cast<size_t>(plan_.num_slots));
+}
+
+void Executor::prepare_steps() {
+  for (size_t s = 0; s < plan_.steps.size(); ++s) {
+    const Step& step = plan_.steps[s];
+    if (steps_[s].custom) continue;
+    const KernelKey key = kernel_key(plan_, step);
+    kernels::PrepareFn prepare = kernels::builtin_kernels().find_prepare(step.op, key.device, key.dtype);
+    if (!prepare) continue;
+    std::vector<kernels::TensorView> views;
+    auto fixed = std::make_unique<bool[]>(step.inputs.size());
+    for (size_t i = 0; i < step.inputs.size(); ++i) {
+      const auto v = static_cast<size_t>(step.inputs[i]);
+      fixed[i] = bound_[v].defined();
+      if (fixed[i]) {
+        views.push_back(view_of(bound_[v]));
+      } else {
+        kernels::TensorView view;
+        view.dtype = graph::dtype_of(plan_.values[v].type);
+        if (static_shapes_[v]) {
+          view.shape = *static_shapes_[v];
+          view.strides = contiguous_strides(view.shape);
+        }
+        views.push_back(std::move(view));
+      }
+    }
+    try {
+      steps_[s].prepared = prepare(step.attrs, views, std::span<const bool>(fixed.get(), step.inputs.size()));
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("init: graph '{}' op '{}' (node {}): preparing its operands: {}", plan_.name,
+                              graph::op_name(step.op), step.node, e.what()));
+    }
+  }
 }
 
 // ---- one run ---------------------------------------------------------------------------------------
@@ -223,7 +267,7 @@ void Executor::launch(const Step& step, const StepInfo& info, const graph::Attrs
                       const std::vector<kernels::TensorView>& views) const {
   if (info.custom) return launch_custom(step, *info.custom, attrs, views);
   kernels::SerialParallel serial;
-  kernels::KernelContext context{parallel_ ? parallel_ : &serial, team_, process_group_};
+  kernels::KernelContext context{parallel_ ? parallel_ : &serial, team_, process_group_, info.prepared.get()};
   const size_t num_inputs = step.inputs.size();
   std::span<const kernels::TensorView> all(views);
   try {

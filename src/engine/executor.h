@@ -71,7 +71,9 @@ class Executor {
     kernels::KernelFn kernel = nullptr;
     bool symbolic_attrs = false;  // some Shape attr must be evaluated per run
     const ext::CustomOp* custom = nullptr;  // custom ops run the extension's kernel instead
+    std::shared_ptr<const kernels::Prepared> prepared;  // built at init from fixed operands
   };
+  void prepare_steps();  // fills StepInfo::prepared (after weights and constants are bound)
 
   graph::SymbolBindings bind_inputs(const std::vector<Tensor>& inputs) const;
   std::vector<int64_t> value_shape(size_t value, const graph::SymbolBindings& bindings) const;

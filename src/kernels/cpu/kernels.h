@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <span>
 #include <string>
@@ -64,16 +65,31 @@ class DeviceTeam {
   virtual void run(int n, const std::function<void(int)>& fn) = 0;
 };
 
+// What a kernel derives once from operands that never change between runs (weights, constants):
+// weights packed into the layout its inner loop reads, for instance. The executor builds it at init
+// for each step whose kernel has a prepare function and hands it back on every launch.
+struct Prepared {
+  virtual ~Prepared() = default;
+};
+
 struct KernelContext {
   Parallel* parallel = nullptr;
   DeviceTeam* team = nullptr;              // for collectives over several devices
   ProcessGroup* process_group = nullptr;   // for collectives with processes > 1
+  const Prepared* prepared = nullptr;      // this step's prepared state, or nullptr
 };
 
 // inputs/outputs follow the node's operand/result order; attrs are the node's (see op.h).
 // A kernel reports bad input by throwing (Error subclasses); the executor adds the op and node.
 using KernelFn = void (*)(const KernelContext&, const graph::Attrs&, std::span<const TensorView> inputs,
                           std::span<const TensorView> outputs);
+
+// Called at init with the step's operands: those fixed for the model's life (`fixed[i]`) have their
+// data; the others have data == nullptr and their static shape, or no shape when it is symbolic.
+// Returns nullptr when there is nothing worth preparing. A kernel must give the same results with
+// and without its prepared state (a launch list or another engine may run it without).
+using PrepareFn = std::shared_ptr<const Prepared> (*)(const graph::Attrs&, std::span<const TensorView> inputs,
+                                                      std::span<const bool> fixed);
 
 // The dtype a kernel is registered under: the first operand's, or the first result's for ops without
 // operands (constant, range, weight).
@@ -85,9 +101,12 @@ class KernelRegistry {
  public:
   void add(graph::Op op, DeviceKind device, std::initializer_list<DType> dtypes, KernelFn fn);
   KernelFn find(graph::Op op, DeviceKind device, DType dtype) const;
+  void add_prepare(graph::Op op, DeviceKind device, std::initializer_list<DType> dtypes, PrepareFn fn);
+  PrepareFn find_prepare(graph::Op op, DeviceKind device, DType dtype) const;
 
  private:
   std::map<std::tuple<graph::Op, DeviceKind, DType>, KernelFn> table_;
+  std::map<std::tuple<graph::Op, DeviceKind, DType>, PrepareFn> prepare_table_;
 };
 
 // The built-in kernels, registered on first use. Explicit registration (not static initialisers),

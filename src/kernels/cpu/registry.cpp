@@ -12,6 +12,16 @@ KernelFn KernelRegistry::find(graph::Op op, DeviceKind device, DType dtype) cons
   return it == table_.end() ? nullptr : it->second;
 }
 
+void KernelRegistry::add_prepare(graph::Op op, DeviceKind device, std::initializer_list<DType> dtypes,
+                                 PrepareFn fn) {
+  for (DType d : dtypes) prepare_table_[{op, device, d}] = fn;
+}
+
+PrepareFn KernelRegistry::find_prepare(graph::Op op, DeviceKind device, DType dtype) const {
+  auto it = prepare_table_.find({op, device, dtype});
+  return it == prepare_table_.end() ? nullptr : it->second;
+}
+
 const KernelRegistry& builtin_kernels() {
   static const KernelRegistry registry = [] {
     KernelRegistry r;
