@@ -83,9 +83,10 @@ const LlamaConfig& validated(const LlamaConfig& c) {
 }
 }  // namespace
 
-Transformer::Transformer(const LlamaConfig& config, int64_t max_seq_len)
+Transformer::Transformer(const LlamaConfig& config, int64_t max_seq_len, ReturnLogits return_logits)
     : config_(validated(config)),
       max_seq_len_(max_seq_len > 0 ? max_seq_len : config.max_position_embeddings),
+      return_logits_(return_logits),
       rope_(config.resolved_head_dim(), config.rope_theta, max_seq_len_, config.rope_scaling) {
   if (max_seq_len < 0)
     throw ValueError(fmt::format("Transformer: max_seq_len must be >= 0, got {}", max_seq_len));
@@ -128,6 +129,7 @@ TensorValue Transformer::operator()(const TensorValue& tokens, const TensorValue
                                  tokens.valid() ? tokens.tensor_type().to_string() : "an empty value"));
   AttentionContext ctx = make_attention_context(cache, attention_mask, tokens.shape()[0], rope_);
   TensorValue h = (*model_)(tokens, ctx);  // [seq, hidden]
+  if (return_logits_ == ReturnLogits::last_token) h = ops::slice(h, {{-1}});  // [1, hidden]
   // A tied head multiplies by the embedding table, [vocab, hidden], laid out as a Linear's weight.
   TensorValue logits = lm_head_ ? (*lm_head_)(h) : model_->embed_tokens().attend(h);
   if (logits.dtype() != DType::f32) logits = ops::cast(logits, DType::f32);

@@ -339,7 +339,8 @@ TextGenerationPipeline TextGenerationPipeline::from_config(const nn::LlamaConfig
   state->config = compute_config(config);
   state->config.weight_format = options.weight_format;
   state->max_seq_len = resolve_max_seq_len(state->config, options.max_seq_len);
-  state->model = std::make_shared<nn::Transformer>(state->config, state->max_seq_len);
+  state->model =
+      std::make_shared<nn::Transformer>(state->config, state->max_seq_len, nn::ReturnLogits::last_token);
   state->sampler = std::make_shared<SamplerModule>(
       state->config.vocab_size, resolve_cap(state->config.vocab_size, options.sampler_max_top_k));
   state->weights = prepare_weights(state->config, *state->model, weights, options.num_threads);
@@ -383,7 +384,8 @@ TextGenerationPipeline TextGenerationPipeline::from_dir(const std::filesystem::p
 
 graph::Module TextGenerationPipeline::trace_graphs(const nn::LlamaConfig& config, PipelineOptions options) {
   nn::LlamaConfig c = compute_config(config);
-  auto model = std::make_shared<nn::Transformer>(c, resolve_max_seq_len(c, options.max_seq_len));
+  auto model = std::make_shared<nn::Transformer>(c, resolve_max_seq_len(c, options.max_seq_len),
+                                                nn::ReturnLogits::last_token);
   auto sampler =
       std::make_shared<SamplerModule>(c.vocab_size, resolve_cap(c.vocab_size, options.sampler_max_top_k));
   graph::Module module;
@@ -461,10 +463,8 @@ GenerationResult TextGenerationPipeline::generate_ids(const std::vector<int64_t>
     std::vector<Tensor> out =
         model.execute({Tensor::from_vector(tokens, {seq}),
                        Tensor::borrow(s.attention_ones.data(), DType::i64, {total}), s.cache_k, s.cache_v});
-    const Tensor& logits = out.at(0);  // [seq, vocab]
-    Tensor last_row = Tensor::borrow(const_cast<float*>(logits.data_as<float>()) + (seq - 1) * vocab,
-                                     DType::f32, {1, vocab});
-    return sample(last_row, options.temperature, options.top_k, options.top_p, draw_uniform(rng));
+    return sample(out.at(0), options.temperature, options.top_k, options.top_p,  // [1, vocab]
+                  draw_uniform(rng));
   };
   auto is_eos = [&](int64_t id) {
     return std::find(s.eos_token_ids.begin(), s.eos_token_ids.end(), id) != s.eos_token_ids.end();

@@ -1,9 +1,13 @@
 // Transformer structure: Hugging Face weight names, the input tree, config validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 
+#include "hashed_weights.h"
+#include "kiln/engine/session.h"
 #include "kiln/nn/transformer.h"
 
 namespace {
@@ -108,6 +112,50 @@ TEST(LlamaConfig, ExplicitHeadDimOverridesHiddenOverHeads) {
             "[32, 64]");
   EXPECT_EQ(model.raw_state_dict().at("model.layers.0.self_attn.o_proj.weight").shape.to_string(),
             "[64, 32]");
+}
+
+// Logits of a 5-token prefill then a 1-token decode step, from a model built with `mode`.
+std::vector<Tensor> prefill_and_step(nn::ReturnLogits mode) {
+  constexpr int64_t kCacheLen = 16;
+  auto config = tiny_config();
+  nn::Transformer model(config, kCacheLen, mode);
+  const nn::TypeTree tree = *model.input_tree();
+  graph::Graph g("llama", tree.flatten());
+  {
+    graph::Graph::Scope scope(g);
+    g.output(model.forward({tree.unflatten(g.inputs())}).flatten());
+  }
+  WeightsRegistry weights;
+  for (const auto& [name, w] : model.raw_state_dict())
+    weights.emplace(name, nn::hashed_weights::make(name, w.shape.static_dims()));
+  engine::InferenceSession session({DeviceRef::CPU()});
+  engine::Model compiled = session.load(g, weights);
+  const std::vector<int64_t> cache_shape{2, kCacheLen, 2, 16};
+  Tensor k = Tensor::zeros(DType::f32, cache_shape), v = Tensor::zeros(DType::f32, cache_shape);
+  auto ones = [](int64_t n) { return Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(n), 1), {n}); };
+  std::vector<Tensor> out;
+  out.push_back(compiled.execute({Tensor::from_vector<int64_t>({3, 17, 42, 99, 5}, {5}), ones(5), k, v}).at(0));
+  out.push_back(compiled.execute({Tensor::from_vector<int64_t>({64}, {1}), ones(6), k, v}).at(0));
+  return out;
+}
+
+TEST(Transformer, LastTokenLogitsAreTheLastRowOfAllLogits) {
+  const auto all = prefill_and_step(nn::ReturnLogits::all);
+  const auto last = prefill_and_step(nn::ReturnLogits::last_token);
+  ASSERT_EQ(all[0].shape(), (std::vector<int64_t>{5, 128}));
+  ASSERT_EQ(last[0].shape(), (std::vector<int64_t>{1, 128}));
+  ASSERT_EQ(last[1].shape(), (std::vector<int64_t>{1, 128}));
+  const std::vector<float> all_prefill = all[0].to_vector<float>();
+  const std::vector<float> expected_prefill(all_prefill.end() - 128, all_prefill.end());
+  // The projection of one row may take another kernel path (GEMV) than that of five (GEMM): equal up
+  // to float summation order.
+  for (auto [got, expected] : {std::pair{last[0].to_vector<float>(), expected_prefill},
+                               std::pair{last[1].to_vector<float>(), all[1].to_vector<float>()}}) {
+    double max_abs = 0;
+    for (float x : expected) max_abs = std::max(max_abs, double(std::fabs(x)));
+    ASSERT_GT(max_abs, 0.0);
+    for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-5 * max_abs) << "logit " << i;
+  }
 }
 
 }  // namespace

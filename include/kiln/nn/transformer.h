@@ -78,26 +78,35 @@ class TransformerModel : public Module {
 };
 
 // Hugging Face's LlamaForCausalLM.
+// Which positions get logits (MAX's ReturnLogits): every position, or only the last, which is all
+// that generation samples from. The last-token head skips the vocabulary projection of every other
+// prompt position (for stories15M, 60% of a 128-token prefill's FLOPs).
+enum class ReturnLogits { all, last_token };
+
 class Transformer : public Module {
  public:
   // max_seq_len: the cache's length (0: max_position_embeddings). ValueError on a bad config.
-  explicit Transformer(const LlamaConfig& config, int64_t max_seq_len = 0);
+  explicit Transformer(const LlamaConfig& config, int64_t max_seq_len = 0,
+                       ReturnLogits return_logits = ReturnLogits::all);
 
   // {"tokens": i64[seq], "attention_mask": i64[total],
   //  "cache": {"k": buffer<f32[layers, max_seq, kv_heads, head_dim]>, "v": same}}
   std::optional<TypeTree> input_tree() const override;
-  // args: the one tree of input_tree(). Returns the logits f32[seq, vocab_size] (a leaf).
+  // args: the one tree of input_tree(). Returns the logits f32[seq, vocab_size] (a leaf), or
+  // f32[1, vocab_size] for the last position with ReturnLogits::last_token.
   Values forward(const std::vector<Values>& args) override;
   graph::TensorValue operator()(const graph::TensorValue& tokens, const graph::TensorValue& attention_mask,
                                 const KVCache& cache) const;
 
   const LlamaConfig& config() const { return config_; }
   int64_t max_seq_len() const { return max_seq_len_; }
+  ReturnLogits return_logits() const { return return_logits_; }
   const RotaryEmbedding& rope() const { return rope_; }
 
  private:
   LlamaConfig config_;
   int64_t max_seq_len_;
+  ReturnLogits return_logits_;
   RotaryEmbedding rope_;
   std::shared_ptr<TransformerModel> model_;
   std::shared_ptr<Linear> lm_head_;  // null when tied

@@ -1,0 +1,340 @@
+// The AMX bf16 GEMM of gemm_amx.h. Standard headers first, then the target pragma for the tile
+// code only (see gemm.h on why the pragma follows every standard header).
+//
+// Blocking: 8 tiles make a 2 x 2 block, 2 A tiles (32 rows x 32 of K) times 2 B tiles (32 of K x 32
+// columns) into 4 f32 C tiles (32 x 32), one tile load per tdpbf16ps. A is copied once per call into
+// the same tile-row layout (every tile 1 KiB contiguous, zero-padded in M and K), which handles
+// every tail and stride in one place and keeps tile loads off the 4 KiB-aliasing row strides of
+// power-of-two K. Columns are walked in groups whose packed B stays in L2 while every row block
+// passes over it.
+#include "kernels/cpu/gemm_amx.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <variant>
+
+#include "kernels/cpu/strided.h"
+#include "kiln/errors.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <immintrin.h>
+#endif
+
+namespace kiln::kernels::amx {
+namespace {
+
+constexpr int64_t kTileElems = kTileRows * kTileK;  // bf16 values in one A or B tile
+constexpr int64_t kBlockRows = 2 * kTileRows;        // rows of C per 2 x 2 block
+// Multiply-adds per part below which a second thread costs more than it saves.
+constexpr int64_t kMinMacsPerPart = int64_t{1} << 20;
+// Bytes of packed B a column group may take (kept in the 2 MiB L2 beside A's traffic).
+constexpr int64_t kGroupBytes = int64_t{1} << 20;
+
+std::atomic<bool> g_disabled{false};
+
+#if defined(__x86_64__)
+bool cpu_and_os_allow_amx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
+  if (!amx_bf16 || !amx_tile) return false;
+  // The output rounding uses AVX-512 F/BW/VL (every AMX CPU has them).
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl"))
+    return false;
+  // Linux keeps the 8 KiB tile state off until a process asks for it (5.16+).
+  constexpr long kArchGetXcompPerm = 0x1022, kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+  unsigned long permitted = 0;
+  if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &permitted) != 0) return false;
+  return (permitted >> kXfeatureXtiledata) & 1;
+}
+#else
+bool cpu_and_os_allow_amx() { return false; }
+#endif
+
+// A thread's 64-byte aligned scratch, kept between calls (packed A).
+class Scratch {
+ public:
+  uint16_t* get(size_t elements) {
+    if (elements > size_) {
+      void* p = std::aligned_alloc(64, (elements * 2 + 63) / 64 * 64);
+      if (!p) throw std::bad_alloc();
+      data_.reset(static_cast<uint16_t*>(p));
+      size_ = elements;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(uint16_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint16_t, Free> data_;
+  size_t size_ = 0;
+};
+thread_local Scratch t_packed_a;
+
+// Rows [m0, m0 + rows) of A (rows <= 32) -> [k_tiles][a_tiles][16 rows][32 of K], zero-padded.
+void pack_a_block(const uint16_t* a, int64_t a_row, int64_t a_col, int64_t m0, int64_t rows, int64_t K,
+                  uint16_t* dst) {
+  const int64_t k_tiles = (K + kTileK - 1) / kTileK, a_tiles = (rows + kTileRows - 1) / kTileRows;
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    const int64_t k0 = kt * kTileK, width = std::min(kTileK, K - k0);
+    for (int64_t r = 0; r < a_tiles * kTileRows; ++r) {
+      uint16_t* d = dst + (kt * a_tiles * kTileRows + r) * kTileK;
+      int64_t filled = 0;
+      if (r < rows) {
+        const uint16_t* src = a + (m0 + r) * a_row + k0 * a_col;
+        if (a_col == 1) {
+          std::memcpy(d, src, static_cast<size_t>(width) * 2);
+        } else {
+          for (int64_t k = 0; k < width; ++k) d[k] = src[k * a_col];
+        }
+        filled = width;
+      }
+      std::fill(d + filled, d + kTileK, uint16_t{0});
+    }
+  }
+}
+
+// Offset of row block `mb` in the packed A: every block reserves two tiles per K tile.
+int64_t packed_a_offset(int64_t mb, int64_t k_tiles) { return mb * k_tiles * 2 * kTileElems; }
+
+}  // namespace
+
+// ---- the tile code -------------------------------------------------------------------------------
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")
+namespace {
+
+// ldtilecfg's 64-byte operand: palette 1, every tile 16 rows x 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  uint8_t reserved2[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// Tiles 0..3: C (row tile * 2 + column tile); 4, 5: A; 6, 7: B.
+void load_tile_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = kTileRows;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// C block [MT * 16, NT * 16] = A block . B tiles over all K tiles, into c [MT][NT][16][16] floats.
+template <int MT, int NT>
+void multiply_block(const uint16_t* a, int64_t a_step, const uint16_t* b0, const uint16_t* b1, int64_t k_tiles,
+                    float* c) {
+  _tile_zero(0);
+  if constexpr (NT == 2) _tile_zero(1);
+  if constexpr (MT == 2) _tile_zero(2);
+  if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    const uint16_t* ak = a + kt * a_step;
+    _tile_loadd(4, ak, 64);
+    _tile_loadd(6, b0 + kt * kTileElems, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT == 2) {
+      _tile_loadd(7, b1 + kt * kTileElems, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (MT == 2) {
+      _tile_loadd(5, ak + kTileElems, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NT == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (NT == 2) _tile_stored(1, c + 256, 64);
+  if constexpr (MT == 2) _tile_stored(2, c + 512, 64);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, c + 768, 64);
+}
+
+// 16 floats -> bf16, round to nearest even; NaN stays NaN (quiet), as f32_to_bf16 does.
+__m256i round_to_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// The valid part of a C block (rows from m0, columns from n0) rounded into C.
+void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, int64_t n0, int64_t M, int64_t N,
+                 uint16_t* c, int64_t ldc) {
+  for (int mt = 0; mt < mt_count; ++mt)
+    for (int r = 0; r < kTileRows; ++r) {
+      const int64_t m = m0 + mt * kTileRows + r;
+      if (m >= M) return;
+      for (int nt = 0; nt < nt_count; ++nt) {
+        const int64_t n = n0 + nt * kTileRows;
+        const int64_t cols = std::min<int64_t>(kTileRows, N - n);
+        if (cols <= 0) break;
+        const __m512 v = _mm512_loadu_ps(c_block + ((mt * 2 + nt) * kTileRows + r) * kTileRows);
+        _mm256_mask_storeu_epi16(c + m * ldc + n, static_cast<__mmask16>((1u << cols) - 1), round_to_bf16(v));
+      }
+    }
+}
+
+// Row blocks [mb0, mb1) x column-tile pairs [np0, np1) of C, on the calling thread.
+void run_part(const uint16_t* packed_a, int64_t M, const PackedB& b, int64_t mb0, int64_t mb1, int64_t np0,
+              int64_t np1, uint16_t* c, int64_t ldc) {
+  load_tile_config();
+  alignas(64) float c_block[4 * kTileRows * kTileRows];
+  const int64_t k_tiles = b.k_tiles(), n_tiles = b.n_tiles();
+  const int64_t group = std::max<int64_t>(1, kGroupBytes / (k_tiles * 2 * kTileElems * 2));
+  for (int64_t g0 = np0; g0 < np1; g0 += group) {
+    const int64_t g1 = std::min(np1, g0 + group);
+    for (int64_t mb = mb0; mb < mb1; ++mb) {
+      const int64_t rows = std::min(kBlockRows, M - mb * kBlockRows);
+      const int mt_count = rows > kTileRows ? 2 : 1;
+      const uint16_t* a = packed_a + packed_a_offset(mb, k_tiles);
+      const int64_t a_step = mt_count * kTileElems;
+      for (int64_t np = g0; np < g1; ++np) {
+        const int64_t nt = 2 * np;
+        const int nt_count = nt + 1 < n_tiles ? 2 : 1;
+        const uint16_t* b0 = b.tile(nt, 0);
+        const uint16_t* b1 = nt_count == 2 ? b.tile(nt + 1, 0) : b0;
+        if (mt_count == 2 && nt_count == 2)
+          multiply_block<2, 2>(a, a_step, b0, b1, k_tiles, c_block);
+        else if (mt_count == 2)
+          multiply_block<2, 1>(a, a_step, b0, b1, k_tiles, c_block);
+        else if (nt_count == 2)
+          multiply_block<1, 2>(a, a_step, b0, b1, k_tiles, c_block);
+        else
+          multiply_block<1, 1>(a, a_step, b0, b1, k_tiles, c_block);
+        store_block(c_block, mt_count, nt_count, mb * kBlockRows, nt * kTileRows, M, b.N(), c, ldc);
+      }
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace
+#pragma GCC pop_options
+#endif
+
+// ---- public ----------------------------------------------------------------------------------------
+
+bool available() {
+  static const bool allowed = cpu_and_os_allow_amx();
+  return allowed && !g_disabled.load(std::memory_order_relaxed);
+}
+
+void disable_for_testing(bool disabled) { g_disabled.store(disabled, std::memory_order_relaxed); }
+
+void PackedB::Free::operator()(uint16_t* p) const { std::free(p); }
+
+PackedB PackedB::pack(const KernelContext& ctx, const uint16_t* b, int64_t b_row, int64_t b_col, int64_t K,
+                      int64_t N) {
+  PackedB packed;
+  packed.K_ = K;
+  packed.N_ = N;
+  const size_t bytes = std::max<size_t>(64, packed.bytes());
+  void* memory = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!memory) throw std::bad_alloc();
+  packed.data_.reset(static_cast<uint16_t*>(memory));
+  const int64_t k_tiles = packed.k_tiles();
+  parallel_for(ctx, packed.n_tiles(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t nt = begin; nt < end; ++nt) {
+      const int64_t n0 = nt * kTileRows, cols = std::min(kTileRows, N - n0);
+      for (int64_t kt = 0; kt < k_tiles; ++kt) {
+        uint16_t* tile = const_cast<uint16_t*>(packed.tile(nt, kt));  // [16 pairs][16 columns][2]
+        const int64_t k0 = kt * kTileK, depth = std::min(kTileK, K - k0);
+        if (cols < kTileRows || depth < kTileK) std::fill(tile, tile + kTileElems, uint16_t{0});
+        // Column-major walk: a weight [N, K] (b_row == 1) is read along its rows.
+        for (int64_t n = 0; n < cols; ++n) {
+          const uint16_t* src = b + k0 * b_row + (n0 + n) * b_col;
+          for (int64_t k = 0; k < depth; ++k) tile[((k / 2) * kTileRows + n) * 2 + k % 2] = src[k * b_row];
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M, const PackedB& b,
+          uint16_t* c, int64_t ldc) {
+#if defined(__x86_64__)
+  if (!available()) throw ValueError("amx::gemm: AMX-BF16 is not available on this CPU or OS");
+  if (M <= 0 || b.N() <= 0) return;
+  const int64_t K = b.K(), k_tiles = b.k_tiles();
+  const int64_t m_blocks = (M + kBlockRows - 1) / kBlockRows;
+  uint16_t* packed_a = t_packed_a.get(static_cast<size_t>(packed_a_offset(m_blocks, k_tiles)));
+  parallel_for(ctx, m_blocks, std::max<int64_t>(1, kElementwiseGrain / (kBlockRows * std::max<int64_t>(K, 1))),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t mb = begin; mb < end; ++mb)
+                   pack_a_block(a, a_row, a_col, mb * kBlockRows, std::min(kBlockRows, M - mb * kBlockRows), K,
+                                packed_a + packed_a_offset(mb, k_tiles));
+               });
+  // One part per thread, over column-tile pairs when there are enough, else over row blocks: every
+  // C block is computed the same way whichever part holds it, so the bits do not depend on threads.
+  const int64_t n_pairs = (b.n_tiles() + 1) / 2;
+  const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  const int64_t parts = std::clamp<int64_t>(M * b.N() * std::max<int64_t>(K, 1) / kMinMacsPerPart, 1,
+                                            std::min<int64_t>(threads, std::max(n_pairs, m_blocks)));
+  const bool split_columns = n_pairs >= parts * 2 || n_pairs >= m_blocks;
+  auto part = [&](int64_t t) {
+    if (split_columns)
+      run_part(packed_a, M, b, 0, m_blocks, t * n_pairs / parts, (t + 1) * n_pairs / parts, c, ldc);
+    else
+      run_part(packed_a, M, b, t * m_blocks / parts, (t + 1) * m_blocks / parts, 0, n_pairs, c, ldc);
+  };
+  if (parts == 1) {
+    part(0);
+    return;
+  }
+  ctx.parallel->for_range(parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) part(t);
+  });
+#else
+  (void)ctx, (void)a, (void)a_row, (void)a_col, (void)M, (void)b, (void)c, (void)ldc;
+  throw ValueError("amx::gemm: AMX-BF16 is not available on this CPU");
+#endif
+}
+
+std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::span<const TensorView> inputs,
+                                               std::span<const bool> fixed) {
+  if (!available() || inputs.size() != 2 || fixed.size() != 2 || !fixed[1]) return nullptr;
+  const TensorView &lhs = inputs[0], &w = inputs[1];
+  if (lhs.dtype != DType::bf16 || w.dtype != DType::bf16 || w.shape.size() != 2 || w.data == nullptr)
+    return nullptr;
+  auto it = attrs.find("transpose_b");
+  const int64_t* flag = it == attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);
+  const bool transposed = flag && *flag != 0;
+  const int64_t K = transposed ? w.shape[1] : w.shape[0], N = transposed ? w.shape[0] : w.shape[1];
+  const int64_t b_row = transposed ? w.strides[1] : w.strides[0], b_col = transposed ? w.strides[0] : w.strides[1];
+  if (K == 0 || N == 0) return nullptr;
+  if (!lhs.shape.empty()) {  // a static lhs: skip decode-only steps and mismatches (the kernel reports those)
+    int64_t rows = 1;
+    for (size_t d = 0; d + 1 < lhs.shape.size(); ++d) rows *= lhs.shape[d];
+    if (rows <= kMinRows || lhs.shape.back() != K) return nullptr;
+  }
+  auto prepared = std::make_shared<PreparedMatmul>();
+  prepared->source = w.data;
+  prepared->b_row = b_row;
+  prepared->b_col = b_col;
+  SerialParallel serial;
+  prepared->packed = PackedB::pack(KernelContext{&serial}, static_cast<const uint16_t*>(w.data), b_row, b_col, K, N);
+  return prepared;
+}
+
+}  // namespace kiln::kernels::amx

@@ -1,0 +1,80 @@
+// Private: a bf16 GEMM on Intel AMX tiles (AMX-BF16, tdpbf16ps) for prefill-sized products, with
+// the weight repacked once into the tiles' VNNI-pair layout. Used by the matmul kernel for bf16 x
+// bf16 -> bf16 when available() (the CPU has AMX-BF16 and the OS grants this process the tile data
+// state); everything else keeps the SIMD GEMM of gemm.h. docs/amx.md has the layout and figures.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "kernels/cpu/kernels.h"
+
+namespace kiln::kernels::amx {
+
+// The CPU has AMX-TILE + AMX-BF16 + AVX-512 BW/VL, and arch_prctl(ARCH_REQ_XCOMP_PERM) granted
+// XTILEDATA to this process (asked once; Linux refuses it before 5.16). False on every other CPU or
+// OS, and while disabled for testing.
+bool available();
+// Tests only: make available() false (true), or back to what the machine allows (false).
+void disable_for_testing(bool disabled);
+
+// Tile geometry: a tile is 16 rows of 64 bytes; a bf16 B tile holds 32 values of K (16 VNNI
+// pairs) for 16 columns of N.
+inline constexpr int64_t kTileRows = 16;
+inline constexpr int64_t kTileK = 32;
+
+// B [K, N] packed for tdpbf16ps: n_tiles() column tiles, each the k_tiles() B tiles of its 16
+// columns one after another; one tile is [16 pairs of K][16 columns][2] bf16 (1 KiB), that is
+// element (k, n) of the tile at ((k / 2) * 16 + n) * 2 + k % 2. K is padded to 32 and N to 16
+// with zeros.
+class PackedB {
+ public:
+  int64_t K() const { return K_; }
+  int64_t N() const { return N_; }
+  int64_t k_tiles() const { return (K_ + kTileK - 1) / kTileK; }
+  int64_t n_tiles() const { return (N_ + kTileRows - 1) / kTileRows; }
+  const uint16_t* tile(int64_t n_tile, int64_t k_tile) const {
+    return data_.get() + (n_tile * k_tiles() + k_tile) * kTileRows * kTileK;
+  }
+  size_t bytes() const { return static_cast<size_t>(n_tiles() * k_tiles()) * kTileRows * kTileK * 2; }
+
+  // Packs B [K, N], element (k, n) at b[k * b_row + n * b_col] (bf16 bits). A Linear's weight
+  // [N, K] read with transpose_b is b_row = 1, b_col = K. Threaded over ctx.parallel.
+  static PackedB pack(const KernelContext& ctx, const uint16_t* b, int64_t b_row, int64_t b_col, int64_t K,
+                      int64_t N);
+
+ private:
+  struct Free {
+    void operator()(uint16_t* p) const;
+  };
+  int64_t K_ = 0, N_ = 0;
+  std::unique_ptr<uint16_t[], Free> data_;
+};
+
+// C [M, N] = A [M, K] . B, A (bf16, element (m, k) at a[m * a_row + k * a_col]) and C (bf16, rows
+// ldc apart) rounded once from f32 accumulators to nearest even. Threaded over ctx.parallel; the
+// bits do not depend on the thread count. Requires available().
+void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M, const PackedB& b,
+          uint16_t* c, int64_t ldc);
+
+// The prepared state of a bf16 matmul whose rhs is a fixed weight: the weight packed, and which
+// view it was packed from (the kernel uses it only for that same view).
+struct PreparedMatmul final : Prepared {
+  const void* source = nullptr;
+  int64_t b_row = 0, b_col = 0;  // the rhs strides along K and N it was read with
+  PackedB packed;
+};
+
+// The PrepareFn of (matmul, CPU, bf16): packs a fixed 2-D bf16 rhs (transpose_b honoured) when
+// available(), unless the lhs has a static shape with at most kMinRows rows (decode-only steps).
+std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::span<const TensorView> inputs,
+                                               std::span<const bool> fixed);
+
+// Products with more rows than this run on AMX with a prepared (packed) weight; at most this many
+// (decode) keep the GEMV of gemm.h, which streams the weight's original rows.
+inline constexpr int64_t kMinRows = 8;
+// Without prepared state the weight is packed on every call, which pays only for larger M.
+inline constexpr int64_t kMinRowsUnprepared = 64;
+
+}  // namespace kiln::kernels::amx
