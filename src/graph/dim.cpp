@@ -270,7 +270,8 @@ void collect_symbols(const Expr& e, std::set<std::string>& out) {
     }
 }
 
-int64_t evaluate_expr(const Expr& e, const SymbolBindings& bindings, const std::string& whole) {
+// `whole` is the Dim being evaluated, printed only in an error (evaluation runs on every execute).
+int64_t evaluate_expr(const Expr& e, const SymbolBindings& bindings, const Expr& whole) {
   int64_t total = 0;
   for (const auto& [m, c] : e.terms) {
     int64_t term = c;
@@ -279,11 +280,11 @@ int64_t evaluate_expr(const Expr& e, const SymbolBindings& bindings, const std::
       if (!a.symbol.empty()) {
         auto it = bindings.find(a.symbol);
         if (it == bindings.end())
-          throw ValueError("Dim::evaluate: symbol '" + a.symbol + "' of '" + whole + "' has no value");
+          throw ValueError("Dim::evaluate: symbol '" + a.symbol + "' of '" + print_expr(whole) + "' has no value");
         v = it->second;
       } else {
         const int64_t d = evaluate_expr(*a.den, bindings, whole);
-        if (d == 0) throw ValueError("Dim::evaluate: division by zero in '" + whole + "'");
+        if (d == 0) throw ValueError("Dim::evaluate: division by zero in '" + print_expr(whole) + "'");
         v = floor_div(evaluate_expr(*a.num, bindings, whole), d);
       }
       term = checked_mul(term, v, "evaluation");
@@ -443,9 +444,9 @@ std::vector<std::string> Dim::symbols() const {
 }
 
 int64_t Dim::evaluate(const SymbolBindings& bindings) const {
-  const std::string text = to_string();
-  const int64_t v = evaluate_expr(*expr_, bindings, text);
-  if (v < 0) throw ValueError("Dim::evaluate: '" + text + "' evaluates to the negative value " + std::to_string(v));
+  const int64_t v = evaluate_expr(*expr_, bindings, *expr_);
+  if (v < 0)
+    throw ValueError("Dim::evaluate: '" + to_string() + "' evaluates to the negative value " + std::to_string(v));
   return v;
 }
 

@@ -244,23 +244,36 @@ void top_k_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span
       T* y = values.as<T>();
       int64_t* yi = indices.as<int64_t>();
       for_each_line(ctx, l, [&](int64_t line, int64_t base) {
-        // Descending; NaN above every number; equal values keep the lower index first.
-        auto before = [&](int64_t i, int64_t j) {
-          const auto vi = compare_value(x[base + i * l.stride]);
-          const auto vj = compare_value(x[base + j * l.stride]);
-          const bool ni = is_nan_value(vi), nj = is_nan_value(vj);
-          if (ni || nj) return ni && (!nj || i < j);
-          if (vi != vj) return vi > vj;
-          return i < j;
+        using V = decltype(compare_value(x[0]));
+        struct Entry {
+          V value;
+          int64_t index;
         };
-        thread_local std::vector<int64_t> order;
-        order.resize(static_cast<size_t>(l.length));
-        std::iota(order.begin(), order.end(), int64_t{0});
-        std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+        // Descending; NaN above every number; equal values keep the lower index first.
+        auto before = [](const Entry& a, const Entry& b) {
+          const bool na = is_nan_value(a.value), nb = is_nan_value(b.value);
+          if (na || nb) return na && (!nb || a.index < b.index);
+          if (a.value != b.value) return a.value > b.value;
+          return a.index < b.index;
+        };
+        // One pass keeping the k best in a heap whose top is the worst of them: most elements of a
+        // long line (logits over a vocabulary) lose one comparison with the top and cost nothing more.
+        thread_local std::vector<Entry> order;
+        order.clear();
+        for (int64_t i = 0; i < k; ++i) order.push_back({compare_value(x[base + i * l.stride]), i});
+        std::make_heap(order.begin(), order.end(), before);
+        for (int64_t i = k; i < l.length; ++i) {
+          const Entry e{compare_value(x[base + i * l.stride]), i};
+          if (!before(e, order.front())) continue;
+          std::pop_heap(order.begin(), order.end(), before);
+          order.back() = e;
+          std::push_heap(order.begin(), order.end(), before);
+        }
+        std::sort_heap(order.begin(), order.end(), before);
         for (int64_t t = 0; t < k; ++t) {
           const int64_t o = result_offset(l, line, k, t);
-          y[o] = x[base + order[t] * l.stride];
-          yi[o] = order[t];
+          y[o] = x[base + order[t].index * l.stride];
+          yi[o] = order[t].index;
         }
       });
     }
