@@ -114,6 +114,18 @@ TEST(AttentionKernel, DecodeOneQueryAgainstTheWholeHistory) {
   check_case({1, 1, 1, 1, 4}, {false});
 }
 
+// The decode path of AVX-512 CPUs: grouped heads (Llama-3.2-1B's 4 per kv head), head dims that are
+// not a multiple of 16, padding, a query masked everywhere, histories of a few hundred keys.
+TEST(AttentionKernel, DecodeGroupedHeadsPaddingAndOddHeadDims) {
+  check_case({1, 300, 32, 8, 64}, std::vector<bool>(300, false));
+  check_case({1, 37, 6, 2, 20}, std::vector<bool>(37, false));
+  std::vector<bool> padded(50, false);
+  for (int64_t t : {0, 3, 16, 17, 49}) padded[static_cast<size_t>(t)] = true;
+  check_case({1, 50, 4, 1, 33}, padded);
+  check_case({1, 20, 2, 2, 8}, std::vector<bool>(20, true));
+  check_case({1, 0, 2, 1, 8}, {});
+}
+
 TEST(AttentionKernel, PrefillIsCausal) {
   check_case({5, 5, 2, 2, 16}, std::vector<bool>(5, false));
   // More queries than a query block (8), with a history before them.

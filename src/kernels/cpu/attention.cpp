@@ -15,6 +15,10 @@
 
 #include <fmt/format.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
 
@@ -174,10 +178,154 @@ void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, 
   });
 }
 
+#if defined(__x86_64__)
+// Decode (one query) in f32 with AVX-512: the step of generation that reads the whole KV cache, so it
+// must stream K and V at memory speed. Per kv head: one pass over K computing every score of the
+// group's heads, a vectorised softmax, one pass over V. No tiles: one query's scores for the whole
+// history fit in L1/L2 (total * group floats).
+#define KILN_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+
+// exp(x) for x <= 0 (scores minus their maximum), Cephes' single-precision polynomial: ~1 ulp.
+KILN_AVX512 inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));  // below this exp underflows; 1e-38 is as good as 0
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+KILN_AVX512 inline float dot_avx512(const float* a, const float* b, int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+// acc[0, n) += p * x[0, n)
+KILN_AVX512 inline void axpy_avx512(float* acc, float p, const float* x, int64_t n) {
+  const __m512 pv = _mm512_set1_ps(p);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(acc + i, m,
+                          _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, acc + i)));
+  }
+}
+
+struct DecodeOperands {
+  const float* q;        // [heads, hd], head stride q_head
+  const float* k;        // [total, kv_heads, hd]
+  const float* v;
+  const bool* mask;      // [total], stride mask_stride
+  float* out;            // [heads, hd], contiguous
+  int64_t q_head, k_row, k_head, v_row, v_head, mask_stride;
+  bool all_masked;       // every key masked: every value row weighs the same, as the general loop does
+};
+
+// One kv head and its group of query heads; scores [group, total] and acc [group, hd] are scratch.
+KILN_AVX512 void decode_kv_head(const Dims& d, float scale, const DecodeOperands& o, int64_t kv,
+                                std::vector<float>& scores, std::vector<float>& acc) {
+  const int64_t hd = d.head_dim, total = d.total, group = d.group;
+  const float* q_rows[64];  // the group's heads, 64 at a time
+  for (int64_t g0 = 0; g0 < group; g0 += 64) {
+    const int64_t gs = std::min<int64_t>(64, group - g0);
+    for (int64_t g = 0; g < gs; ++g) q_rows[g] = o.q + (kv * group + g0 + g) * o.q_head;
+    // Scores: each key row is read once for all of the group's heads.
+    for (int64_t t = 0; t < total; ++t) {
+      const float* k_row = o.k + t * o.k_row + kv * o.k_head;
+      const bool hidden = !o.all_masked && o.mask[t * o.mask_stride];
+      for (int64_t g = 0; g < gs; ++g)
+        scores[static_cast<size_t>(g * total + t)] = hidden       ? -std::numeric_limits<float>::infinity()
+                                                     : o.all_masked ? 0.0f
+                                                                    : dot_avx512(q_rows[g], k_row, hd) * scale;
+    }
+    // Softmax numerators and their sums; hidden keys (-inf) get exactly 0.
+    const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    float sums[64];
+    for (int64_t g = 0; g < gs; ++g) {
+      float* row = scores.data() + g * total;
+      __m512 mx = minus_inf;
+      for (int64_t t = 0; t < total; t += 16) {
+        const __mmask16 m = total - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (total - t)) - 1);
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, m, row + t));
+      }
+      const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t t = 0; t < total; t += 16) {
+        const __mmask16 m = total - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (total - t)) - 1);
+        const __m512 s = _mm512_maskz_loadu_ps(m, row + t);
+        const __mmask16 shown = _mm512_mask_cmp_ps_mask(m, s, minus_inf, _CMP_NEQ_OQ);
+        const __m512 p = _mm512_maskz_mov_ps(shown, exp_nonpositive(_mm512_sub_ps(s, max)));
+        _mm512_mask_storeu_ps(row + t, m, p);
+        sum = _mm512_add_ps(sum, p);
+      }
+      sums[g] = _mm512_reduce_add_ps(sum);
+    }
+    // Weighted sum of the value rows, each read once for the group.
+    std::fill(acc.begin(), acc.begin() + gs * hd, 0.0f);
+    for (int64_t t = 0; t < total; ++t) {
+      const float* v_row = o.v + t * o.v_row + kv * o.v_head;
+      for (int64_t g = 0; g < gs; ++g) {
+        const float p = scores[static_cast<size_t>(g * total + t)];
+        if (p != 0.0f) axpy_avx512(acc.data() + g * hd, p, v_row, hd);
+      }
+    }
+    for (int64_t g = 0; g < gs; ++g) {
+      const float inv = sums[g] > 0.0f ? 1.0f / sums[g] : 0.0f;  // total == 0: the result is 0
+      float* dst = o.out + (kv * group + g0 + g) * hd;
+      const float* a = acc.data() + g * hd;
+      for (int64_t i = 0; i < hd; ++i) dst[i] = a[i] * inv;
+    }
+  }
+}
+
+void decode_f32_avx512(const KernelContext& ctx, const Dims& d, float scale, std::span<const TensorView> inputs,
+                       const TensorView& out) {
+  const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2], &masked = inputs[3];
+  DecodeOperands o{q.as<float>(), k.as<float>(), v.as<float>(), masked.as<bool>(), out.as<float>(),
+                   q.strides[1], k.strides[0], k.strides[1], v.strides[0], v.strides[1], masked.strides[1], true};
+  for (int64_t t = 0; t < d.total; ++t) o.all_masked = o.all_masked && o.mask[t * o.mask_stride];
+  parallel_for(ctx, d.kv_heads, 1, [&](int64_t first, int64_t end) {
+    thread_local std::vector<float> scores, acc;
+    scores.resize(static_cast<size_t>(std::min<int64_t>(d.group, 64) * d.total));
+    acc.resize(static_cast<size_t>(std::min<int64_t>(d.group, 64) * d.head_dim));
+    for (int64_t kv = first; kv < end; ++kv) decode_kv_head(d, scale, o, kv, scores, acc);
+  });
+}
+#undef KILN_AVX512
+
+// The decode fast path applies: one f32 query, rows contiguous in their last dim, AVX-512 present.
+bool use_decode_avx512(const Dims& d, std::span<const TensorView> inputs) {
+  if (d.seq != 1 || inputs[0].dtype != DType::f32) return false;
+  for (int i = 0; i < 3; ++i)
+    if (inputs[static_cast<size_t>(i)].strides[2] != 1) return false;
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return supported;
+}
+#endif
+
 void attention_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
                       std::span<const TensorView> outputs) {
   const Dims d = check_operands(inputs, outputs);
   const double scale = graph::get_attr<double>(attrs, "scale", Op::attention);
+#if defined(__x86_64__)
+  if (use_decode_avx512(d, inputs))
+    return decode_f32_avx512(ctx, d, static_cast<float>(scale), inputs, outputs[0]);
+#endif
   switch (inputs[0].dtype) {
     case DType::f32: return attention_loop<float>(ctx, d, scale, inputs, outputs[0]);
     case DType::f64: return attention_loop<double>(ctx, d, scale, inputs, outputs[0]);
