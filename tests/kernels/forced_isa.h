@@ -6,14 +6,22 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_amx.h"
 
 namespace kiln::kernels::kernel_test {
 
-// Forces an ISA level for one scope.
+// Forces an ISA level for one scope, with AMX tiles off (they have their own tests), so a bf16
+// product runs that level's kernel even where AMX would take it.
 class ForcedIsa {
  public:
-  explicit ForcedIsa(gemm::Isa isa) { gemm::force_isa_for_testing(isa); }
-  ~ForcedIsa() { gemm::force_isa_for_testing(std::nullopt); }
+  explicit ForcedIsa(gemm::Isa isa) {
+    gemm::force_isa_for_testing(isa);
+    amx::disable_for_testing(true);
+  }
+  ~ForcedIsa() {
+    gemm::force_isa_for_testing(std::nullopt);
+    amx::disable_for_testing(false);
+  }
   ForcedIsa(const ForcedIsa&) = delete;
   ForcedIsa& operator=(const ForcedIsa&) = delete;
 };

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -110,14 +111,11 @@ HostTensor run(const Operands& o, const std::vector<int64_t>& out_shape, Paralle
   return out;
 }
 
-// Checks matmul of `o` against the naive loop (batch broadcast: a size-1 batch repeats).
-void expect_correct(const Operands& o, int64_t batch, int64_t M, int64_t N, int64_t K, const std::string& what,
-                    Parallel* parallel = nullptr) {
+// Checks `out`, matmul of `o`, against the naive loop (batch broadcast: a size-1 batch repeats).
+void expect_matches_naive(const Operands& o, int64_t batch, int64_t M, int64_t N, int64_t K, const HostTensor& out,
+                          const std::string& what) {
   SCOPED_TRACE(what);
   const int64_t ba = o.a_vals.size() / static_cast<size_t>(M * K), bb = o.b_vals.size() / static_cast<size_t>(K * N);
-  std::vector<int64_t> shape = {M, N};
-  if (batch > 0) shape.insert(shape.begin(), batch);
-  const HostTensor out = run(o, shape, parallel);
   const DType dtype = o.a.dtype;
   int failures = 0;
   for (int64_t z = 0; z < std::max<int64_t>(batch, 1); ++z)
@@ -138,20 +136,29 @@ void expect_correct(const Operands& o, int64_t batch, int64_t M, int64_t N, int6
       }
 }
 
+// Runs matmul of `o` and checks it against the naive loop.
+void expect_correct(const Operands& o, int64_t batch, int64_t M, int64_t N, int64_t K, const std::string& what,
+                    Parallel* parallel = nullptr) {
+  std::vector<int64_t> shape = {M, N};
+  if (batch > 0) shape.insert(shape.begin(), batch);
+  expect_matches_naive(o, batch, M, N, K, run(o, shape, parallel), what);
+}
+
 std::string label(Isa isa, DType dtype, Rhs rhs, int64_t M, int64_t N, int64_t K) {
   return std::string(gemm::isa_name(isa)) + " " + std::string(dtype_name(dtype)) + " " + rhs_name(rhs) + " M=" +
          std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
 }
 
 // Sizes around the register tiles (6 x 16, 6 x 64), the small-M limit (8), the vector width and the
-// cache blocks (KC 256 f32 / 512 bf16, NC 256 / 512).
+// cache blocks (KC 256 f32, 512 bf16 pairs; MC 510 / 384; NC 1024 / 512).
 struct Shape {
   int64_t M, N, K;
 };
 const Shape kShapes[] = {
     {1, 1, 1},    {1, 7, 17},    {1, 129, 65},  {1, 33, 600},  {2, 65, 33},    {3, 17, 129}, {7, 33, 7},
     {8, 129, 17}, {9, 7, 65},    {17, 65, 33},  {33, 17, 129}, {65, 129, 1},   {6, 64, 256}, {12, 128, 512},
-    {13, 65, 257}, {20, 600, 40}, {19, 70, 1100}, {129, 33, 65}, {5, 1000, 70},
+    {13, 65, 257}, {20, 600, 40}, {19, 70, 1100}, {129, 33, 65}, {5, 1000, 70}, {10, 1030, 257},
+    {520, 17, 33}, {390, 70, 300},
 };
 
 TEST(Gemm, MatchesNaiveLoopOnEveryIsaDtypeAndRhsLayout) {
@@ -221,6 +228,91 @@ TEST(Gemm, TwoThreadsGiveTheSameBitsAsOne) {
           expect_correct(o, 0, s.M, s.N, s.K, what, &two);
         }
   }
+}
+
+// The f32 weight packed at init (the matmul kernel's prepare function) against packing per call:
+// the same bits, on every ISA level, both rhs layouts, 1 and 2 threads, shapes around the blocks.
+TEST(Gemm, PreparedWeightGivesTheSameBitsAsPackingPerCall) {
+  const PrepareFn prepare = builtin_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
+  ASSERT_NE(prepare, nullptr);
+  ThreadedParallel two(2);
+  SerialParallel serial;
+  uint32_t seed = 300;
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (Rhs rhs : {Rhs::plain, Rhs::transposed})
+      for (const Shape& s : {Shape{9, 70, 33}, Shape{100, 300, 300}, Shape{520, 65, 257}, Shape{13, 1100, 257}}) {
+        const Operands o = make_operands(DType::f32, 0, 0, s.M, s.N, s.K, rhs, seed++);
+        const bool fixed[] = {false, true};
+        TensorView lhs_at_init;  // data unknown at init, static shape
+        lhs_at_init.dtype = DType::f32;
+        lhs_at_init.shape = {s.M, s.K};
+        lhs_at_init.strides = {s.K, 1};
+        const std::vector<TensorView> at_init = {lhs_at_init, o.b_view};
+        const std::shared_ptr<const Prepared> prepared = prepare(o.attrs, at_init, std::span<const bool>(fixed));
+        const std::string what = label(isa, DType::f32, rhs, s.M, s.N, s.K);
+        if (isa == Isa::generic) {
+          EXPECT_EQ(prepared, nullptr) << what << ": nothing to pack without SIMD kernels";
+          continue;
+        }
+        ASSERT_NE(prepared, nullptr) << what;
+        for (Parallel* parallel : {static_cast<Parallel*>(&serial), static_cast<Parallel*>(&two)}) {
+          const HostTensor unprepared = run(o, {s.M, s.N}, parallel);
+          HostTensor with(DType::f32, {s.M, s.N});
+          const KernelFn fn = builtin_kernels().find(Op::matmul, DeviceKind::CPU, DType::f32);
+          const TensorView inputs[] = {o.a_view, o.b_view};
+          const TensorView outputs[] = {with.view()};
+          fn(KernelContext{parallel, nullptr, nullptr, prepared.get()}, o.attrs, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+          EXPECT_EQ(unprepared.bytes, with.bytes) << what << " threads " << parallel->num_threads();
+          expect_matches_naive(o, 0, s.M, s.N, s.K, with, what + " prepared");
+        }
+      }
+  }
+}
+
+// The panels packed at init are what a prepared launch reads: changing the weight's bytes afterwards
+// (which a fixed weight never does) leaves its result at the packed values. Without the state, or
+// with the state of another rhs, the launch reads the rhs it is given.
+TEST(Gemm, PreparedLaunchReadsThePanelsPackedAtInit) {
+  if (gemm::best_isa() == Isa::generic) GTEST_SKIP() << "no SIMD level on this CPU";
+  const PrepareFn prepare = builtin_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
+  const KernelFn fn = builtin_kernels().find(Op::matmul, DeviceKind::CPU, DType::f32);
+  const int64_t M = 20, N = 70, K = 40;
+  Operands o = make_operands(DType::f32, 0, 0, M, N, K, Rhs::transposed, 11);
+  const Operands other = make_operands(DType::f32, 0, 0, M, N, K, Rhs::transposed, 12);
+  const bool fixed[] = {false, true};
+  const std::vector<TensorView> at_init = {o.a_view, o.b_view};
+  const std::shared_ptr<const Prepared> prepared = prepare(o.attrs, at_init, std::span<const bool>(fixed));
+  ASSERT_NE(prepared, nullptr);
+  const HostTensor before = run(o, {M, N});
+  std::memcpy(o.b.bytes.data(), other.b.bytes.data(), o.b.bytes.size());  // same buffer, new values
+  SerialParallel serial;
+  auto launch = [&](const Operands& x, const Prepared* state) {
+    HostTensor out(DType::f32, {M, N});
+    const TensorView inputs[] = {x.a_view, x.b_view};
+    const TensorView outputs[] = {out.view()};
+    fn(KernelContext{&serial, nullptr, nullptr, state}, x.attrs, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+    return out;
+  };
+  EXPECT_EQ(launch(o, prepared.get()).bytes, before.bytes);
+  Operands changed = o;
+  changed.b_vals = other.b_vals;
+  changed.b_view.data = changed.b.bytes.data();
+  expect_matches_naive(changed, 0, M, N, K, launch(changed, nullptr), "without the state");
+  expect_matches_naive(other, 0, M, N, K, launch(other, prepared.get()), "another rhs");
+}
+
+// Only a GEMM reads the panels: a lhs whose rows are statically <= 8 (decode) gets no packed copy.
+TEST(Gemm, PrepareSkipsWeightsOnlyEverUsedForSmallM) {
+  if (gemm::best_isa() == Isa::generic) GTEST_SKIP() << "no SIMD level on this CPU";
+  const PrepareFn prepare = builtin_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
+  const Operands o = make_operands(DType::f32, 0, 0, 8, 70, 40, Rhs::transposed, 13);
+  const bool fixed[] = {false, true}, none_fixed[] = {false, false};
+  EXPECT_EQ(prepare(o.attrs, std::vector<TensorView>{o.a_view, o.b_view}, std::span<const bool>(fixed)), nullptr);
+  TensorView symbolic_lhs;  // a symbolic shape: could be a prefill
+  symbolic_lhs.dtype = DType::f32;
+  EXPECT_NE(prepare(o.attrs, std::vector<TensorView>{symbolic_lhs, o.b_view}, std::span<const bool>(fixed)), nullptr);
+  EXPECT_EQ(prepare(o.attrs, std::vector<TensorView>{symbolic_lhs, o.b_view}, std::span<const bool>(none_fixed)), nullptr);
 }
 
 TEST(Gemm, SpecialValuesPropagate) {

@@ -222,6 +222,80 @@ BandwidthResult measure_read_bandwidth(int threads, int64_t buffer_bytes, int pa
   return result;
 }
 
+// ==== f32 multiply-add peak =============================================================================
+
+namespace {
+
+// Hot: `kChains` independent FMA chains (enough to cover FMA latency x ports), `iterations` rounds.
+// V: the ISA's widest float vector; each clone below is compiled for its ISA.
+constexpr int kChains = 12;
+constexpr int64_t kPeakIterations = 500000;  // about 1 ms a pass at 3 GHz
+
+template <class V>
+[[gnu::always_inline]] inline float fma_chains(int64_t iterations) {
+  V acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = V{} + static_cast<float>(c);
+  const V scale = V{} + 0.999999f, offset = V{} + 1e-7f;  // converges to 0.1: no denormals
+  for (int64_t i = 0; i < iterations; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * scale + offset;  // contracted to one FMA
+  V sum{};
+  for (int c = 0; c < kChains; ++c) sum += acc[c];
+  float total = 0;
+  for (size_t lane = 0; lane < sizeof(V) / sizeof(float); ++lane) total += sum[lane];
+  return total;
+}
+
+using f32x16 = float __attribute__((vector_size(64)));
+using f32x8 = float __attribute__((vector_size(32)));
+using f32x4 = float __attribute__((vector_size(16)));
+
+__attribute__((target("avx512f,fma"), optimize("fp-contract=fast"))) float fma_chains_avx512(int64_t n) {
+  return fma_chains<f32x16>(n);
+}
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) float fma_chains_avx2(int64_t n) {
+  return fma_chains<f32x8>(n);
+}
+float fma_chains_sse(int64_t n) { return fma_chains<f32x4>(n); }
+
+// Runs the widest kernel; returns the flops it did per iteration count.
+double run_fma_chains(int64_t iterations, std::atomic<float>& sink) {
+  static const auto kernel = __builtin_cpu_supports("avx512f")                                   ? fma_chains_avx512
+                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? fma_chains_avx2
+                                                                                               : fma_chains_sse;
+  static const int lanes = kernel == fma_chains_avx512 ? 16 : kernel == fma_chains_avx2 ? 8 : 4;
+  sink.store(kernel(iterations), std::memory_order_relaxed);
+  return 2.0 * lanes * kChains * static_cast<double>(iterations);
+}
+
+}  // namespace
+
+double measure_peak_gflops(int threads, int passes) {
+  if (threads < 1) throw ValueError(fmt::format("peak: threads must be >= 1, got {}", threads));
+  if (passes < 1) throw ValueError(fmt::format("peak: passes must be >= 1, got {}", passes));
+  std::vector<double> pass_seconds(static_cast<size_t>(passes));
+  std::atomic<float> sink{0};
+  double flop_per_thread = 0;
+  std::barrier sync(threads);
+  auto worker = [&](int t) {
+    for (int p = 0; p < passes; ++p) {
+      sync.arrive_and_wait();
+      const auto start = Clock::now();
+      const double flop = run_fma_chains(kPeakIterations, sink);
+      sync.arrive_and_wait();  // the pass ends when the slowest thread is done
+      if (t == 0) {
+        pass_seconds[static_cast<size_t>(p)] = seconds_since(start);
+        flop_per_thread = flop;
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int t = 1; t < threads; ++t) workers.emplace_back(worker, t);
+  worker(0);
+  for (auto& w : workers) w.join();
+  return flop_per_thread * threads / *std::min_element(pass_seconds.begin(), pass_seconds.end()) * 1e-9;
+}
+
 // ==== model benchmark ======================================================================================
 
 nn::LlamaConfig resolve_model_config(const std::string& model) {
@@ -451,6 +525,7 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
 #ifdef KILN_HAVE_ONEDNN
   r.onednn_gflops = flop / onednn_gemm_seconds(o, a, w, a_values, w_values) * 1e-9;
 #endif
+  r.peak_gflops = measure_peak_gflops(o.threads);
   return r;
 }
 
@@ -484,7 +559,11 @@ nlohmann::json to_json(const GemmBenchResult& r) {
           {"repetitions", r.repetitions},
           {"seconds", r.seconds},
           {"gflops", r.gflops},
-          {"onednn_gflops", r.onednn_gflops ? nlohmann::json(*r.onednn_gflops) : nlohmann::json(nullptr)}};
+          {"onednn_gflops", r.onednn_gflops ? nlohmann::json(*r.onednn_gflops) : nlohmann::json(nullptr)},
+          {"peak_gflops", r.peak_gflops},
+          {"peak_fraction", r.gflops / r.peak_gflops},
+          {"onednn_peak_fraction",
+           r.onednn_gflops ? nlohmann::json(*r.onednn_gflops / r.peak_gflops) : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json to_json(const BandwidthResult& r) {
@@ -511,15 +590,19 @@ std::string table_row(const ModelBenchResult& r) {
 }
 
 std::string gemm_table_header() {
-  return fmt::format("{:<22} {:<5} {:>7} {:>13} {:>15} {:>12}", "gemm M x N x K", "dtype", "threads",
-                     "kiln GFLOP/s", "oneDNN GFLOP/s", "kiln/oneDNN");
+  return fmt::format("{:<22} {:<5} {:>7} {:>13} {:>15} {:>12} {:>12} {:>10} {:>12}", "gemm M x N x K", "dtype",
+                     "threads", "kiln GFLOP/s", "oneDNN GFLOP/s", "kiln/oneDNN", "peak GFLOP/s", "kiln/peak",
+                     "oneDNN/peak");
 }
 
 std::string table_row(const GemmBenchResult& r) {
   const std::string onednn = r.onednn_gflops ? fmt::format("{:.1f}", *r.onednn_gflops) : "n/a";
   const std::string ratio = r.onednn_gflops ? fmt::format("{:.2f}", r.gflops / *r.onednn_gflops) : "n/a";
-  return fmt::format("{:<22} {:<5} {:>7} {:>13.1f} {:>15} {:>12}", fmt::format("{} x {} x {}", r.m, r.n, r.k),
-                     dtype_name(r.dtype), r.threads, r.gflops, onednn, ratio);
+  const std::string onednn_peak =
+      r.onednn_gflops ? fmt::format("{:.1f}%", 100.0 * *r.onednn_gflops / r.peak_gflops) : "n/a";
+  return fmt::format("{:<22} {:<5} {:>7} {:>13.1f} {:>15} {:>12} {:>12.1f} {:>9.1f}% {:>12}",
+                     fmt::format("{} x {} x {}", r.m, r.n, r.k), dtype_name(r.dtype), r.threads, r.gflops, onednn,
+                     ratio, r.peak_gflops, 100.0 * r.gflops / r.peak_gflops, onednn_peak);
 }
 
 std::string bandwidth_table_header() {

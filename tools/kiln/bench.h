@@ -111,7 +111,13 @@ struct GemmBenchResult {
   double seconds = 0;                   // kiln's best run
   double gflops = 0;                    // 2 m n k / seconds
   std::optional<double> onednn_gflops;  // nullopt: oneDNN not available in this build
+  double peak_gflops = 0;               // measure_peak_gflops(threads) in the same run
 };
+
+// The machine's f32 multiply-add peak on `threads` threads: each runs independent chains of the
+// widest FMA (AVX-512, AVX2 or SSE), timed in short passes; the best pass, all threads together,
+// in GFLOP/s (2 per lane per FMA). ValueError for threads < 1.
+double measure_peak_gflops(int threads, int passes = 200);
 
 // C[M, N] = A[M, K] @ W[N, K]^T through a one-matmul graph compiled by an InferenceSession, then
 // through oneDNN's matmul primitive with the same layout and thread count. Both results are checked

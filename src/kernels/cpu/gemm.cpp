@@ -103,8 +103,8 @@ void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
     m1 = std::min(p.M, (t + 1) * row_tiles / parts * b.mr);
   }
   if (m0 >= m1 || n0 >= n1) return;
-  Workspace ws{t_scratch.a.floats(static_cast<size_t>(b.mr * b.kc)),
-               t_scratch.b.floats(static_cast<size_t>(b.kc * b.nc)), nullptr};
+  Workspace ws{t_scratch.a.floats(static_cast<size_t>((std::min(b.mc, m1 - m0) + b.mr) * b.kc)),
+               p.packed_b ? nullptr : t_scratch.b.floats(static_cast<size_t>(b.kc * b.nc)), nullptr};
   if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.floats(static_cast<size_t>((m1 - m0) * b.nc));
   k.gemm(p, m0, m1, n0, n1, ws);
 }
@@ -171,6 +171,18 @@ void force_isa_for_testing(std::optional<Isa> isa) {
   if (isa && !isa_supported(*isa))
     throw ValueError(std::string("gemm: ISA level ") + isa_name(*isa) + " is not supported on this CPU");
   g_forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
+}
+
+std::optional<PackedB> pack_b(const Problem& p) {
+  const IsaKernels* k = kernels_of(active_isa());
+  if (!k || p.dtype != DType::f32 || p.b_storage == BStorage::q8_0 || p.K <= 0 || p.N <= 0) return std::nullopt;
+  const int64_t panels = (p.N + k->blocking.nr - 1) / k->blocking.nr;
+  const size_t bytes = static_cast<size_t>(panels * k->blocking.nr * p.K) * sizeof(float);
+  void* data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!data) throw std::bad_alloc();
+  std::shared_ptr<float> panels_data(static_cast<float*>(data), [](float* f) { std::free(f); });
+  k->pack_b(p, panels_data.get());
+  return PackedB{k->isa, p.K, p.N, std::move(panels_data)};
 }
 
 bool run(const KernelContext& ctx, const Problem& p) {

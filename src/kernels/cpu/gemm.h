@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include "kernels/cpu/kernels.h"
@@ -50,12 +51,27 @@ struct Problem {
   int64_t ldc = 0;
   int64_t M = 0, N = 0, K = 0;
   BStorage b_storage = BStorage::same;
+  // B already in the GEMM's panel layout (PackedB::panels, packed by the active level), or nullptr:
+  // the GEMM (M > kSmallM) then skips packing; small M still streams `b`. Same results either way.
+  const float* packed_b = nullptr;
 };
+
+// A fixed B (a weight) packed once, at init, into the panels the GEMM reads: [ceil(N / nr)][K][nr]
+// f32, zero past N, nr the level's register tile width. Costs K * ceil(N / nr) * nr * 4 bytes beside
+// the original (which small M still reads).
+struct PackedB {
+  Isa isa = Isa::generic;  // the level it was packed for (another level's nr may differ)
+  int64_t K = 0, N = 0;
+  std::shared_ptr<const float> panels;
+};
+// p's B (its a, c and M are not read) packed for the active level; nullopt when that level has no
+// SIMD kernels or p's B cannot be packed (Q8_0, dtype not f32 with f32/f16/bf16 storage).
+std::optional<PackedB> pack_b(const Problem& p);
 
 // Scratch the driver hands to one thread's call (sizes from Blocking): the ISA code allocates
 // nothing itself.
 struct Workspace {
-  float* packed_a = nullptr;  // >= mr * kc floats
+  float* packed_a = nullptr;  // >= mc * kc floats
   float* packed_b = nullptr;  // >= kc * nc floats
   float* c_acc = nullptr;     // >= rows * nc floats, for f16/bf16 results (f32 partial sums)
 };
@@ -63,20 +79,24 @@ struct Workspace {
 // The register tile and cache blocks of one ISA level.
 struct Blocking {
   int mr = 0, nr = 0;  // register tile: rows x columns
-  int64_t kc = 0;      // depth of a packed block
-  int64_t nc = 0;      // columns of a packed B block (kc x nc stays in L2)
+  int64_t kc = 0;      // depth of a packed block (a kc x nr B micro-panel stays in L1)
+  int64_t mc = 0;      // rows of A per block (mc x kc stays in L2)
+  int64_t nc = 0;      // columns of a packed B block
 };
 
 // What each ISA translation unit exports.
 struct IsaKernels {
   Isa isa = Isa::generic;
   Blocking blocking;
-  // C rows [m0, m1) x columns [n0, n1) of p, all of K: pack, multiply, store.
+  // C rows [m0, m1) x columns [n0, n1) of p, all of K: pack, multiply, store. n0 is a multiple of
+  // nr when p.packed_b is set.
   void (*gemm)(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws);
   // Small M (<= kSmallM), columns [n0, n1): streams B once. False when B's layout has neither unit
   // stride, or B is Q8_0 (the caller then runs gemm; quantized.h has the int8 GEMV). ws.packed_a
   // holds >= M * K floats (A rows converted to f32).
   bool (*small_m)(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws);
+  // All of p's B (dtype f32, storage same / f16 / bf16) -> dst, the PackedB layout.
+  void (*pack_b)(const Problem& p, float* dst);
 };
 inline constexpr int64_t kSmallM = 8;
 

@@ -6,7 +6,7 @@
 // the same tile-row layout (every tile 1 KiB contiguous, zero-padded in M and K), which handles
 // every tail and stride in one place and keeps tile loads off the 4 KiB-aliasing row strides of
 // power-of-two K. Columns are walked in groups whose packed B stays in L2 while every row block
-// passes over it.
+// passes over it; K beyond 2048 is cut into slices so that a slice of A stays in L2 as well.
 #include "kernels/cpu/gemm_amx.h"
 
 #include <algorithm>
@@ -21,21 +21,25 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#include <immintrin.h>
 #endif
 
 namespace kiln::kernels::amx {
 namespace {
 
 constexpr int64_t kTileElems = kTileRows * kTileK;  // bf16 values in one A or B tile
-constexpr int64_t kBlockRows = 2 * kTileRows;        // rows of C per 2 x 2 block
+constexpr int64_t kBlockRows = 2 * kTileRows;       // rows of C per 2 x 2 block
 // Multiply-adds per part below which a second thread costs more than it saves.
 constexpr int64_t kMinMacsPerPart = int64_t{1} << 20;
 // Bytes of packed B a column group may take (kept in the 2 MiB L2 beside A's traffic).
 constexpr int64_t kGroupBytes = int64_t{1} << 20;
+// K tiles per slice: a longer K is cut so that a slice of A's row blocks stays in L2 too, the
+// partial f32 C blocks going through memory between slices (exactly: the bits do not change).
+constexpr int64_t kSliceKTiles = 64;
+// Row blocks per pass over one K slice (bounds the partial C buffer at 256 KiB per group of 8 pairs).
+constexpr int64_t kSliceRowBlocks = 8;
 
 std::atomic<bool> g_disabled{false};
 
@@ -60,14 +64,15 @@ bool cpu_and_os_allow_amx() {
 bool cpu_and_os_allow_amx() { return false; }
 #endif
 
-// A thread's 64-byte aligned scratch, kept between calls (packed A).
+// A thread's 64-byte aligned scratch, kept between calls.
+template <class T>
 class Scratch {
  public:
-  uint16_t* get(size_t elements) {
+  T* get(size_t elements) {
     if (elements > size_) {
-      void* p = std::aligned_alloc(64, (elements * 2 + 63) / 64 * 64);
+      void* p = std::aligned_alloc(64, (elements * sizeof(T) + 63) / 64 * 64);
       if (!p) throw std::bad_alloc();
-      data_.reset(static_cast<uint16_t*>(p));
+      data_.reset(static_cast<T*>(p));
       size_ = elements;
     }
     return data_.get();
@@ -75,12 +80,13 @@ class Scratch {
 
  private:
   struct Free {
-    void operator()(uint16_t* p) const { std::free(p); }
+    void operator()(T* p) const { std::free(p); }
   };
-  std::unique_ptr<uint16_t, Free> data_;
+  std::unique_ptr<T, Free> data_;
   size_t size_ = 0;
 };
-thread_local Scratch t_packed_a;
+thread_local Scratch<uint16_t> t_packed_a;
+thread_local Scratch<float> t_c_partial;  // f32 C blocks between K slices
 
 // Rows [m0, m0 + rows) of A (rows <= 32) -> [k_tiles][a_tiles][16 rows][32 of K], zero-padded.
 void pack_a_block(const uint16_t* a, int64_t a_row, int64_t a_col, int64_t m0, int64_t rows, int64_t K,
@@ -114,6 +120,11 @@ int64_t packed_a_offset(int64_t mb, int64_t k_tiles) { return mb * k_tiles * 2 *
 
 #if defined(__x86_64__)
 #pragma GCC push_options
+// The AVX-512 intrinsics' deliberately undefined placeholders (`__m512i __Y = __Y` in
+// _mm512_unpacklo_epi32) read as uninitialized once inlined at -O2 (as in gemm_avx512_bf16.cpp).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")
 namespace {
 
@@ -124,7 +135,6 @@ struct alignas(64) TileConfig {
   uint8_t reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
-  uint8_t reserved2[16] = {};
 };
 static_assert(sizeof(TileConfig) == 64);
 
@@ -138,14 +148,22 @@ void load_tile_config() {
   _tile_loadconfig(&cfg);
 }
 
-// C block [MT * 16, NT * 16] = A block . B tiles over all K tiles, into c [MT][NT][16][16] floats.
+// C block [MT * 16, NT * 16] (+)= A block . B tiles over k_tiles K tiles, in c [MT][NT][16][16]
+// floats: added to what c holds when `accumulate`, else overwriting it.
 template <int MT, int NT>
-void multiply_block(const uint16_t* a, int64_t a_step, const uint16_t* b0, const uint16_t* b1, int64_t k_tiles,
-                    float* c) {
-  _tile_zero(0);
-  if constexpr (NT == 2) _tile_zero(1);
-  if constexpr (MT == 2) _tile_zero(2);
-  if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+void multiply_block(const uint16_t* a, int64_t a_step, const uint16_t* b0, const uint16_t* b1,
+                    int64_t k_tiles, float* c, bool accumulate) {
+  if (accumulate) {
+    _tile_loadd(0, c, 64);
+    if constexpr (NT == 2) _tile_loadd(1, c + 256, 64);
+    if constexpr (MT == 2) _tile_loadd(2, c + 512, 64);
+    if constexpr (MT == 2 && NT == 2) _tile_loadd(3, c + 768, 64);
+  } else {
+    _tile_zero(0);
+    if constexpr (NT == 2) _tile_zero(1);
+    if constexpr (MT == 2) _tile_zero(2);
+    if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  }
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     const uint16_t* ak = a + kt * a_step;
     _tile_loadd(4, ak, 64);
@@ -178,8 +196,8 @@ __m256i round_to_bf16(__m512 v) {
 }
 
 // The valid part of a C block (rows from m0, columns from n0) rounded into C.
-void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, int64_t n0, int64_t M, int64_t N,
-                 uint16_t* c, int64_t ldc) {
+void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, int64_t n0, int64_t M,
+                 int64_t N, uint16_t* c, int64_t ldc) {
   for (int mt = 0; mt < mt_count; ++mt)
     for (int r = 0; r < kTileRows; ++r) {
       const int64_t m = m0 + mt * kTileRows + r;
@@ -198,37 +216,77 @@ void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, i
 void run_part(const uint16_t* packed_a, int64_t M, const PackedB& b, int64_t mb0, int64_t mb1, int64_t np0,
               int64_t np1, uint16_t* c, int64_t ldc) {
   load_tile_config();
-  alignas(64) float c_block[4 * kTileRows * kTileRows];
   const int64_t k_tiles = b.k_tiles(), n_tiles = b.n_tiles();
-  const int64_t group = std::max<int64_t>(1, kGroupBytes / (k_tiles * 2 * kTileElems * 2));
+  const int64_t slice = std::min(k_tiles, kSliceKTiles), slices = (k_tiles + slice - 1) / slice;
+  const int64_t group = std::max<int64_t>(1, kGroupBytes / (slice * 2 * kTileElems * 2));
+  const int64_t row_chunk = slices == 1 ? mb1 - mb0 : kSliceRowBlocks;
+  constexpr int64_t kBlockFloats = 4 * kTileRows * kTileRows;
+  float* partial = t_c_partial.get(static_cast<size_t>((slices == 1 ? 1 : row_chunk * group) * kBlockFloats));
   for (int64_t g0 = np0; g0 < np1; g0 += group) {
     const int64_t g1 = std::min(np1, g0 + group);
-    for (int64_t mb = mb0; mb < mb1; ++mb) {
-      const int64_t rows = std::min(kBlockRows, M - mb * kBlockRows);
-      const int mt_count = rows > kTileRows ? 2 : 1;
-      const uint16_t* a = packed_a + packed_a_offset(mb, k_tiles);
-      const int64_t a_step = mt_count * kTileElems;
-      for (int64_t np = g0; np < g1; ++np) {
-        const int64_t nt = 2 * np;
-        const int nt_count = nt + 1 < n_tiles ? 2 : 1;
-        const uint16_t* b0 = b.tile(nt, 0);
-        const uint16_t* b1 = nt_count == 2 ? b.tile(nt + 1, 0) : b0;
-        if (mt_count == 2 && nt_count == 2)
-          multiply_block<2, 2>(a, a_step, b0, b1, k_tiles, c_block);
-        else if (mt_count == 2)
-          multiply_block<2, 1>(a, a_step, b0, b1, k_tiles, c_block);
-        else if (nt_count == 2)
-          multiply_block<1, 2>(a, a_step, b0, b1, k_tiles, c_block);
-        else
-          multiply_block<1, 1>(a, a_step, b0, b1, k_tiles, c_block);
-        store_block(c_block, mt_count, nt_count, mb * kBlockRows, nt * kTileRows, M, b.N(), c, ldc);
+    for (int64_t r0 = mb0; r0 < mb1; r0 += row_chunk) {
+      const int64_t r1 = std::min(mb1, r0 + row_chunk);
+      for (int64_t s = 0; s < slices; ++s) {
+        const int64_t kt0 = s * slice, depth = std::min(slice, k_tiles - kt0);
+        const bool last = s + 1 == slices;
+        for (int64_t mb = r0; mb < r1; ++mb) {
+          const int64_t rows = std::min(kBlockRows, M - mb * kBlockRows);
+          const int mt_count = rows > kTileRows ? 2 : 1;
+          const int64_t a_step = mt_count * kTileElems;
+          const uint16_t* a = packed_a + packed_a_offset(mb, k_tiles) + kt0 * a_step;
+          for (int64_t np = g0; np < g1; ++np) {
+            const int64_t nt = 2 * np;
+            const int nt_count = nt + 1 < n_tiles ? 2 : 1;
+            const uint16_t* b0 = b.tile(nt, kt0);
+            const uint16_t* b1 = nt_count == 2 ? b.tile(nt + 1, kt0) : b0;
+            float* block = slices == 1 ? partial : partial + ((mb - r0) * group + (np - g0)) * kBlockFloats;
+            if (mt_count == 2 && nt_count == 2)
+              multiply_block<2, 2>(a, a_step, b0, b1, depth, block, s > 0);
+            else if (mt_count == 2)
+              multiply_block<2, 1>(a, a_step, b0, b1, depth, block, s > 0);
+            else if (nt_count == 2)
+              multiply_block<1, 2>(a, a_step, b0, b1, depth, block, s > 0);
+            else
+              multiply_block<1, 1>(a, a_step, b0, b1, depth, block, s > 0);
+            if (last)
+              store_block(block, mt_count, nt_count, mb * kBlockRows, nt * kTileRows, M, b.N(), c, ldc);
+          }
+        }
       }
     }
   }
   _tile_release();
 }
 
+// One full B tile from a weight whose K runs along memory (b_row == 1): rows n of 32 bf16 = 16
+// dwords (K pairs) become rows kp of the tile, a 16 x 16 transpose of dwords.
+void pack_full_tile_k_contiguous(const uint16_t* w, int64_t w_row, uint16_t* tile) {
+  __m512i r[16], t[16], c[16];
+  for (int n = 0; n < 16; ++n) r[n] = _mm512_loadu_si512(w + n * w_row);
+  for (int i = 0; i < 8; ++i) {  // lane L of t[2i]: pairs 4L, 4L+1 of rows 2i, 2i+1; t[2i+1]: 4L+2, 4L+3
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // c[4g + j], lane L: pair 4L + j of rows 4g .. 4g + 3
+    c[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    c[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    c[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    c[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // a 4 x 4 transpose of 128-bit lanes: tile row 4L + j
+    const __m512i x0 = _mm512_shuffle_i32x4(c[j], c[4 + j], 0x44),
+                  x1 = _mm512_shuffle_i32x4(c[j], c[4 + j], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(c[8 + j], c[12 + j], 0x44),
+                  x3 = _mm512_shuffle_i32x4(c[8 + j], c[12 + j], 0xEE);
+    _mm512_storeu_si512(tile + (0 + j) * 32, _mm512_shuffle_i32x4(x0, x2, 0x88));
+    _mm512_storeu_si512(tile + (4 + j) * 32, _mm512_shuffle_i32x4(x0, x2, 0xDD));
+    _mm512_storeu_si512(tile + (8 + j) * 32, _mm512_shuffle_i32x4(x1, x3, 0x88));
+    _mm512_storeu_si512(tile + (12 + j) * 32, _mm512_shuffle_i32x4(x1, x3, 0xDD));
+  }
+}
+
 }  // namespace
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
@@ -259,11 +317,17 @@ PackedB PackedB::pack(const KernelContext& ctx, const uint16_t* b, int64_t b_row
       for (int64_t kt = 0; kt < k_tiles; ++kt) {
         uint16_t* tile = const_cast<uint16_t*>(packed.tile(nt, kt));  // [16 pairs][16 columns][2]
         const int64_t k0 = kt * kTileK, depth = std::min(kTileK, K - k0);
+        const uint16_t* src = b + k0 * b_row + n0 * b_col;
+#if defined(__x86_64__)
+        if (b_row == 1 && cols == kTileRows && depth == kTileK) {  // a Linear's weight [N, K]
+          pack_full_tile_k_contiguous(src, b_col, tile);
+          continue;
+        }
+#endif
         if (cols < kTileRows || depth < kTileK) std::fill(tile, tile + kTileElems, uint16_t{0});
-        // Column-major walk: a weight [N, K] (b_row == 1) is read along its rows.
-        for (int64_t n = 0; n < cols; ++n) {
-          const uint16_t* src = b + k0 * b_row + (n0 + n) * b_col;
-          for (int64_t k = 0; k < depth; ++k) tile[((k / 2) * kTileRows + n) * 2 + k % 2] = src[k * b_row];
+        for (int64_t k = 0; k < depth; ++k) {
+          uint16_t* row = tile + (k / 2) * kTileK + k % 2;
+          for (int64_t n = 0; n < cols; ++n) row[n * 2] = src[k * b_row + n * b_col];
         }
       }
     }
@@ -271,19 +335,20 @@ PackedB PackedB::pack(const KernelContext& ctx, const uint16_t* b, int64_t b_row
   return packed;
 }
 
-void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M, const PackedB& b,
-          uint16_t* c, int64_t ldc) {
+void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M,
+          const PackedB& b, uint16_t* c, int64_t ldc) {
 #if defined(__x86_64__)
   if (!available()) throw ValueError("amx::gemm: AMX-BF16 is not available on this CPU or OS");
   if (M <= 0 || b.N() <= 0) return;
   const int64_t K = b.K(), k_tiles = b.k_tiles();
   const int64_t m_blocks = (M + kBlockRows - 1) / kBlockRows;
   uint16_t* packed_a = t_packed_a.get(static_cast<size_t>(packed_a_offset(m_blocks, k_tiles)));
-  parallel_for(ctx, m_blocks, std::max<int64_t>(1, kElementwiseGrain / (kBlockRows * std::max<int64_t>(K, 1))),
+  parallel_for(ctx, m_blocks,
+               std::max<int64_t>(1, kElementwiseGrain / (kBlockRows * std::max<int64_t>(K, 1))),
                [&](int64_t begin, int64_t end) {
                  for (int64_t mb = begin; mb < end; ++mb)
-                   pack_a_block(a, a_row, a_col, mb * kBlockRows, std::min(kBlockRows, M - mb * kBlockRows), K,
-                                packed_a + packed_a_offset(mb, k_tiles));
+                   pack_a_block(a, a_row, a_col, mb * kBlockRows, std::min(kBlockRows, M - mb * kBlockRows),
+                                K, packed_a + packed_a_offset(mb, k_tiles));
                });
   // One part per thread, over column-tile pairs when there are enough, else over row blocks: every
   // C block is computed the same way whichever part holds it, so the bits do not depend on threads.
@@ -321,7 +386,8 @@ std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::s
   const int64_t* flag = it == attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);
   const bool transposed = flag && *flag != 0;
   const int64_t K = transposed ? w.shape[1] : w.shape[0], N = transposed ? w.shape[0] : w.shape[1];
-  const int64_t b_row = transposed ? w.strides[1] : w.strides[0], b_col = transposed ? w.strides[0] : w.strides[1];
+  const int64_t b_row = transposed ? w.strides[1] : w.strides[0],
+                b_col = transposed ? w.strides[0] : w.strides[1];
   if (K == 0 || N == 0) return nullptr;
   if (!lhs.shape.empty()) {  // a static lhs: skip decode-only steps and mismatches (the kernel reports those)
     int64_t rows = 1;
@@ -333,7 +399,8 @@ std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::s
   prepared->b_row = b_row;
   prepared->b_col = b_col;
   SerialParallel serial;
-  prepared->packed = PackedB::pack(KernelContext{&serial}, static_cast<const uint16_t*>(w.data), b_row, b_col, K, N);
+  prepared->packed =
+      PackedB::pack(KernelContext{&serial}, static_cast<const uint16_t*>(w.data), b_row, b_col, K, N);
   return prepared;
 }
 

@@ -55,8 +55,8 @@ class PackedB {
 // C [M, N] = A [M, K] . B, A (bf16, element (m, k) at a[m * a_row + k * a_col]) and C (bf16, rows
 // ldc apart) rounded once from f32 accumulators to nearest even. Threaded over ctx.parallel; the
 // bits do not depend on the thread count. Requires available().
-void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M, const PackedB& b,
-          uint16_t* c, int64_t ldc);
+void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M,
+          const PackedB& b, uint16_t* c, int64_t ldc);
 
 // The prepared state of a bf16 matmul whose rhs is a fixed weight: the weight packed, and which
 // view it was packed from (the kernel uses it only for that same view).
@@ -75,6 +75,6 @@ std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::s
 // (decode) keep the GEMV of gemm.h, which streams the weight's original rows.
 inline constexpr int64_t kMinRows = 8;
 // Without prepared state the weight is packed on every call, which pays only for larger M.
-inline constexpr int64_t kMinRowsUnprepared = 64;
+inline constexpr int64_t kMinRowsUnprepared = 16;
 
 }  // namespace kiln::kernels::amx

@@ -26,7 +26,7 @@ namespace {
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx2_kernels() {
-  static const IsaKernels kernels{Isa::avx2, kBlocking, gemm_entry, small_m_entry};
+  static const IsaKernels kernels{Isa::avx2, kBlocking, gemm_entry, small_m_entry, pack_b_entry};
   return &kernels;
 }
 }  // namespace kiln::kernels::gemm

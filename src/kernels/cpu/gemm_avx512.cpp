@@ -29,7 +29,7 @@ namespace {
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx512_kernels() {
-  static const IsaKernels kernels{Isa::avx512, kBlocking, gemm_entry, small_m_entry};
+  static const IsaKernels kernels{Isa::avx512, kBlocking, gemm_entry, small_m_entry, pack_b_entry};
   return &kernels;
 }
 }  // namespace kiln::kernels::gemm

@@ -30,7 +30,7 @@ namespace {
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx512_bf16_kernels() {
-  static const IsaKernels kernels{Isa::avx512_bf16, kBlocking, gemm_entry, small_m_entry};
+  static const IsaKernels kernels{Isa::avx512_bf16, kBlocking, gemm_entry, small_m_entry, pack_b_entry};
   return &kernels;
 }
 }  // namespace kiln::kernels::gemm

@@ -54,8 +54,10 @@ struct Vec {
     }
   }
 };
-constexpr int kMR = 6, kNV = 4;            // 6 x 64 tile: 24 zmm accumulators
-constexpr int64_t kKC = 256, kNC = 512;    // B block 512 KiB in the 1 MiB L2; A rows 6 KiB in L1
+constexpr int kMR = 6, kNV = 4;  // 6 x 64 tile: 24 zmm accumulators
+// B micro-panel kc x 64 floats = 64 KiB, streamed through L1d by the prefetchers; A block mc x kc =
+// 510 KiB in a 2 MiB L2. (kc 128 with the micro-panel inside a 48 KiB L1d measured no faster.)
+constexpr int64_t kKC = 256, kMC = 510, kNC = 1024;
 #elif defined(KILN_GEMM_AVX2)
 struct Vec {
   using V = __m256;
@@ -99,8 +101,9 @@ struct Vec {
     }
   }
 };
-constexpr int kMR = 6, kNV = 2;            // 6 x 16 tile: 12 ymm accumulators
-constexpr int64_t kKC = 256, kNC = 256;
+constexpr int kMR = 6, kNV = 2;  // 6 x 16 tile: 12 ymm accumulators
+// B micro-panel kc x 16 floats = 16 KiB in a 32 KiB L1d; A block mc x kc = 384 KiB in the L2.
+constexpr int64_t kKC = 256, kMC = 384, kNC = 512;
 #endif
 using V = Vec::V;
 constexpr int kL = Vec::L;
@@ -164,9 +167,13 @@ void micro_f32(int64_t kc, const float* __restrict a, int64_t lda, const float* 
                int64_t ldc, int64_t mr, int64_t nr, bool accumulate) {
   V acc[kMR][kNV];
 #pragma GCC unroll 8
-  for (int i = 0; i < kMR; ++i)
+  for (int i = 0; i < kMR; ++i) {
 #pragma GCC unroll 8
     for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::zero();
+    // The C tile is read (or written) after the loop: start fetching it now.
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + v * kL), _MM_HINT_T0);
+  }
   for (int64_t k = 0; k < kc; ++k) {
     V bv[kNV];
 #pragma GCC unroll 8
@@ -286,49 +293,75 @@ template <class T> void pack_a_f32(const Problem& p, int64_t m0, int64_t mr, int
   }
 }
 
-// Rows [m0, m1) x columns [n0, n1) of C: blocks of NC columns and KC depth (the packed B block stays
-// in L2); for each MR rows, the micro-kernel sweeps the block's panels with the A rows held in L1.
+// Rows [m0, m1) x columns [n0, n1) of C, in blocks of NC columns, KC depth and MC rows. For each
+// B micro-panel (kc x NR, held in L1) the micro-kernel sweeps the block's rows, MR at a time, from
+// the A block held in L2; B is read from memory once per row block. Every C element sums its
+// products in the same order (k blocks in turn, k ascending within one) whether B was packed here
+// or ahead (p.packed_b), so both give identical bits.
 // T: A and C's element type; TB: B's (float, f16_t, bf16_t or Q8_0Rows), converted while packing.
 template <class T, class TB = T>
 void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
   constexpr bool kF32 = std::is_same_v<T, float>;
   const T* A = static_cast<const T*>(p.a);
+  // A is packed per row block even when it could be read in place: rows a power of two apart would
+  // share a few L2 sets, and the block would not stay in L2.
+  const bool pack_a = true;
   for (int64_t jc = n0; jc < n1; jc += kNC) {
     const int64_t nc = lo(kNC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kKC) {
       const int64_t kc = lo(kKC, p.K - pc);
-      if constexpr (std::is_same_v<TB, Q8_0Rows>)
-        pack_b_q8_0(p, pc, kc, jc, nc, ws.packed_b);
-      else
-        pack_b_f32<TB>(p, pc, kc, jc, nc, ws.packed_b);
-      for (int64_t ir = m0; ir < m1; ir += kMR) {
-        const int64_t mr = lo(kMR, m1 - ir);
-        const float* a;
-        int64_t lda;
-        if constexpr (kF32) {
-          if (p.a_col == 1 && mr == kMR) {  // A rows read in place: no packing
-            a = A + ir * p.a_row + pc;
-            lda = p.a_row;
-          } else {
-            pack_a_f32<T>(p, ir, mr, pc, kc, ws.packed_a);
-            a = ws.packed_a;
-            lda = kc;
-          }
-        } else {
-          pack_a_f32<T>(p, ir, mr, pc, kc, ws.packed_a);
-          a = ws.packed_a;
-          lda = kc;
-        }
+      const float* b_block;
+      int64_t panel_stride;  // floats between the block's successive micro-panels
+      if (p.packed_b) {
+        b_block = p.packed_b + jc / kNR * p.K * kNR + pc * kNR;
+        panel_stride = p.K * kNR;
+      } else {
+        if constexpr (std::is_same_v<TB, Q8_0Rows>)
+          pack_b_q8_0(p, pc, kc, jc, nc, ws.packed_b);
+        else
+          pack_b_f32<TB>(p, pc, kc, jc, nc, ws.packed_b);
+        b_block = ws.packed_b;
+        panel_stride = kc * kNR;
+      }
+      for (int64_t ic = m0; ic < m1; ic += kMC) {
+        const int64_t mc = lo(kMC, m1 - ic);
+        if (pack_a)
+          for (int64_t ir = 0; ir < mc; ir += kMR) pack_a_f32<T>(p, ic + ir, lo(kMR, mc - ir), pc, kc, ws.packed_a + ir * kc);
+        else if (mc % kMR)  // the last, partial row tile: zero rows below it
+          pack_a_f32<T>(p, ic + mc / kMR * kMR, mc % kMR, pc, kc, ws.packed_a + mc / kMR * kMR * kc);
         for (int64_t jr = 0; jr < nc; jr += kNR) {
-          const float* bp = ws.packed_b + jr / kNR * kc * kNR;
-          if constexpr (kF32)
-            micro_f32(kc, a, lda, bp, static_cast<float*>(p.c) + ir * p.ldc + jc + jr, p.ldc, mr, lo(kNR, nc - jr), pc > 0);
-          else
-            micro_f32(kc, a, lda, bp, ws.c_acc + (ir - m0) * kNC + jr, kNC, mr, lo(kNR, nc - jr), pc > 0);
+          const float* bp = b_block + jr / kNR * panel_stride;
+          const int64_t nr = lo(kNR, nc - jr);
+          for (int64_t ir = 0; ir < mc; ir += kMR) {
+            const int64_t mr = lo(kMR, mc - ir);
+            const float* a;
+            int64_t lda;
+            if (pack_a || mr < kMR) {
+              a = ws.packed_a + ir * kc;
+              lda = kc;
+            } else {
+              a = reinterpret_cast<const float*>(A) + (ic + ir) * p.a_row + pc;
+              lda = p.a_row;
+            }
+            if constexpr (kF32)
+              micro_f32(kc, a, lda, bp, static_cast<float*>(p.c) + (ic + ir) * p.ldc + jc + jr, p.ldc, mr, nr, pc > 0);
+            else
+              micro_f32(kc, a, lda, bp, ws.c_acc + (ic + ir - m0) * kNC + jr, kNC, mr, nr, pc > 0);
+          }
         }
       }
     }
     if constexpr (!kF32) store_rows(ws.c_acc, kNC, m1 - m0, nc, static_cast<T*>(p.c) + m0 * p.ldc + jc, p.ldc);
+  }
+}
+
+// All of B -> [ceil(N / NR)][K][NR] (PackedB's layout): pack_b_f32 over the whole depth.
+void pack_b_entry(const Problem& p, float* dst) {
+  switch (p.b_storage) {
+    case BStorage::f16: return pack_b_f32<f16_t>(p, 0, p.K, 0, p.N, dst);
+    case BStorage::bf16: return pack_b_f32<bf16_t>(p, 0, p.K, 0, p.N, dst);
+    case BStorage::same: return pack_b_f32<float>(p, 0, p.K, 0, p.N, dst);
+    case BStorage::q8_0: return;
   }
 }
 
@@ -497,9 +530,11 @@ void dot_columns(const Problem& p, const float* x, int64_t n, int64_t n_end) {
     const TB* row[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) row[r] = B + (n + r) * p.b_col;
-    // Prefetch the same position of the next group of rows: with short rows (K of a few hundred) a
-    // fixed distance ahead within a row would land in rows this group already loads.
-    const int64_t ahead = R * p.b_col;
+    // Prefetch the same position of a later group of rows: with short rows (K of a few hundred) a
+    // fixed distance ahead within a row would land in rows this group already loads. At least 4 KiB
+    // ahead, about what one core needs in flight to keep DRAM streaming.
+    const int64_t group_bytes = R * p.b_col * static_cast<int64_t>(sizeof(TB)) + 1;  // b_col is 0 when N == 1
+    const int64_t ahead = R * p.b_col * ((4096 + group_bytes - 1) / group_bytes);
     for (int64_t k = 0; k < kv; k += kL) {
       V w[R];
 #pragma GCC unroll 8
@@ -704,4 +739,4 @@ bool small_m_entry(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws
   }
 }
 
-constexpr Blocking kBlocking{kMR, kNR, kKC, kNC};
+constexpr Blocking kBlocking{kMR, kNR, kKC, kMC, kNC};

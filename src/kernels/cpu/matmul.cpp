@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/quantized.h"
 #include "kernels/cpu/strided.h"
@@ -428,7 +429,7 @@ void matmul_float(const KernelContext& ctx, MatmulProblem p, const T* A, const T
 // False when no SIMD level applies (the portable path then runs). `b_dtype` differs from `dtype`
 // only for f32 activations with f16/bf16 weights.
 bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b_dtype, const void* A, const void* Bm,
-                 void* C) {
+                 void* C, const gemm::PackedB* packed_b = nullptr) {
   if (gemm::active_isa() == gemm::Isa::generic) return false;
   fold_batch_into_rows(p);
   const int64_t size = static_cast<int64_t>(dtype_size(dtype)), b_size = static_cast<int64_t>(dtype_size(b_dtype));
@@ -441,7 +442,12 @@ bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b
                          static_cast<const char*>(Bm) + bo * b_size, p.b_row, p.b_col,
                          static_cast<char*>(C) + bi * p.M * p.N * size, p.N, p.M, p.N, p.K, b_storage};
   };
-  if (p.batch == 1) return gemm::run(ctx, problem(0));
+  if (p.batch == 1) {
+    gemm::Problem one = problem(0);
+    if (packed_b && packed_b->isa == gemm::active_isa() && packed_b->K == p.K && packed_b->N == p.N)
+      one.packed_b = packed_b->panels.get();
+    return gemm::run(ctx, one);
+  }
   // Large matrices: each is split between the threads; small ones (attention's per-head products)
   // go one per thread.
   const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
@@ -451,6 +457,33 @@ bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b
     return true;
   }
   return gemm::run_batched(ctx, p.batch, problem);
+}
+
+// ---- bf16 on AMX tiles (gemm_amx.h) ----------------------------------------------------------------
+
+// bf16 x bf16 with more than amx::kMinRows rows (after folding batches) and one rhs matrix, where
+// the CPU has AMX: on the weight packed at init, or packed here for large M. False when it did not
+// apply (the SIMD GEMM then runs). A test that forces a lower ISA level gets that level.
+bool matmul_bf16_amx(const KernelContext& ctx, MatmulProblem p, const TensorView& a, const TensorView& b,
+                     const TensorView& out) {
+  if (a.dtype != DType::bf16 || b.dtype != DType::bf16 || !amx::available() ||
+      gemm::active_isa() != gemm::best_isa())
+    return false;
+  fold_batch_into_rows(p);
+  if (p.batch != 1 || p.M <= amx::kMinRows || p.N == 0 || p.K == 0) return false;
+  const auto* A = a.as<uint16_t>();
+  const auto* B = b.as<uint16_t>();
+  auto* C = out.as<uint16_t>();
+  const auto* prepared = dynamic_cast<const amx::PreparedMatmul*>(ctx.prepared);
+  if (prepared && prepared->source == b.data && prepared->b_row == p.b_row && prepared->b_col == p.b_col &&
+      prepared->packed.K() == p.K && prepared->packed.N() == p.N) {
+    amx::gemm(ctx, A, p.a_row, p.a_col, p.M, prepared->packed, C, p.N);
+    return true;
+  }
+  if (p.M < amx::kMinRowsUnprepared) return false;
+  const amx::PackedB packed = amx::PackedB::pack(ctx, B, p.b_row, p.b_col, p.K, p.N);
+  amx::gemm(ctx, A, p.a_row, p.a_col, p.M, packed, C, p.N);
+  return true;
 }
 
 // ---- f16 / bf16: widen to f32 ----------------------------------------------------------------------
@@ -537,6 +570,46 @@ TensorView rhs_view(const graph::Attrs& attrs, const TensorView& b) {
   return t;
 }
 
+// A fixed f32 rhs (a weight) packed once into the SIMD GEMM's panels, with the view it was packed
+// from: a launch uses it only when its rhs is that same view.
+struct PackedRhs final : Prepared {
+  TensorView rhs;  // after transpose_b, as the launch sees it
+  gemm::PackedB packed;
+};
+
+const gemm::PackedB* packed_rhs_for(const KernelContext& ctx, const TensorView& b) {
+  const auto* prepared = dynamic_cast<const PackedRhs*>(ctx.prepared);
+  if (!prepared || prepared->rhs.data != b.data || prepared->rhs.dtype != b.dtype ||
+      prepared->rhs.shape != b.shape || prepared->rhs.strides != b.strides)
+    return nullptr;
+  return &prepared->packed;
+}
+
+// f32 activations times a fixed rank-2 rhs that is f32 (f16/bf16 weights stay narrow: packing them as
+// f32 would cost twice their memory again). The packed copy costs the weight's size once more.
+std::shared_ptr<const Prepared> prepare_matmul_f32(const graph::Attrs& attrs, std::span<const TensorView> inputs,
+                                                   std::span<const bool> fixed) {
+  if (inputs.size() != 2 || !fixed[1] || inputs[0].dtype != DType::f32 || inputs[1].dtype != DType::f32 ||
+      inputs[1].shape.size() != 2)
+    return nullptr;
+  const TensorView b = rhs_view(attrs, inputs[1]);
+  const int64_t K = b.shape[0], N = b.shape[1];
+  // Only a GEMM with more than kSmallM rows reads the panels: skip lhs shapes that never have that.
+  const TensorView& a = inputs[0];
+  if (!a.shape.empty()) {
+    int64_t rows = 1;
+    for (size_t d = 0; d + 1 < a.shape.size(); ++d) rows *= a.shape[d];
+    if (rows <= gemm::kSmallM) return nullptr;
+  }
+  const gemm::Problem problem{DType::f32, nullptr, 0, 0, b.data, b.strides[0], b.strides[1], nullptr, 0, 0, N, K};
+  std::optional<gemm::PackedB> packed = gemm::pack_b(problem);
+  if (!packed) return nullptr;
+  auto out = std::make_shared<PackedRhs>();
+  out->rhs = b;
+  out->packed = std::move(*packed);
+  return out;
+}
+
 void matmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
                    std::span<const TensorView> outputs) {
   if (inputs.size() != 2 || outputs.size() != 1)
@@ -545,8 +618,9 @@ void matmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::spa
   const TensorView b = rhs_view(attrs, inputs[1]);
   const TensorView &a = inputs[0], &out = outputs[0];
   const MatmulProblem p = plan_matmul(a, b, out);
+  if (matmul_bf16_amx(ctx, p, a, b, out)) return;
   if ((a.dtype == DType::f32 || a.dtype == DType::f16 || a.dtype == DType::bf16) &&
-      matmul_simd(ctx, p, a.dtype, b.dtype, a.data, b.data, out.data))
+      matmul_simd(ctx, p, a.dtype, b.dtype, a.data, b.data, out.data, packed_rhs_for(ctx, b)))
     return;
   if (a.dtype != b.dtype) {  // f32 x f16/bf16 without SIMD: widen the weights, then the f32 GEMM
     std::vector<float> b32 = b.dtype == DType::f16 ? widen<f16_t>(ctx, b) : widen<bf16_t>(ctx, b);
@@ -574,6 +648,8 @@ void register_cpu_matmul(KernelRegistry& r) {
         {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i8, DType::i16, DType::i32, DType::i64,
          DType::u8, DType::u16, DType::u32, DType::u64},
         matmul_kernel);
+  r.add_prepare(Op::matmul, DeviceKind::CPU, {DType::f32}, prepare_matmul_f32);  // f32 weights packed for the GEMM
+  r.add_prepare(Op::matmul, DeviceKind::CPU, {DType::bf16}, amx::prepare_matmul);  // weights packed for AMX
   register_cpu_quantized(r);  // qmatmul and dequantize live beside matmul (quantized.cpp)
 }
 

@@ -1,0 +1,308 @@
+// The AMX bf16 GEMM (kernels/cpu/gemm_amx.h) and its use by the bf16 matmul kernel, against a naive
+// double-precision loop written here over the exact bf16 inputs: edge sizes around the 16 x 16 tiles,
+// the 32 x 32 blocks and K's 32-wide tiles, both rhs layouts, the prepared (packed at init) and
+// unprepared paths, and 1 vs 2 threads. Skipped where the CPU or OS has no AMX, except the test that
+// the bf16 matmul stays correct without it.
+//
+// Tolerance, per element: K * 2^-23 * sum_k |a_k b_k| (f32 accumulation in any order; bf16 products
+// are exact in f32) plus the final rounding to bf16 (2^-8 of |result|). One wrong or missing product
+// moves a result by about sum / K, far above it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm_amx.h"
+#include "kernels/kernel_test_util.h"
+#include "kernels/threaded_parallel.h"
+
+namespace kiln::kernels {
+namespace {
+
+using kernel_test::ThreadedParallel;
+
+#define SKIP_WITHOUT_AMX()                                       \
+  if (!amx::available())                                         \
+  GTEST_SKIP() << "AMX-BF16 is not available on this CPU or OS " \
+                  "(needs AMX-TILE/AMX-BF16 and Linux 5.16+)"
+
+float bf16_value(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, 4);
+  return f;
+}
+
+// bf16 bits of values drawn uniformly from [-1, 1).
+std::vector<uint16_t> random_bf16(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<uint16_t> out(static_cast<size_t>(n));
+  for (uint16_t& v : out) v = f32_to_bf16(dist(rng));
+  return out;
+}
+
+// One product's operands: A [M, K] and the weight, stored [N, K] (a Linear's, read with transpose_b)
+// or [K, N].
+struct Case {
+  int64_t M, N, K;
+  bool weight_nk = true;
+  std::vector<uint16_t> a, w;
+  int64_t b_row() const { return weight_nk ? 1 : N; }  // stride along K of B = W^T or W
+  int64_t b_col() const { return weight_nk ? K : 1; }  // stride along N
+  double a_at(int64_t m, int64_t k) const { return bf16_value(a[m * K + k]); }
+  double b_at(int64_t k, int64_t n) const { return bf16_value(w[k * b_row() + n * b_col()]); }
+};
+
+Case make_case(int64_t M, int64_t N, int64_t K, bool weight_nk, uint32_t seed) {
+  return Case{M, N, K, weight_nk, random_bf16(M * K, seed), random_bf16(N * K, seed + 1000)};
+}
+
+std::string label(const Case& c) {
+  return std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K) +
+         (c.weight_nk ? " weight [N, K]" : " weight [K, N]");
+}
+
+// C (bf16 bits, [M, N]) against the naive loop.
+void expect_matches_naive(const Case& c, const std::vector<uint16_t>& out, const std::string& what) {
+  int bad = 0;
+  for (int64_t m = 0; m < c.M; ++m)
+    for (int64_t n = 0; n < c.N; ++n) {
+      double sum = 0, magnitude = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const double p = c.a_at(m, k) * c.b_at(k, n);
+        sum += p;
+        magnitude += std::fabs(p);
+      }
+      const double tolerance = c.K * std::ldexp(magnitude, -23) + std::ldexp(std::fabs(sum), -8) + 1e-30;
+      const double got = bf16_value(out[m * c.N + n]);
+      if (!(std::fabs(got - sum) <= tolerance) && ++bad <= 5)
+        ADD_FAILURE() << what << ": C[" << m << ", " << n << "] = " << got << ", expected " << sum << " +- "
+                      << tolerance;
+    }
+}
+
+// Through amx::gemm on a weight packed by amx::PackedB::pack.
+std::vector<uint16_t> run_amx(const Case& c, Parallel* parallel = nullptr) {
+  SerialParallel serial;
+  const KernelContext ctx{parallel ? parallel : &serial};
+  const amx::PackedB packed = amx::PackedB::pack(ctx, c.w.data(), c.b_row(), c.b_col(), c.K, c.N);
+  EXPECT_EQ(packed.K(), c.K);
+  EXPECT_EQ(packed.N(), c.N);
+  std::vector<uint16_t> out(static_cast<size_t>(c.M * c.N), 0xFFFF);  // NaN where nothing is written
+  amx::gemm(ctx, c.a.data(), c.K, 1, c.M, packed, out.data(), c.N);
+  return out;
+}
+
+// Views of a case as the matmul kernel sees them, and its attrs.
+TensorView lhs_view(const Case& c) {
+  return {const_cast<uint16_t*>(c.a.data()), DType::bf16, {c.M, c.K}, {c.K, 1}};
+}
+TensorView weight_view(const Case& c) {
+  return c.weight_nk ? TensorView{const_cast<uint16_t*>(c.w.data()), DType::bf16, {c.N, c.K}, {c.K, 1}}
+                     : TensorView{const_cast<uint16_t*>(c.w.data()), DType::bf16, {c.K, c.N}, {c.N, 1}};
+}
+graph::Attrs attrs_of(const Case& c) {
+  graph::Attrs attrs;
+  if (c.weight_nk) attrs["transpose_b"] = int64_t{1};
+  return attrs;
+}
+
+// The registered (matmul, CPU, bf16) prepare function on a case, the lhs given its static shape or
+// none (symbolic).
+std::shared_ptr<const Prepared> prepare(const Case& c, bool lhs_shape_known = false) {
+  const PrepareFn fn = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::bf16);
+  if (!fn) return nullptr;
+  TensorView lhs{nullptr, DType::bf16, {}, {}};
+  if (lhs_shape_known) {
+    lhs.shape = {c.M, c.K};
+    lhs.strides = {c.K, 1};
+  }
+  const TensorView inputs[] = {lhs, weight_view(c)};
+  const bool fixed[] = {false, true};
+  return fn(attrs_of(c), std::span<const TensorView>(inputs), std::span<const bool>(fixed));
+}
+
+// Through the registered matmul kernel, with `prepared` state or none.
+std::vector<uint16_t> run_matmul(const Case& c, const Prepared* prepared, Parallel* parallel = nullptr) {
+  SerialParallel serial;
+  const KernelContext ctx{parallel ? parallel : &serial, nullptr, nullptr, prepared};
+  std::vector<uint16_t> out(static_cast<size_t>(c.M * c.N), 0xFFFF);
+  const TensorView inputs[] = {lhs_view(c), weight_view(c)};
+  const TensorView outputs[] = {TensorView{out.data(), DType::bf16, {c.M, c.N}, {c.N, 1}}};
+  builtin_kernels().find(graph::Op::matmul, DeviceKind::CPU, DType::bf16)(
+      ctx, attrs_of(c), std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+  return out;
+}
+
+TEST(AmxGemm, MatchesNaiveLoopOnEdgeShapesAndBothWeightLayouts) {
+  SKIP_WITHOUT_AMX();
+  uint32_t seed = 1;
+  for (int64_t M : {9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 33, 128})
+    for (int64_t N : {1, 15, 16, 17, 100})
+      for (int64_t K : {1, 31, 32, 33, 2048})
+        for (bool weight_nk : {true, false}) {
+          if (K == 2048 && !weight_nk && M < 31) continue;  // the [K, N] packing is covered by the rest
+          const Case c = make_case(M, N, K, weight_nk, seed++);
+          expect_matches_naive(c, run_amx(c), label(c));
+        }
+}
+
+TEST(AmxGemm, LongKIsSlicedWithoutChangingTheResult) {
+  SKIP_WITHOUT_AMX();
+  // K > 2048 runs in K slices with partial f32 C blocks in memory; over 8 row blocks (256 rows) and
+  // 8 column-tile pairs (256 columns) the rows and columns are walked in chunks too.
+  uint32_t seed = 300;
+  for (const auto& [M, N, K] :
+       {std::tuple{300, 40, 2081}, std::tuple{70, 600, 2081}, std::tuple{9, 17, 4096}}) {
+    const Case c = make_case(M, N, K, true, seed++);
+    expect_matches_naive(c, run_amx(c), label(c));
+  }
+}
+
+TEST(AmxGemm, StridedLhsMatchesNaiveLoop) {
+  SKIP_WITHOUT_AMX();
+  // A read through a transposed view (a_col = M) and with padded rows (a_row = K + 7).
+  const Case c = make_case(33, 40, 45, true, 77);
+  SerialParallel serial;
+  const KernelContext ctx{&serial};
+  const amx::PackedB packed = amx::PackedB::pack(ctx, c.w.data(), c.b_row(), c.b_col(), c.K, c.N);
+  std::vector<uint16_t> a_t(static_cast<size_t>(c.K * c.M)),
+      a_padded(static_cast<size_t>(c.M * (c.K + 7)), 0x7FC0);
+  for (int64_t m = 0; m < c.M; ++m)
+    for (int64_t k = 0; k < c.K; ++k) a_t[k * c.M + m] = a_padded[m * (c.K + 7) + k] = c.a[m * c.K + k];
+  std::vector<uint16_t> out(static_cast<size_t>(c.M * c.N));
+  amx::gemm(ctx, a_t.data(), 1, c.M, c.M, packed, out.data(), c.N);
+  expect_matches_naive(c, out, "transposed lhs");
+  amx::gemm(ctx, a_padded.data(), c.K + 7, 1, c.M, packed, out.data(), c.N);
+  expect_matches_naive(c, out, "padded lhs rows");
+}
+
+TEST(AmxGemm, RoundsTheF32SumOnceToNearestEven) {
+  SKIP_WITHOUT_AMX();
+  // C[m, n] = 1 + w[n, 1] + w[n, 2] (A all ones): the exact f32 sums 1 + 2^-8 and 1 + 3 * 2^-8 are
+  // ties between bf16 neighbours (spacing 2^-7 at 1) and round to the even one; 1 + 2^-8 + 2^-20 is
+  // just above the tie.
+  constexpr uint16_t kOne = 0x3F80, kTwoToMinus8 = 0x3B80, kThreeTimesTwoToMinus8 = 0x3C40,
+                     kTwoToMinus20 = 0x3580;
+  ASSERT_EQ(bf16_value(kTwoToMinus8), std::ldexp(1.f, -8));
+  ASSERT_EQ(bf16_value(kThreeTimesTwoToMinus8), 3 * std::ldexp(1.f, -8));
+  ASSERT_EQ(bf16_value(kTwoToMinus20), std::ldexp(1.f, -20));
+  const Case c{9,
+               3,
+               3,
+               true,
+               std::vector<uint16_t>(27, kOne),
+               {kOne, kTwoToMinus8, 0, kOne, kThreeTimesTwoToMinus8, 0, kOne, kTwoToMinus8, kTwoToMinus20}};
+  const std::vector<uint16_t> out = run_amx(c);
+  for (int64_t m = 0; m < 9; ++m) {
+    EXPECT_EQ(out[m * 3 + 0], 0x3F80) << "1 + 2^-8 rounds down to 1 (even), m=" << m;
+    EXPECT_EQ(out[m * 3 + 1], 0x3F82) << "1 + 3 * 2^-8 rounds up to 1 + 2^-6 (even), m=" << m;
+    EXPECT_EQ(out[m * 3 + 2], 0x3F81) << "above the tie rounds up, m=" << m;
+  }
+}
+
+TEST(AmxGemm, NanAndInfinityReachExactlyTheirResults) {
+  SKIP_WITHOUT_AMX();
+  Case c = make_case(20, 40, 30, true, 9);
+  c.a[0 * 30 + 3] = 0x7FC0;  // A[0, 3] = NaN
+  c.w[5 * 30 + 4] = 0x7F80;  // W[5, 4] = +inf (column 5 of C)
+  c.a[1 * 30 + 4] = 0x3F80;  // A[1, 4] = 1: row 1 meets the infinity with a positive sign
+  const std::vector<uint16_t> out = run_amx(c);
+  for (int64_t n = 0; n < 40; ++n) EXPECT_TRUE(std::isnan(bf16_value(out[n]))) << "n=" << n;
+  EXPECT_EQ(out[1 * 40 + 5], 0x7F80);
+  for (int64_t m = 1; m < 20; ++m) {
+    EXPECT_TRUE(std::isinf(bf16_value(out[m * 40 + 5]))) << "m=" << m;
+    EXPECT_TRUE(std::isfinite(bf16_value(out[m * 40 + 6]))) << "m=" << m;
+  }
+}
+
+TEST(AmxGemm, TwoThreadsGiveTheSameBitsAsOne) {
+  SKIP_WITHOUT_AMX();
+  ThreadedParallel two(2);
+  // Split by column pairs (wide N), and by row blocks (N of one column pair).
+  for (const auto& [M, N, K] : {std::tuple{64, 512, 256}, std::tuple{300, 32, 200}, std::tuple{17, 1000, 96},
+                                std::tuple{40, 600, 2081}}) {
+    const Case c = make_case(M, N, K, true, static_cast<uint32_t>(M + N + K));
+    const int64_t before = two.chunks_run();
+    const std::vector<uint16_t> serial = run_amx(c), threaded = run_amx(c, &two);
+    EXPECT_GT(two.chunks_run() - before, 1) << label(c) << ": the work was not split";
+    EXPECT_EQ(serial, threaded) << label(c);
+    expect_matches_naive(c, threaded, label(c) + ", 2 threads");
+  }
+}
+
+TEST(AmxMatmul, PreparedAndUnpreparedKernelMatchNaiveLoopAndEachOther) {
+  SKIP_WITHOUT_AMX();
+  ThreadedParallel two(2);
+  uint32_t seed = 500;
+  for (int64_t M : {9, 17, 33, 64, 128})
+    for (const auto& [N, K] : {std::pair{17, 33}, std::pair{100, 512}, std::pair{96, 64}})
+      for (bool weight_nk : {true, false}) {
+        const Case c = make_case(M, N, K, weight_nk, seed++);
+        const auto prepared = prepare(c);
+        ASSERT_NE(prepared, nullptr) << label(c) << ": a fixed bf16 weight is packed";
+        const std::vector<uint16_t> with = run_matmul(c, prepared.get());
+        expect_matches_naive(c, with, label(c) + " prepared");
+        EXPECT_EQ(with, run_amx(c)) << label(c) << ": the prepared kernel is the AMX GEMM";
+        EXPECT_EQ(with, run_matmul(c, prepared.get(), &two)) << label(c) << " prepared, 2 threads";
+        const std::vector<uint16_t> without = run_matmul(c, nullptr);
+        expect_matches_naive(c, without, label(c) + " unprepared");
+        EXPECT_EQ(without, run_matmul(c, nullptr, &two)) << label(c) << " unprepared, 2 threads";
+        if (M >= amx::kMinRowsUnprepared) {
+          EXPECT_EQ(with, without) << label(c) << ": both on AMX";
+        }
+      }
+}
+
+TEST(AmxMatmul, PreparedStateOfAnotherWeightIsIgnored) {
+  SKIP_WITHOUT_AMX();
+  // A launch handed state packed from different data (or a different layout) computes from its rhs.
+  Case c = make_case(40, 50, 70, true, 31);
+  const Case other{40, 50, 70, true, c.a, random_bf16(50 * 70, 32)};
+  const auto prepared = prepare(c);
+  ASSERT_NE(prepared, nullptr);
+  expect_matches_naive(other, run_matmul(other, prepared.get()), "other weight data");
+  // The very buffer it was packed from (moving a vector keeps it), read as [K, N]: other strides.
+  const Case kn{40, 70, 50, false, random_bf16(40 * 50, 33), std::move(c.w)};
+  expect_matches_naive(kn, run_matmul(kn, prepared.get()), "same data, other layout");
+}
+
+TEST(AmxMatmul, PrepareSkipsDecodeOnlyStepsAndOperandsThatChange) {
+  SKIP_WITHOUT_AMX();
+  const Case decode = make_case(1, 64, 64, true, 3), prefill = make_case(9, 64, 64, true, 4);
+  EXPECT_EQ(prepare(decode, /*lhs_shape_known=*/true), nullptr) << "a static M of 1 never reaches AMX";
+  EXPECT_EQ(prepare(make_case(8, 64, 64, true, 5), true), nullptr) << "M = 8 keeps the GEMV";
+  EXPECT_NE(prepare(prefill, true), nullptr);
+  EXPECT_NE(prepare(decode, /*lhs_shape_known=*/false), nullptr) << "a symbolic M may be prefill";
+  const PrepareFn fn = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::bf16);
+  const TensorView inputs[] = {lhs_view(prefill), weight_view(prefill)};
+  const bool not_fixed[] = {true, false};
+  EXPECT_EQ(fn(attrs_of(prefill), std::span<const TensorView>(inputs), std::span<const bool>(not_fixed)),
+            nullptr)
+      << "an rhs that changes is not packed";
+}
+
+TEST(AmxMatmul, Bf16MatmulWithoutAmxIsUnchangedAndCorrect) {
+  // What every CPU without AMX runs (here forced off): the SIMD GEMM, and no prepared state.
+  amx::disable_for_testing(true);
+  struct Restore {
+    ~Restore() { amx::disable_for_testing(false); }
+  } restore;
+  EXPECT_FALSE(amx::available());
+  uint32_t seed = 900;
+  for (int64_t M : {1, 9, 33, 128})
+    for (bool weight_nk : {true, false}) {
+      const Case c = make_case(M, 70, 130, weight_nk, seed++);
+      EXPECT_EQ(prepare(c), nullptr) << label(c) << ": nothing is packed without AMX";
+      expect_matches_naive(c, run_matmul(c, nullptr), label(c) + " without AMX");
+    }
+}
+
+}  // namespace
+}  // namespace kiln::kernels
