@@ -184,6 +184,10 @@ void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, 
 // group's heads, a vectorised softmax, one pass over V. No tiles: one query's scores for the whole
 // history fit in L1/L2 (total * group floats).
 #define KILN_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
+// misreports once inlined into a target("avx512f") function (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // exp(x) for x <= 0 (scores minus their maximum), Cephes' single-precision polynomial: ~1 ulp.
 KILN_AVX512 inline __m512 exp_nonpositive(__m512 x) {
@@ -306,6 +310,7 @@ void decode_f32_avx512(const KernelContext& ctx, const Dims& d, float scale, std
     for (int64_t kv = first; kv < end; ++kv) decode_kv_head(d, scale, o, kv, scores, acc);
   });
 }
+#pragma GCC diagnostic pop
 #undef KILN_AVX512
 
 // The decode fast path applies: one f32 query, rows contiguous in their last dim, AVX-512 present.
