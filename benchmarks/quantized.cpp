@@ -2,6 +2,7 @@
 // transpose_b) or Q8_0 (qmatmul), as weight bytes streamed per second, beside a plain streaming read
 // of the same footprint in the same run (the roofline). Each benchmark cycles through copies of its
 // weight totalling >= 1 GiB, so the weights come from DRAM, not the (300 MiB on the Xeon measured) L3.
+// BM_gemm_*: prefill-sized products (M = 128) as GFLOP/s (2 M N K per call).
 //
 //   build-rel/bench_quantized --benchmark_counters_tabular=true
 //   args: M / N / K / threads.
@@ -82,6 +83,8 @@ void gemv(benchmark::State& state, const std::string& format) {
   }
   state.counters["weight B/s"] =
       benchmark::Counter(static_cast<double>(one.size()), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(M * N * K), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_f32(benchmark::State& s) { gemv(s, "f32"); }
@@ -118,12 +121,21 @@ void BM_stream_read(benchmark::State& state) {
   state.counters["B/s"] = benchmark::Counter(static_cast<double>(kChunk), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// llama-1B's projections (down 2048 x 8192, gate/up 8192 x 2048, q/o 2048 x 2048) and stories110M's
+// (768 x 768); M = 8 is a small batch of decode rows.
 void shapes(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2}) {
-    b->Args({1, 4096, 4096, threads});
-    b->Args({8, 4096, 4096, threads});
-    b->Args({1, 2048, 8192, threads});  // N 2048 x K 8192: llama-1B's MLP down projection
+    b->Args({1, 2048, 8192, threads});
+    b->Args({1, 8192, 2048, threads});
+    b->Args({1, 2048, 2048, threads});
+    b->Args({1, 768, 768, threads});
+    b->Args({8, 2048, 8192, threads});
   }
+  b->UseRealTime();
+}
+
+void gemm_shapes(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2}) b->Args({128, 2048, 8192, threads});
   b->UseRealTime();
 }
 
@@ -132,6 +144,8 @@ BENCHMARK(BM_f32)->Apply(shapes);
 BENCHMARK(BM_bf16)->Apply(shapes);
 BENCHMARK(BM_f16)->Apply(shapes);
 BENCHMARK(BM_q8_0)->Apply(shapes);
+BENCHMARK(BM_f32)->Name("BM_gemm_f32")->Apply(gemm_shapes);
+BENCHMARK(BM_q8_0)->Name("BM_gemm_q8_0")->Apply(gemm_shapes);
 
 }  // namespace
 

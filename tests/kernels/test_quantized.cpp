@@ -2,10 +2,10 @@
 // Q8_0 weight rows (qmatmul, dequantize), on every ISA level this CPU supports, against naive
 // double-precision loops written here that decode the GGUF Q8_0 block themselves.
 //
-// Tolerances. GEMM paths (f32 activations, exact weights): K * 2^-23 * sum_k |x_k w_k| (f32
-// accumulation in any order). The Q8_0 GEMV (M <= 8) quantizes each block of 32 activations to int8
-// with d = max|x| / 127, so each product is off by at most d / 2 * |w|: the bound adds
-// sum_blocks d_b / 2 * sum_i |w_i|. A wrong block scale or a dropped block is far above both.
+// Tolerances. qmatmul quantizes each block of 32 activations to int8 with d = max|x| / 127 on every
+// path (GEMV, GEMM, each ISA), so each product is off by at most d / 2 * |w|: the bound is
+// sum_blocks d_b / 2 * sum_i |w_i|, plus f32 accumulation in any order, K * 2^-23 * sum_k |x_k w_k|
+// (the f32 matmul paths: that alone). A wrong block scale or a dropped block is far above both.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -149,24 +149,107 @@ void expect_qmatmul_close(const std::vector<float>& x, const HostTensor& w, cons
   }
 }
 
-TEST(QMatmul, MatchesDecodedWeightsOnEveryIsaForDecodeAndPrefillSizes) {
-  const QCase cases[] = {{1, 32, 1}, {1, 64, 7}, {2, 96, 33}, {3, 1024, 20}, {5, 160, 17}, {8, 256, 40},
-                         {9, 64, 19}, {13, 512, 70}, {40, 288, 100}};
+// x [M, K] . w^T for a Q8_0 weight [N, K], on the active ISA, with `threads` pool threads.
+HostTensor qmatmul(const std::vector<float>& x, const HostTensor& w, int64_t M, int64_t K, int64_t N, int threads = 1) {
+  HostTensor xt = kernel_test::tensor<float>({M, K}, x);
+  HostTensor y(DType::f32, {M, N});
+  if (threads == 1) {
+    run_kernel(Op::qmatmul, kQ8Attrs, {xt.view(), w.view()}, {y.view()});
+  } else {
+    ThreadedParallel pool(threads);
+    run_kernel(Op::qmatmul, kQ8Attrs, {xt.view(), w.view()}, {y.view()}, &pool);
+  }
+  return y;
+}
+
+TEST(QMatmul, MatchesDecodedWeightsWithinActivationRoundingOnEveryIsa) {
+  // GEMV sizes (M <= 8), GEMM sizes with every remainder of its 6-row tiles and 32-row panels, K
+  // from one block to 4096, odd N.
+  const QCase cases[] = {{1, 32, 1},    {1, 64, 7},    {2, 96, 33},   {3, 1024, 20}, {4, 4096, 9},
+                         {5, 160, 17},  {6, 64, 5},    {7, 128, 31},  {8, 256, 40},  {9, 64, 19},
+                         {16, 512, 70}, {33, 288, 33}, {128, 96, 37}, {13, 4096, 3}, {40, 32, 65}};
   for (Isa isa : supported_isas()) {
     ForcedIsa forced(isa);
     for (const QCase& c : cases) {
       const std::vector<float> x = random_floats(c.M * c.K, static_cast<uint32_t>(c.M * 131 + c.K));
       const HostTensor w = quantized_weights(c.N, c.K, static_cast<uint32_t>(c.N + 3));
-      HostTensor xt = kernel_test::tensor<float>({c.M, c.K}, x);
-      HostTensor y(DType::f32, {c.M, c.N});
-      run_kernel(Op::qmatmul, kQ8Attrs, {xt.view(), w.view()}, {y.view()});
-      expect_qmatmul_close(x, w, y, c.M, c.K, c.N, c.M <= gemm::kSmallM,
+      const HostTensor y = qmatmul(x, w, c.M, c.K, c.N);
+      expect_qmatmul_close(x, w, y, c.M, c.K, c.N, true,
                            std::string(gemm::isa_name(isa)) + " M " + std::to_string(c.M) + " K " + std::to_string(c.K));
     }
   }
 }
 
-TEST(QMatmul, BatchedStridedLhsAndTwoThreadsAgreeWithSerial) {
+// Integer activations with max |x| = 127 in every block quantize exactly (d = 1), as do integer
+// weights with max |w| = 127 (d = 1 in f16), and every partial sum stays below 2^24: the result is
+// the exact integer dot product, whatever the path. A sign or +128 offset slip shows at once.
+TEST(QMatmul, IntegerBlocksGiveTheExactIntegerProductOnEveryIsa) {
+  const int64_t K = 256, N = 35;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> value(-127, 127);
+  auto integer_rows = [&](int64_t rows) {
+    std::vector<float> v(static_cast<size_t>(rows * K));
+    for (float& e : v) e = static_cast<float>(value(rng));
+    for (int64_t i = 0; i < rows * K; i += 32) v[static_cast<size_t>(i + i / 32 % 32)] = (i / 32) % 2 ? 127.0f : -127.0f;
+    return v;
+  };
+  const std::vector<float> wf = integer_rows(N);
+  HostTensor w(DType::u8, {N, K / 32 * 34});
+  for (int64_t n = 0; n < N; ++n) graph::quantize_q8_0(wf.data() + n * K, K, w.bytes.data() + n * (K / 32 * 34));
+  for (int64_t M : {1, 5, 8, 16, 33}) {
+    const std::vector<float> x = integer_rows(M);
+    for (Isa isa : supported_isas()) {
+      ForcedIsa forced(isa);
+      const HostTensor y = qmatmul(x, w, M, K, N);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          int64_t ref = 0;
+          for (int64_t k = 0; k < K; ++k)
+            ref += static_cast<int64_t>(x[m * K + k]) * static_cast<int64_t>(wf[n * K + k]);
+          ASSERT_EQ(y.at<float>(m * N + n), static_cast<float>(ref)) << gemm::isa_name(isa) << " M " << M << " m " << m
+                                                                     << " n " << n;
+        }
+    }
+  }
+}
+
+// The activations round half to even (x * 127 / max|x|, as vcvtps2dq does), on the GEMV and the
+// GEMM: weight row n is 127 at k = n and 0 elsewhere (d_w = 1), so y[n] = 127 * d_x * q_x[n].
+TEST(QMatmul, ActivationsRoundHalfToEvenOnEveryIsa) {
+  const std::vector<float> halves = {127.0f, 0.5f, 1.5f, 2.5f, -2.5f, -0.5f, 3.5f, 126.5f, -126.49f};
+  const std::vector<float> expected_q = {127, 0, 2, 2, -2, -0, 4, 126, -126};
+  const int64_t K = 32, N = static_cast<int64_t>(halves.size());
+  std::vector<float> wf(static_cast<size_t>(N * K), 0.0f);
+  for (int64_t n = 0; n < N; ++n) wf[static_cast<size_t>(n * K + n)] = 127.0f;
+  HostTensor w(DType::u8, {N, 34});
+  for (int64_t n = 0; n < N; ++n) graph::quantize_q8_0(wf.data() + n * K, K, w.bytes.data() + n * 34);
+  for (int64_t M : {1, 9}) {
+    std::vector<float> x(static_cast<size_t>(M * K), 0.0f);
+    for (int64_t m = 0; m < M; ++m) std::copy(halves.begin(), halves.end(), x.begin() + m * K);
+    for (Isa isa : supported_isas()) {
+      ForcedIsa forced(isa);
+      const HostTensor y = qmatmul(x, w, M, K, N);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(y.at<float>(m * N + n), 127.0f * expected_q[static_cast<size_t>(n)])
+              << gemm::isa_name(isa) << " M " << M << " x " << halves[static_cast<size_t>(n)];
+    }
+  }
+}
+
+TEST(QMatmul, OneAndTwoThreadsGiveIdenticalBitsOnEveryIsa) {
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (const QCase& c : {QCase{1, 512, 301}, QCase{5, 256, 77}, QCase{24, 256, 99}, QCase{64, 128, 200}}) {
+      const std::vector<float> x = random_floats(c.M * c.K, 31);
+      const HostTensor w = quantized_weights(c.N, c.K, 32);
+      EXPECT_EQ(qmatmul(x, w, c.M, c.K, c.N, 1).bytes, qmatmul(x, w, c.M, c.K, c.N, 2).bytes)
+          << gemm::isa_name(isa) << " M " << c.M;
+    }
+  }
+}
+
+TEST(QMatmul, StridedAndBatchedLhsMatchTheReference) {
   const int64_t K = 128, N = 45;
   for (int64_t M : {3, 24}) {
     // lhs [M, K] read as every other column of an [M, 2K] array.
@@ -183,15 +266,27 @@ TEST(QMatmul, BatchedStridedLhsAndTwoThreadsAgreeWithSerial) {
     run_kernel(Op::qmatmul, kQ8Attrs, {strided, w.view()}, {serial.view()});
     ThreadedParallel two(2);
     run_kernel(Op::qmatmul, kQ8Attrs, {strided, w.view()}, {threaded.view()}, &two);
-    expect_qmatmul_close(x, w, serial, M, K, N, M <= gemm::kSmallM, "strided");
+    expect_qmatmul_close(x, w, serial, M, K, N, true, "strided");
     EXPECT_EQ(serial.bytes, threaded.bytes) << "M " << M;
   }
-  // A rank-3 lhs [2, 3, K] is 6 rows.
-  const std::vector<float> x = random_floats(6 * K, 12);
-  const HostTensor w = quantized_weights(N, K, 6);
-  HostTensor xt = kernel_test::tensor<float>({2, 3, K}, x), y(DType::f32, {2, 3, N});
-  run_kernel(Op::qmatmul, kQ8Attrs, {xt.view(), w.view()}, {y.view()});
-  expect_qmatmul_close(x, w, y, 6, K, N, true, "rank 3");
+  // A rank-3 lhs [2, 3, K] is 6 rows; [3, 5, K] is 15.
+  for (int64_t batch : {2, 3}) {
+    const int64_t rows = batch == 2 ? 3 : 5;
+    const std::vector<float> x = random_floats(batch * rows * K, 12);
+    const HostTensor w = quantized_weights(N, K, 6);
+    HostTensor xt = kernel_test::tensor<float>({batch, rows, K}, x), y(DType::f32, {batch, rows, N});
+    run_kernel(Op::qmatmul, kQ8Attrs, {xt.view(), w.view()}, {y.view()});
+    expect_qmatmul_close(x, w, y, batch * rows, K, N, true, "rank 3");
+  }
+}
+
+TEST(QMatmul, BadOperandsAreErrorsNamingTheOpAndOperand) {
+  HostTensor x(DType::f32, {2, 100}), w(DType::u8, {4, 102}), y(DType::f32, {2, 4});
+  testing::expect_error<ValueError>([&] { run_kernel(Op::qmatmul, kQ8Attrs, {x.view(), w.view()}, {y.view()}); },
+                                    {"qmatmul: lhs inner dim", "multiple of 32", "100"});
+  HostTensor x64(DType::f32, {2, 64}), wf16(DType::f16, {4, 68});
+  testing::expect_error<DTypeError>([&] { run_kernel(Op::qmatmul, kQ8Attrs, {x64.view(), wf16.view()}, {y.view()}); },
+                                    {"qmatmul", "rhs u8", "f32[2, 64]", "f16[4, 68]"});
 }
 
 TEST(QMatmul, WrongRowBytesIsAShapeErrorNamingBothOperands) {

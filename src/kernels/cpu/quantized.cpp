@@ -1,7 +1,9 @@
-// qmatmul (f32 activations x Q8_0 weight rows) and dequantize. Few rows (decode): the int8 GEMV of
-// quantized.h, activations quantized once per call. More rows (prefill): the f32 GEMM of gemm.h,
-// which dequantizes each packed block of weights once (BStorage::q8_0), so prefill keeps f32
-// activations. Without SIMD, portable loops with the same arithmetic.
+// qmatmul (f32 activations x Q8_0 weight rows) and dequantize. The activations are quantized once
+// per call to int8 blocks (quantized.h) on every path, so each result has one definition:
+// y = sum over blocks of (d_x * d_w) * int32 dot(q_x, q_w), up to f32 rounding. Few rows (decode):
+// the int8 GEMV, reading the weights in place. More rows (prefill): the int8 GEMM with packed weight
+// panels where AVX512-VNNI is available; else the f32 GEMM of gemm.h (BStorage::q8_0) or a portable
+// loop on the dequantized activations d_x * q_x.
 #include "kernels/cpu/quantized.h"
 
 #include <cmath>
@@ -29,30 +31,60 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
-// The SIMD GEMV when the active gemm level is AVX-512 or above (tests force `generic` to reach the
-// portable loops) and the CPU has VNNI.
-quantized::Q8_0GemvFn simd_gemv() {
-  static const bool vnni = cpu_has_avx512_vnni();
+// The VNNI kernels are used when the active gemm level is AVX-512 or above (tests force
+// `generic` / `avx2` to reach the other paths) and the CPU has VNNI.
+bool use_vnni() {
+  static const bool vnni = cpu_has_avx512_vnni() && quantized::avx512_vnni_q8_0_gemv() != nullptr;
   const gemm::Isa isa = gemm::active_isa();
-  if (vnni && (isa == gemm::Isa::avx512 || isa == gemm::Isa::avx512_bf16)) return quantized::avx512_vnni_q8_0_gemv();
-  return nullptr;
+  return vnni && (isa == gemm::Isa::avx512 || isa == gemm::Isa::avx512_bf16);
 }
 
-// x [M][K] -> blocks of 32: d = max|x| / 127 (kept in f32), q = round-half-even(x / d) stored + 128.
-void quantize_activations(const float* x, int64_t M, int64_t K, uint8_t* q, float* d) {
+// The definition of the activation quantization (quantized.h); avx512_quantize_rows gives the same
+// bits. d = max|x| / 127, q = round-half-even(x * (127 / max|x|)), clamped to [-127, 127].
+void portable_quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d, int32_t* sum) {
   const int64_t blocks = K / graph::kQ8_0BlockSize;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < blocks; ++b) {
       const float* src = x + m * K + b * 32;
       float amax = 0.0f;
       for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(src[i]));
-      const float scale = amax / 127.0f, inv = scale != 0.0f ? 127.0f / amax : 0.0f;
-      d[m * blocks + b] = scale;
+      const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+      d[m * blocks + b] = amax / 127.0f;
+      int32_t total = 0;
       for (int i = 0; i < 32; ++i) {
-        const float v = std::fmax(-127.0f, std::fmin(127.0f, std::nearbyint(src[i] * inv)));
-        q[m * K + b * 32 + i] = static_cast<uint8_t>(static_cast<int>(v) + 128);
+        const int v = static_cast<int>(std::fmax(-127.0f, std::fmin(127.0f, std::nearbyint(src[i] * inv))));
+        total += v;
+        q[m * K + b * 32 + i] = static_cast<uint8_t>(offset ? v + 128 : v);
       }
+      if (sum) sum[m * blocks + b] = total;
     }
+}
+
+void quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d, int32_t* sum) {
+  static const quantized::QuantizeRowsFn simd = cpu_has_avx512_vnni() ? quantized::avx512_quantize_rows() : nullptr;
+  (use_vnni() && simd ? simd : portable_quantize_rows)(x, M, K, offset, q, d, sum);
+}
+
+// Per-thread buffers reused across calls: the hot path allocates only when a call needs more than
+// any before it on this thread.
+struct Scratch {
+  std::vector<float> lhs;     // a strided lhs made contiguous, or the dequantized activations
+  std::vector<uint8_t> q;     // [M][K] quantized activations
+  std::vector<float> d;       // [M][K / 32]
+  std::vector<int32_t> sum;   // [M][K / 32]
+  std::vector<uint8_t> panel; // the GEMM's packed weight panel (+ 64 bytes for alignment)
+
+  uint8_t* aligned_panel(int64_t bytes) {
+    if (panel.size() < static_cast<size_t>(bytes + 64)) panel.resize(static_cast<size_t>(bytes + 64));
+    const auto address = reinterpret_cast<uintptr_t>(panel.data());
+    return panel.data() + ((64 - address % 64) % 64);
+  }
+};
+thread_local Scratch t_scratch;
+
+template <class T> T* grow(std::vector<T>& v, int64_t n) {
+  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+  return v.data();
 }
 
 // The portable GEMV: the same int32 block dots and f32 scaling as the SIMD one.
@@ -75,6 +107,14 @@ void portable_gemv(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, 
       y[m * ldy + n] = sum;
     }
   }
+}
+
+// Splits `units` across the pool's threads, one contiguous chunk each (long runs of weight rows keep
+// the hardware prefetchers streaming), unless there is too little work (< `min_units`) to share.
+template <class Fn> void for_each_thread_chunk(const KernelContext& ctx, int64_t units, int64_t min_units, Fn&& fn) {
+  const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  const int64_t grain = std::max(min_units, units / std::max<int64_t>(threads, 1));
+  parallel_for(ctx, units, std::max<int64_t>(grain, 1), fn);
 }
 
 // The portable GEMM: each weight row dequantized once, then dotted with every activation row.
@@ -122,26 +162,45 @@ void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
   if (!out.is_contiguous() || out.shape.back() != N) throw ShapeError("qmatmul: bad result " + describe(out));
   const int64_t M = K == 0 ? 0 : a.numel() / K;
   if (M == 0 || N == 0) return;
-  std::vector<uint8_t> a_copy;
-  const float* x = static_cast<const float*>(contiguous(ctx, a, a_copy));  // [M, K]
+  const float* x = a.as<float>();  // [M, K]
+  if (!a.is_contiguous()) {
+    float* copy = grow(t_scratch.lhs, M * K);
+    copy_strided(ctx, a.dtype, a.shape, a.data, a.strides, copy);
+    x = copy;
+  }
   const uint8_t* wq = w.as<uint8_t>();
   const int64_t w_row = w.strides[0];
   float* y = out.as<float>();  // [M, N]
+  const bool vnni = use_vnni();
+  const bool gemv = M <= gemm::kSmallM;
+  uint8_t* xq = grow(t_scratch.q, M * K);
+  float* xd = grow(t_scratch.d, M * K / 32);
+  int32_t* xsum = gemv ? nullptr : grow(t_scratch.sum, M * K / 32);
+  quantize_rows(x, M, K, gemv, xq, xd, xsum);
+  const Q8Activations acts{xq, xd, xsum, M, K};
 
-  if (M <= gemm::kSmallM) {
-    std::vector<uint8_t> xq(static_cast<size_t>(M * K));
-    std::vector<float> d(static_cast<size_t>(M * K / 32));
-    quantize_activations(x, M, K, xq.data(), d.data());
-    const Q8Activations acts{xq.data(), d.data(), M, K};
-    const quantized::Q8_0GemvFn fn = simd_gemv();
-    // Rows per chunk: enough bytes (>= 64 KiB) to pay for handing a chunk to a thread.
-    parallel_for(ctx, N, std::max<int64_t>(1, 65536 / row_bytes), [&](int64_t begin, int64_t end) {
-      (fn ? fn : portable_gemv)(acts, wq, w_row, begin, end, y, N);
+  if (gemv) {
+    const quantized::Q8_0GemvFn fn = vnni ? quantized::avx512_vnni_q8_0_gemv() : portable_gemv;
+    // Each thread's share must be worth waking it for: >= 64 KiB of weights.
+    for_each_thread_chunk(ctx, N, std::max<int64_t>(1, 65536 / row_bytes), [&](int64_t begin, int64_t end) {
+      fn(acts, wq, w_row, begin, end, y, N);
     });
     return;
   }
-  const gemm::Problem p{DType::f32, x, K, 1, wq, 0, w_row, y, N, M, N, K, gemm::BStorage::q8_0};
-  if (!gemm::run(ctx, p)) portable_gemm(ctx, x, M, K, wq, w_row, N, y);
+  if (vnni) {
+    const quantized::Q8_0GemmFn fn = quantized::avx512_vnni_q8_0_gemm();
+    const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
+    for_each_thread_chunk(ctx, panels, 1, [&](int64_t begin, int64_t end) {
+      uint8_t* panel = t_scratch.aligned_panel(quantized::gemm_panel_bytes(K));
+      fn(acts, wq, w_row, begin * quantized::kGemmRows, std::min(N, end * quantized::kGemmRows), y, N, panel);
+    });
+    return;
+  }
+  // Without VNNI: the f32 GEMM on the quantized activations' values d_x * q_x.
+  float* xhat = grow(t_scratch.lhs, M * K);
+  for (int64_t i = 0; i < M * K; ++i) xhat[i] = xd[i / 32] * static_cast<float>(static_cast<int8_t>(xq[i]));
+  const gemm::Problem p{DType::f32, xhat, K, 1, wq, 0, w_row, y, N, M, N, K, gemm::BStorage::q8_0};
+  if (!gemm::run(ctx, p)) portable_gemm(ctx, xhat, M, K, wq, w_row, N, y);
 }
 
 void dequantize_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,

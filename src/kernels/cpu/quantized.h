@@ -1,31 +1,53 @@
-// Private: the Q8_0 GEMV behind the qmatmul kernel (quantized.cpp), one implementation per x86 ISA
-// level chosen at run time as gemm.h's are, plus a portable one.
+// Private: the Q8_0 GEMV and GEMM behind the qmatmul kernel (quantized.cpp), one implementation per
+// x86 ISA level chosen at run time as gemm.h's are, plus a portable one.
 //
-// Decode (M <= kSmallM rows) is bound by reading the weights, 34 bytes per 32, so the inner loop must
-// be cheap: the activations are quantized once per call to int8 blocks of 32 (the weights' block
-// size), and each block's product is an exact int32 dot (vpdpbusd) scaled once by d_x * d_w, as
-// ggml's q8_0 x q8_0 dot does. vpdpbusd multiplies unsigned by signed bytes, so the activations are
-// stored offset by +128 and 128 * sum(w) (one more vpdpbusd per weight block, shared by all rows of
-// x) is subtracted.
+// The activations are quantized once per call to int8 blocks of 32 (the weights' block size), as
+// ggml's q8_0 x q8_0 dot does: d_x = max|x| / 127 (f32), q_x = round-half-even(x * 127 / max|x|).
+// Each block's product is then an exact int32 dot, scaled once by d_x * d_w and summed in f32 in
+// block order. vpdpbusd multiplies unsigned by signed bytes, so one side carries +128 and the
+// matching 128 * sum cancels it:
+// * GEMV (M <= kSmallM rows, decode, bound by reading the 34 bytes per 32 weights): the activations
+//   are stored +128 (`offset`) and 128 * sum(w) (one more vpdpbusd per weight block, shared by all
+//   rows of x) is subtracted; weights are read in place, several rows at a time.
+// * GEMM (prefill): each thread packs 32 weight rows at a time, +128, into an L2-resident panel
+//   whose vectors hold 16 rows x 4 quants, so one activation dword broadcast feeds 16 rows; the
+//   correction -128 * sum(q_x) per activation block starts each int32 accumulator.
 #pragma once
 
 #include <cstdint>
 
 namespace kiln::kernels::quantized {
 
-// Activations [M, K] as Q8_0-style blocks: x_q = round(x / d), d = max|x| / 127 per block of 32.
+// Activations [M, K] as Q8_0-style blocks (see above).
 struct Q8Activations {
-  const uint8_t* x = nullptr;  // [M][K]: x_q + 128
-  const float* d = nullptr;    // [M][K / 32]: each block's scale
+  const uint8_t* x = nullptr;   // [M][K]: q_x, or q_x + 128 for the GEMV (stored as u8 either way)
+  const float* d = nullptr;     // [M][K / 32]: each block's scale
+  const int32_t* sum = nullptr; // [M][K / 32]: each block's sum of q_x (GEMM only)
   int64_t M = 0, K = 0;
 };
 
-// y[m * ldy + n] for weight rows n in [n0, n1) of w (Q8_0 rows `row_bytes` apart).
+// x [M][K] (K a multiple of 32, rows K apart) -> q [M][K], d and sum [M][K / 32]; q holds q_x + 128
+// when `offset`. Every implementation gives the same bits.
+using QuantizeRowsFn = void (*)(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d,
+                                int32_t* sum);
+
+// y[m * ldy + n] for weight rows n in [n0, n1) of w (Q8_0 rows `row_bytes` apart); x offset by +128.
 using Q8_0GemvFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                             float* y, int64_t ldy);
 
+// The GEMM's packing unit, and the scratch one call needs: kGemmRows rows x K as int8 + f32 scales.
+inline constexpr int64_t kGemmRows = 32;
+inline int64_t gemm_panel_bytes(int64_t K) { return K / 32 * kGemmRows * (32 + 4); }
+
+// Same contract as Q8_0GemvFn for any M, x not offset (with sums); n0 a multiple of kGemmRows;
+// `panel` holds gemm_panel_bytes(K) bytes, 64-byte aligned.
+using Q8_0GemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                            float* y, int64_t ldy, uint8_t* panel);
+
 // nullptr where not compiled in; the caller checks the CPU (avx512f/bw/vl + avx512vnni).
 Q8_0GemvFn avx512_vnni_q8_0_gemv();
+Q8_0GemmFn avx512_vnni_q8_0_gemm();
+QuantizeRowsFn avx512_quantize_rows();
 
 }  // namespace kiln::kernels::quantized
 

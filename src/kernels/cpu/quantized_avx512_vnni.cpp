@@ -1,5 +1,7 @@
-// The Q8_0 GEMV of quantized.h for AVX-512 + AVX512_VNNI (Ice Lake / Sapphire Rapids, Zen 4/5): two
-// weight blocks (64 quants) per vpdpbusd, f32 accumulation of the scaled block sums.
+// The Q8_0 GEMV and GEMM of quantized.h for AVX-512 + AVX512_VNNI (Ice Lake / Sapphire Rapids,
+// Zen 4/5), and the activation quantizer they share. GEMV: two weight blocks (64 quants) per
+// vpdpbusd, f32 accumulation of the scaled block sums. GEMM: 16 weight rows per vpdpbusd from a
+// packed panel, 6 activation rows x 32 weight rows of accumulators.
 // Standard headers first, then the target pragma (see gemm.h for why).
 #include <cstdint>
 #include <cstring>
@@ -17,6 +19,10 @@ namespace kiln::kernels::quantized {
 namespace {
 
 constexpr int64_t kBlock = 32, kBlockBytes = 34;
+
+// Not std::min: library templates instantiated under the target pragma could replace the baseline
+// copies at link time (gemm.h).
+inline int64_t lo(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Lanes 0-7 take element 0 of a vector, lanes 8-15 element 1: one scale per block of a pair.
 inline __m512 spread_pair(__m128 two) {
@@ -58,7 +64,9 @@ int64_t gemv_rows(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, i
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const uint8_t* b0 = row[r] + 2 * p * kBlockBytes;
-        _mm_prefetch(reinterpret_cast<const char*>(b0) + 1024, _MM_HINT_T0);
+        // The same offset one group of R rows ahead: together the R prefetches cover the next group,
+        // so a new group of short rows starts without waiting for the prefetchers to find it.
+        _mm_prefetch(reinterpret_cast<const char*>(b0) + R * row_bytes, _MM_HINT_T0);
         wq[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + kBlockBytes + 2)), 1);
         // -128 * sum(w) per group of 4: cancels the +128 the activations carry.
@@ -121,15 +129,192 @@ void gemv(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
   }
 }
 
+// ---- activation quantizer ----------------------------------------------------------------------
+
+// The portable quantize_rows of quantized.cpp, vectorised: the same f32 divisions, and
+// vcvtps2dq rounds half to even as nearbyint does under the default rounding mode.
+void quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d, int32_t* sum) {
+  const int64_t blocks = K / kBlock;
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* src = x + m * K + b * kBlock;
+      const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, sign), _mm512_and_ps(hi, sign)));
+      const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+      d[m * blocks + b] = amax / 127.0f;
+      // |x * inv| <= 127 up to rounding, so the saturating narrow is the clamp to [-127, 127].
+      const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));
+      const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
+      if (sum) sum[m * blocks + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+      __m256i bytes = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(qlo)),
+                                              _mm512_cvtsepi32_epi8(qhi), 1);
+      if (offset) bytes = _mm256_xor_si256(bytes, _mm256_set1_epi8(static_cast<char>(0x80)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + m * K + b * kBlock), bytes);
+    }
+}
+
+// ---- GEMM ----------------------------------------------------------------------------------------
+
+// Panel of kGemmRows weight rows, per block: [2 halves][8 dwords][16 rows][4 quants + 128], then
+// [2 halves][16 rows] f32 scales: 1152 bytes. Rows past the weight are zero (quants 128, scale 0).
+constexpr int64_t kPanelBlockBytes = 2 * 8 * 64 + 2 * 16 * 4;
+
+// 16 full weight rows, one block -> [8 dwords][16 rows] of quants + 128: an 8 x 8 dword transpose in
+// each 256-bit half (rows r and r + 8 share a vector), as in the AVX 8 x 8 float transpose.
+inline void pack_half_block(const uint8_t* first_row, int64_t row_bytes, uint8_t* dst) {
+  __m512i z[8], t[8], s[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* lo = first_row + r * row_bytes + 2;
+    const uint8_t* hi = first_row + (r + 8) * row_bytes + 2;
+    z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {  // rows 0-3 (h = 0) and 4-7 of each half
+    s[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+    s[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+    s[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    s[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  // s[j] (j < 4), 128-bit lane l: rows 0-3 (l = 0, 1) or 8-11 (l = 2, 3) at dword j + 4 * (l % 2);
+  // s[j + 4] likewise for rows 4-7 / 12-15.
+  const __m512i low = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), high = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    _mm512_store_si512(dst + j * 64, _mm512_xor_si512(_mm512_permutex2var_epi64(s[j], low, s[j + 4]), offset));
+    _mm512_store_si512(dst + (j + 4) * 64,
+                       _mm512_xor_si512(_mm512_permutex2var_epi64(s[j], high, s[j + 4]), offset));
+  }
+}
+
+void pack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows, int64_t blocks, uint8_t* panel) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* dst = panel + b * kPanelBlockBytes;
+    float* scales = reinterpret_cast<float*>(dst + 2 * 8 * 64);
+    for (int64_t half = 0; half < 2; ++half)
+      if (rows >= 16 * (half + 1)) pack_half_block(w + (n0 + 16 * half) * row_bytes + b * kBlockBytes, row_bytes,
+                                                   dst + half * 512);
+    for (int64_t r = 0; r < kGemmRows; ++r) {
+      if (r < rows) scales[r] = _cvtsh_ss(scale_bits(w + (n0 + r) * row_bytes + b * kBlockBytes));
+      if (rows >= 16 * (r / 16 + 1)) continue;  // quants packed above
+      uint32_t* quads = reinterpret_cast<uint32_t*>(dst + r / 16 * 512) + r % 16;
+      if (r >= rows) {
+        for (int j = 0; j < 8; ++j) quads[j * 16] = 0x80808080u;
+        scales[r] = 0.0f;
+        continue;
+      }
+      const uint8_t* src = w + (n0 + r) * row_bytes + b * kBlockBytes;
+      for (int j = 0; j < 8; ++j) {
+        uint32_t v;
+        std::memcpy(&v, src + 2 + 4 * j, 4);
+        quads[j * 16] = v ^ 0x80808080u;
+      }
+    }
+  }
+}
+
+// Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (`mask0`/`mask1`: which of each half exist),
+// blocks [b0, b1); `first`: y holds nothing yet.
+template <int MR>
+void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t b0, int64_t b1, float* y,
+               int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first) {
+  const int64_t K = x.K, blocks = K / kBlock;
+  __m512 acc[MR][2];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    float* row = y + (m0 + m) * ldy;
+    acc[m][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
+    acc[m][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
+  }
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* pb = panel + b * kPanelBlockBytes;
+    __m512i dot[MR][2];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      // -128 * sum(q_x) cancels the +128 the packed weights carry.
+      const __m512i start = _mm512_set1_epi32(-128 * x.sum[(m0 + m) * blocks + b]);
+      dot[m][0] = start;
+      dot[m][1] = start;
+    }
+    const uint8_t* xb = x.x + m0 * K + b * kBlock;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512i w0 = _mm512_load_si512(pb + j * 64), w1 = _mm512_load_si512(pb + 512 + j * 64);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        int32_t quad;
+        std::memcpy(&quad, xb + m * K + 4 * j, 4);
+        const __m512i xq = _mm512_set1_epi32(quad);
+        dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], w0, xq);
+        dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], w1, xq);
+      }
+    }
+    const __m512 dw0 = _mm512_load_ps(pb + 1024), dw1 = _mm512_load_ps(pb + 1024 + 64);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * blocks + b]);
+      acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), _mm512_mul_ps(dw0, dx), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][1]), _mm512_mul_ps(dw1, dx), acc[m][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    float* row = y + (m0 + m) * ldy;
+    _mm512_mask_storeu_ps(row, mask0, acc[m][0]);
+    _mm512_mask_storeu_ps(row + 16, mask1, acc[m][1]);
+  }
+}
+
+constexpr int kGemmMR = 6;
+// Blocks per pass over the activation rows: 16 blocks of a panel (18 KiB) stay in L1 meanwhile.
+constexpr int64_t kGemmBlocksPerPass = 16;
+
+void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y, int64_t ldy,
+          uint8_t* panel) {
+  const int64_t blocks = x.K / kBlock;
+  for (int64_t n = n0; n < n1; n += kGemmRows) {
+    const int64_t rows = lo(kGemmRows, n1 - n);
+    pack_panel(w, row_bytes, n, rows, blocks, panel);
+    const __mmask16 mask0 = static_cast<__mmask16>(rows >= 16 ? 0xffff : (1u << rows) - 1);
+    const __mmask16 mask1 = static_cast<__mmask16>(rows >= 32 ? 0xffff : rows <= 16 ? 0 : (1u << (rows - 16)) - 1);
+    for (int64_t b0 = 0; b0 < blocks; b0 += kGemmBlocksPerPass) {
+      const int64_t b1 = lo(blocks, b0 + kGemmBlocksPerPass);
+      int64_t m = 0;
+      for (; m + kGemmMR <= x.M; m += kGemmMR)
+        gemm_tile<kGemmMR>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0);
+      switch (x.M - m) {
+        case 1: gemm_tile<1>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0); break;
+        case 2: gemm_tile<2>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0); break;
+        case 3: gemm_tile<3>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0); break;
+        case 4: gemm_tile<4>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0); break;
+        case 5: gemm_tile<5>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0); break;
+        default: break;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::kernels::quantized
 #pragma GCC pop_options
 
 namespace kiln::kernels::quantized {
 Q8_0GemvFn avx512_vnni_q8_0_gemv() { return gemv; }
+Q8_0GemmFn avx512_vnni_q8_0_gemm() { return gemm; }
+QuantizeRowsFn avx512_quantize_rows() { return quantize_rows; }
 }  // namespace kiln::kernels::quantized
 #else
 namespace kiln::kernels::quantized {
 Q8_0GemvFn avx512_vnni_q8_0_gemv() { return nullptr; }
+Q8_0GemmFn avx512_vnni_q8_0_gemm() { return nullptr; }
+QuantizeRowsFn avx512_quantize_rows() { return nullptr; }
 }  // namespace kiln::kernels::quantized
 #endif
