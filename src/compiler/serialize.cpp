@@ -25,7 +25,7 @@ namespace kiln::compiler {
 namespace {
 
 constexpr std::string_view kMagic{"KILNART\0", 8};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;  // 2: alias values and GraphPlan::aliases
 #define KILN_COUNT_OP(e, s) +1
 constexpr uint32_t kNumOps = 0 KILN_OPS(KILN_COUNT_OP);
 #undef KILN_COUNT_OP
@@ -137,9 +137,12 @@ void write_plan(Writer& w, const GraphPlan& plan) {
     w.pod(value.slot);
     w.str(value.weight);
     w.pod(value.input);
+    w.pod(value.alias);
+    w.pod(value.root);
   }
   write_steps(w, plan.steps);
   write_steps(w, plan.constants);
+  write_steps(w, plan.aliases);
   write_indices(w, plan.outputs);
   w.pod(plan.num_slots);
   w.count(plan.extensions.size());
@@ -310,6 +313,45 @@ std::vector<Step> read_steps(Reader& r, size_t num_values) {
   return steps;
 }
 
+// The executor computes an alias's memory from its source's without further checks of the table, so
+// every link is checked here: each alias step makes exactly its value, from a source that is listed
+// before it (no cycles), and each alias value names its step and the root at the end of its chain.
+void check_aliases(Reader& r, const GraphPlan& plan) {
+  for (size_t a = 0; a < plan.aliases.size(); ++a) {
+    const Step& step = plan.aliases[a];
+    if (step.op != graph::Op::reshape && step.op != graph::Op::slice && step.op != graph::Op::buffer_load)
+      r.fail(fmt::format("graph '{}': alias {} is a {}, which cannot be an alias", plan.name, a,
+                         graph::op_name(step.op)));
+    if (step.inputs.size() != 1 || step.outputs.size() != 1)
+      r.fail(fmt::format("graph '{}': alias {} has {} inputs and {} outputs, expected 1 and 1", plan.name, a,
+                         step.inputs.size(), step.outputs.size()));
+    const PlanValue& value = plan.values[static_cast<size_t>(step.outputs[0])];
+    const PlanValue& source = plan.values[static_cast<size_t>(step.inputs[0])];
+    if (value.kind != ValueKind::alias || value.alias != static_cast<int32_t>(a))
+      r.fail(fmt::format("graph '{}': alias {} makes value %{}, which is not that alias", plan.name, a,
+                         step.outputs[0]));
+    if (source.kind == ValueKind::alias && source.alias >= static_cast<int32_t>(a))
+      r.fail(fmt::format("graph '{}': alias {} views alias {}, which is not listed before it", plan.name, a,
+                         source.alias));
+    const int32_t root = source.kind == ValueKind::alias ? source.root : step.inputs[0];
+    if (value.root != root)
+      r.fail(fmt::format("graph '{}': alias value %{} names root %{}, but its chain ends at %{}", plan.name,
+                         step.outputs[0], value.root, root));
+    if (graph::dtype_of(value.type) != graph::dtype_of(source.type) || graph::is_buffer(value.type))
+      r.fail(fmt::format("graph '{}': alias value %{} ({}) is not a tensor of its source's dtype ({})", plan.name,
+                         step.outputs[0], graph::to_string(value.type), graph::to_string(source.type)));
+  }
+  for (size_t v = 0; v < plan.values.size(); ++v) {
+    const PlanValue& value = plan.values[v];
+    const bool is_alias = value.kind == ValueKind::alias;
+    if (is_alias ? value.alias < 0 || static_cast<size_t>(value.alias) >= plan.aliases.size() ||
+                       plan.aliases[static_cast<size_t>(value.alias)].outputs[0] != static_cast<int32_t>(v)
+                 : value.alias != -1 || value.root != -1)
+      r.fail(fmt::format("graph '{}': value %{} has alias index {} and root {}, which do not match its kind",
+                         plan.name, v, value.alias, value.root));
+  }
+}
+
 GraphPlan read_plan(Reader& r) {
   GraphPlan plan;
   plan.name = r.str("graph name");
@@ -324,20 +366,23 @@ GraphPlan read_plan(Reader& r) {
     w.device = read_device(r);
     plan.weights.push_back(std::move(w));
   }
-  size_t num_values = r.count("value", 17);
+  size_t num_values = r.count("value", 25);
   plan.values.resize(num_values);
   for (PlanValue& value : plan.values) {
     value.type = read_type(r);
     auto kind = r.pod<uint8_t>("value kind");
-    if (kind > static_cast<uint8_t>(ValueKind::output)) r.fail(fmt::format("value kind {} is unknown", kind));
+    if (kind > static_cast<uint8_t>(ValueKind::alias)) r.fail(fmt::format("value kind {} is unknown", kind));
     value.kind = static_cast<ValueKind>(kind);
     value.slot = r.pod<int32_t>("value slot");
     value.weight = r.str("value weight");
     value.input = r.pod<int32_t>("value input");
+    value.alias = r.pod<int32_t>("value alias");
+    value.root = r.pod<int32_t>("value root");
   }
   // Extensions come after the steps that index them; those indices are checked once they are read.
   plan.steps = read_steps(r, num_values);
   plan.constants = read_steps(r, num_values);
+  plan.aliases = read_steps(r, num_values);
   plan.outputs = read_indices(r, "plan output", num_values);
   plan.num_slots = r.pod<int32_t>("slot count");
   if (plan.num_slots < 0 || static_cast<size_t>(plan.num_slots) > num_values)
@@ -349,7 +394,7 @@ GraphPlan read_plan(Reader& r) {
     ref.content_hash = r.pod<uint64_t>("extension hash");
     plan.extensions.push_back(std::move(ref));
   }
-  for (const auto* steps : {&plan.steps, &plan.constants})
+  for (const auto* steps : {&plan.steps, &plan.constants, &plan.aliases})
     for (const Step& step : *steps)
       if (step.extension < -1 || step.extension >= static_cast<int64_t>(num_extensions))
         r.fail(
@@ -366,6 +411,7 @@ GraphPlan read_plan(Reader& r) {
       r.fail(fmt::format("graph '{}': input index {} is out of range ({} inputs)", plan.name, value.input,
                          plan.input_types.size()));
   }
+  check_aliases(r, plan);
   return plan;
 }
 

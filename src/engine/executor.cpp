@@ -85,6 +85,90 @@ kernels::TensorView view_of(const Tensor& t) {
 
 std::string describe_type(const graph::Type& type) { return graph::to_string(type); }
 
+void set_view(kernels::TensorView& view, const Tensor& t) {
+  // Assigning into the existing vectors reuses their capacity: no allocation after the first run.
+  view.data = const_cast<void*>(t.data());
+  view.dtype = t.dtype();
+  view.shape = t.shape();
+  view.strides = t.strides();
+}
+
+void set_contiguous_strides(kernels::TensorView& view) {
+  view.strides.resize(view.shape.size());
+  int64_t stride = 1;
+  for (size_t d = view.shape.size(); d-- > 0;) {
+    view.strides[d] = stride;
+    stride *= view.shape[d];
+  }
+}
+
+int64_t product(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+int64_t evaluate_dim(const graph::Dim& dim, const graph::SymbolBindings& bindings) {
+  if (auto value = dim.try_static()) return *value;
+  return dim.evaluate(bindings);
+}
+
+// Where an alias step's result lies in its source's memory, in elements: checks what the step's
+// kernel would have checked (a reshape keeps the element count; a window lies inside the source and
+// has the result's shape), and that the window is one contiguous block, which the compiler proved
+// for every binding (a plan from elsewhere may not have been).
+int64_t alias_element_offset(const Step& step, const std::vector<int64_t>& source,
+                             const std::vector<int64_t>& result, const graph::SymbolBindings& bindings) {
+  const std::string_view op = graph::op_name(step.op);
+  if (step.op == graph::Op::reshape) {
+    if (product(source) != product(result))
+      throw ShapeError(fmt::format("reshape: input {} has {} elements but the result {} has {}", source,
+                                   product(source), result, product(result)));
+    return 0;
+  }
+  const auto* starts = step.attrs.count("starts") ? &graph::get_attr<graph::Shape>(step.attrs, "starts", step.op) : nullptr;
+  const auto* stops = starts ? &graph::get_attr<graph::Shape>(step.attrs, "stops", step.op) : nullptr;
+  const auto* steps = starts ? &graph::get_attr<std::vector<int64_t>>(step.attrs, "steps", step.op) : nullptr;
+  const size_t rank = source.size();
+  const size_t bounded = starts ? static_cast<size_t>(starts->rank()) : 0;
+  if (starts && (bounded > rank || static_cast<size_t>(stops->rank()) != bounded || steps->size() != bounded))
+    throw ExecutionError(fmt::format("{}: {} starts, {} stops and {} steps for a tensor of rank {}", op, bounded,
+                                     stops->rank(), steps->size(), rank));
+  if (result.size() != rank)
+    throw ShapeError(fmt::format("{}: the result {} does not have the source's rank {}", op, result, rank));
+  int64_t offset = 0, stride = product(source);
+  bool contiguous = true, range_seen = false;
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t size = source[d];
+    stride = size ? stride / size : 0;
+    int64_t start = 0, stop = size, step_size = 1;
+    if (d < bounded) {
+      start = evaluate_dim((*starts)[static_cast<int64_t>(d)], bindings);
+      stop = evaluate_dim((*stops)[static_cast<int64_t>(d)], bindings);
+      step_size = (*steps)[d];
+    }
+    if (step_size < 1)
+      throw ExecutionError(fmt::format("{}: step {} of axis {} must be at least 1", op, step_size, d));
+    if (start < 0 || start > stop || stop > size)
+      throw ExecutionError(
+          fmt::format("{}: slice {}:{} of axis {} is out of bounds for size {}", op, start, stop, d, size));
+    const int64_t extent = stop > start ? (stop - start + step_size - 1) / step_size : 0;
+    if (extent != result[d])
+      throw ShapeError(fmt::format("{}: the slice has {} elements on axis {} but the result has shape {}", op,
+                                   extent, d, result));
+    offset += start * stride;
+    if (range_seen)
+      contiguous = contiguous && (extent == size && (step_size == 1 || size <= 1));
+    else if (extent > 1)
+      range_seen = true, contiguous = step_size == 1;
+  }
+  if (!contiguous && product(result) > 0)
+    throw ExecutionError(fmt::format("{}: the window is not one contiguous block of its source {}, so it cannot "
+                                     "be an alias (a corrupted plan?)",
+                                     op, source));
+  return offset;
+}
+
 // Both are contiguous tensors of one dtype and shape (checked by the caller).
 void copy_bytes(const Tensor& dst, const Tensor& src) {
   std::memcpy(const_cast<void*>(dst.data()), src.data(), src.nbytes());
@@ -159,8 +243,47 @@ Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, kernels::Para
     }
     launch(step, info, step.attrs, views);
   }
+  bind_static_aliases();
   prepare_steps();
   slots_.resize(static_cast<size_t>(plan_.num_slots));
+
+  // What run() reuses: one frame, each step's operand views and evaluated attributes.
+  std::set<int32_t> returned;
+  for (int32_t v : plan_.outputs)
+    fresh_outputs_.push_back(plan_.values.at(static_cast<size_t>(v)).kind == ValueKind::output &&
+                             returned.insert(v).second);
+  frame_ = new_frame();
+  inputs_.resize(plan_.input_types.size());
+  step_views_.resize(plan_.steps.size());
+  step_attrs_.resize(plan_.steps.size());
+  for (size_t s = 0; s < plan_.steps.size(); ++s) {
+    const Step& step = plan_.steps[s];
+    step_views_[s].resize(step.inputs.size() + step.outputs.size());
+    if (steps_[s].symbolic_attrs) step_attrs_[s] = step.attrs;
+  }
+}
+
+void Executor::bind_static_aliases() {
+  alias_offsets_.assign(plan_.aliases.size(), -1);
+  for (size_t a = 0; a < plan_.aliases.size(); ++a) {
+    const Step& step = plan_.aliases[a];
+    const auto source = static_cast<size_t>(step.inputs.at(0));
+    const auto v = static_cast<size_t>(step.outputs.at(0));
+    if (!static_shapes_[source] || !static_shapes_[v] || has_symbolic_shape_attr(step.attrs)) continue;
+    try {
+      alias_offsets_[a] = alias_element_offset(step, *static_shapes_[source], *static_shapes_[v], {}) *
+                          static_cast<int64_t>(dtype_size(graph::dtype_of(plan_.values[v].type)));
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("init: graph '{}' op '{}' (node {}): {}", plan_.name, graph::op_name(step.op),
+                              step.node, e.what()));
+    }
+    // A fixed window of fixed memory: bound once, so kernels can prepare state from it as from a weight.
+    const Tensor& root = bound_[source];
+    if (!root.defined()) continue;
+    auto* data = static_cast<uint8_t*>(const_cast<void*>(root.data())) + alias_offsets_[a];
+    bound_[v] = Tensor::view(std::make_shared<Tensor>(root), data, root.dtype(), *static_shapes_[v], {},
+                             root.device());
+  }
 }
 
 void Executor::prepare_steps() {
@@ -246,23 +369,6 @@ graph::SymbolBindings Executor::bind_inputs(const std::vector<Tensor>& inputs) c
   return bindings;
 }
 
-std::vector<int64_t> Executor::value_shape(size_t value, const graph::SymbolBindings& bindings) const {
-  if (static_shapes_[value]) return *static_shapes_[value];
-  const graph::Shape& shape = graph::shape_of(plan_.values[value].type);
-  std::vector<int64_t> dims;
-  try {
-    dims = shape.evaluate(bindings);
-  } catch (const std::exception& e) {
-    throw ValueError(fmt::format("execute: graph '{}': cannot evaluate shape {} of value %{}: {}",
-                                 plan_.name, shape.to_string(), value, e.what()));
-  }
-  for (int64_t d : dims)
-    if (d < 0)
-      throw ValueError(fmt::format("execute: graph '{}': value %{} has shape {} = {}, which is negative",
-                                   plan_.name, value, shape.to_string(), dims));
-  return dims;
-}
-
 void Executor::launch(const Step& step, const StepInfo& info, const graph::Attrs& attrs,
                       const std::vector<kernels::TensorView>& views) const {
   if (info.custom) return launch_custom(step, *info.custom, attrs, views);
@@ -303,14 +409,14 @@ void Executor::launch_custom(const Step& step, const ext::CustomOp& op, const gr
   }
 }
 
-std::vector<Tensor> Executor::check_inputs(const std::vector<Tensor>& given) const {
+void Executor::check_inputs(const std::vector<Tensor>& given, std::vector<Tensor>& inputs) const {
   const GraphPlan& plan = plan_;
   if (given.size() != plan.input_types.size())
     throw ValueError(fmt::format("execute: graph '{}' takes {} inputs, got {}", plan.name,
                                  plan.input_types.size(), given.size()));
 
   // Check each input against its declared type; pack non-contiguous tensors.
-  std::vector<Tensor> inputs(given.size());
+  inputs.resize(given.size());
   for (size_t i = 0; i < given.size(); ++i) {
     const Tensor& t = given[i];
     const graph::Type& type = plan.input_types[i];
@@ -340,53 +446,120 @@ std::vector<Tensor> Executor::check_inputs(const std::vector<Tensor>& given) con
       inputs[i] = t.is_contiguous() ? t : t.contiguous();
     }
   }
-  return inputs;
 }
 
-Executor::Frame Executor::prepare(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots) const {
-  const GraphPlan& plan = plan_;
+Executor::Frame Executor::new_frame() const {
+  const size_t num_values = plan_.values.size();
   Frame frame;
+  frame.tensors.resize(num_values);
+  frame.views.resize(num_values);
+  frame.slot_bytes.resize(static_cast<size_t>(plan_.num_slots));
+  for (size_t v = 0; v < num_values; ++v) {
+    kernels::TensorView& view = frame.views[v];
+    if (bound_[v].defined()) {
+      frame.tensors[v] = bound_[v];
+      set_view(view, bound_[v]);
+    } else if (static_shapes_[v]) {
+      view.dtype = graph::dtype_of(plan_.values[v].type);
+      view.shape = *static_shapes_[v];
+      set_contiguous_strides(view);
+    }
+  }
+  return frame;
+}
+
+void Executor::evaluate_shape_into(size_t value, const graph::SymbolBindings& bindings,
+                                   kernels::TensorView& view) const {
+  view.dtype = graph::dtype_of(plan_.values[value].type);
+  if (static_shapes_[value]) {
+    if (view.shape != *static_shapes_[value]) view.shape = *static_shapes_[value];
+  } else {
+    const graph::Shape& shape = graph::shape_of(plan_.values[value].type);
+    view.shape.resize(static_cast<size_t>(shape.rank()));
+    for (size_t d = 0; d < view.shape.size(); ++d) {
+      int64_t n = 0;
+      try {
+        n = evaluate_dim(shape[static_cast<int64_t>(d)], bindings);
+      } catch (const std::exception& e) {
+        throw ValueError(fmt::format("execute: graph '{}': cannot evaluate shape {} of value %{}: {}",
+                                     plan_.name, shape.to_string(), value, e.what()));
+      }
+      if (n < 0)
+        throw ValueError(fmt::format("execute: graph '{}': value %{} has shape {} = {}, which is negative",
+                                     plan_.name, value, shape.to_string(), shape.evaluate(bindings)));
+      view.shape[d] = n;
+    }
+  }
+  set_contiguous_strides(view);
+}
+
+void Executor::prepare(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots, Frame& frame) const {
+  const GraphPlan& plan = plan_;
   frame.bindings = bind_inputs(inputs);
 
-  // Memory for every value: the caller's inputs, bound weights and constants, fresh outputs, and
-  // intermediates in arena slots sized for this run.
+  // Memory for every value: the caller's inputs, bound weights and constants (set in new_frame),
+  // fresh outputs, intermediates in arena slots sized for this run, then aliases into those.
   const size_t num_values = plan.values.size();
-  auto& tensors = frame.tensors;
   auto& views = frame.views;
-  tensors.resize(num_values);
-  views.resize(num_values);
-  std::vector<size_t> slot_bytes(slots.size(), 0);
+  std::fill(frame.slot_bytes.begin(), frame.slot_bytes.end(), size_t{0});
   for (size_t v = 0; v < num_values; ++v) {
     const PlanValue& value = plan.values[v];
     switch (value.kind) {
-      case ValueKind::input: tensors[v] = inputs.at(static_cast<size_t>(value.input)); break;
+      case ValueKind::input: set_view(views[v], inputs.at(static_cast<size_t>(value.input))); break;
       case ValueKind::weight:
-      case ValueKind::constant: tensors[v] = bound_[v]; break;
+      case ValueKind::constant:
+      case ValueKind::alias: break;
       case ValueKind::output:
-        tensors[v] = Tensor::empty(graph::dtype_of(value.type), value_shape(v, frame.bindings),
-                                   graph::device_of(value.type));
+        evaluate_shape_into(v, frame.bindings, views[v]);
+        frame.tensors[v] = Tensor::empty(views[v].dtype, views[v].shape, graph::device_of(value.type));
+        views[v].data = frame.tensors[v].data();
         break;
       case ValueKind::slot: {
-        views[v].dtype = graph::dtype_of(value.type);
-        views[v].shape = value_shape(v, frame.bindings);
-        views[v].strides = contiguous_strides(views[v].shape);
+        if (!static_shapes_[v]) evaluate_shape_into(v, frame.bindings, views[v]);
         auto bytes = static_cast<size_t>(views[v].numel()) * dtype_size(views[v].dtype);
-        auto& needed = slot_bytes.at(static_cast<size_t>(value.slot));
+        auto& needed = frame.slot_bytes.at(static_cast<size_t>(value.slot));
         needed = std::max(needed, bytes);
-        continue;
+        break;
       }
     }
-    if (tensors[v].defined()) views[v] = view_of(tensors[v]);
   }
   for (size_t s = 0; s < slots.size(); ++s) {
     auto capacity = slots[s].defined() ? slots[s].nbytes() : size_t{0};
-    if (slot_bytes[s] > capacity)
-      slots[s] = Tensor::empty(DType::u8, {static_cast<int64_t>(std::max(slot_bytes[s], capacity * 3 / 2))});
+    if (frame.slot_bytes[s] > capacity)
+      slots[s] = Tensor::empty(DType::u8, {static_cast<int64_t>(std::max(frame.slot_bytes[s], capacity * 3 / 2))});
   }
   for (size_t v = 0; v < num_values; ++v)
-    if (plan.values[v].kind == ValueKind::slot && slots[static_cast<size_t>(plan.values[v].slot)].defined())
+    if (plan.values[v].kind == ValueKind::slot)
       views[v].data = slots[static_cast<size_t>(plan.values[v].slot)].data();
-  return frame;
+  for (size_t a = 0; a < plan.aliases.size(); ++a) resolve_alias(a, frame);
+}
+
+void Executor::resolve_alias(size_t alias, Frame& frame) const {
+  const Step& step = plan_.aliases[alias];
+  const auto v = static_cast<size_t>(step.outputs[0]);
+  if (bound_[v].defined()) return;  // a fixed window of a weight or constant, set in new_frame
+  const kernels::TensorView& source = frame.views[static_cast<size_t>(step.inputs[0])];
+  kernels::TensorView& view = frame.views[v];
+  int64_t offset = alias_offsets_[alias];
+  if (!static_shapes_[v]) evaluate_shape_into(v, frame.bindings, view);
+  if (offset < 0) {
+    try {
+      offset = alias_element_offset(step, source.shape, view.shape, frame.bindings) *
+               static_cast<int64_t>(dtype_size(view.dtype));
+    } catch (const std::exception& e) {
+      throw ExecutionError(fmt::format("execute: graph '{}' op '{}' (node {}): {}", plan_.name,
+                                       graph::op_name(step.op), step.node, e.what()));
+    }
+  }
+  view.data = source.data ? static_cast<uint8_t*>(source.data) + offset : nullptr;
+}
+
+Tensor Executor::tensor_of(const Frame& frame, const std::vector<Tensor>& inputs, size_t value) const {
+  const PlanValue& plan_value = plan_.values[value];
+  if (plan_value.kind == ValueKind::input) return inputs.at(static_cast<size_t>(plan_value.input));
+  if (frame.tensors[value].defined()) return frame.tensors[value];
+  const kernels::TensorView& view = frame.views[value];
+  return Tensor::borrow(view.data, view.dtype, view.shape, {}, graph::device_of(plan_value.type));
 }
 
 graph::Attrs Executor::evaluated_attrs(const Step& step, const graph::SymbolBindings& bindings) const {
@@ -404,32 +577,61 @@ graph::Attrs Executor::evaluated_attrs(const Step& step, const graph::SymbolBind
   return attrs;
 }
 
+void Executor::evaluate_attrs_into(const Step& step, const graph::SymbolBindings& bindings,
+                                   graph::Attrs& attrs) const {
+  // `attrs` is a copy of step.attrs from an earlier run: only dims whose value changed are rebuilt.
+  auto out = attrs.begin();
+  for (auto it = step.attrs.begin(); it != step.attrs.end(); ++it, ++out) {
+    const auto* shape = std::get_if<graph::Shape>(&it->second);
+    if (!shape || shape->is_static()) continue;
+    auto& evaluated = std::get<graph::Shape>(out->second);
+    for (int64_t d = 0; d < shape->rank(); ++d) {
+      int64_t value = 0;
+      try {
+        value = evaluate_dim((*shape)[d], bindings);
+      } catch (const std::exception& e) {
+        throw ValueError(fmt::format("execute: graph '{}' op '{}' (node {}): cannot evaluate {} {}: {}",
+                                     plan_.name, graph::op_name(step.op), step.node, it->first,
+                                     shape->to_string(), e.what()));
+      }
+      if (evaluated[d].try_static() != value) evaluated[d] = graph::Dim(value);
+    }
+  }
+}
+
 std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) {
   const GraphPlan& plan = plan_;
-  const Frame frame = prepare(check_inputs(given), slots_);
+  check_inputs(given, inputs_);
+  prepare(inputs_, slots_, frame_);
+  const Frame& frame = frame_;
 
   // The steps, in order.
-  std::vector<kernels::TensorView> step_views;
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const Step& step = plan.steps[s];
-    step_views.clear();
-    for (int32_t v : step.inputs) step_views.push_back(frame.views[static_cast<size_t>(v)]);
-    for (int32_t v : step.outputs) step_views.push_back(frame.views[static_cast<size_t>(v)]);
-    if (!steps_[s].symbolic_attrs)
-      launch(step, steps_[s], step.attrs, step_views);
-    else
-      launch(step, steps_[s], evaluated_attrs(step, frame.bindings), step_views);
+    std::vector<kernels::TensorView>& views = step_views_[s];
+    size_t i = 0;
+    for (int32_t v : step.inputs) views[i++] = frame.views[static_cast<size_t>(v)];
+    for (int32_t v : step.outputs) views[i++] = frame.views[static_cast<size_t>(v)];
+    if (!steps_[s].symbolic_attrs) {
+      launch(step, steps_[s], step.attrs, views);
+    } else {
+      evaluate_attrs_into(step, frame.bindings, step_attrs_[s]);
+      launch(step, steps_[s], step_attrs_[s], views);
+    }
   }
 
-  // Results: fresh memory, never the caller's inputs or the model's weights and constants, and never
-  // the same memory twice.
+  // Results: fresh memory, never the caller's inputs, the model's weights and constants or an alias
+  // of them, and never the same memory twice.
   std::vector<Tensor> results;
-  std::set<int32_t> returned;
-  for (int32_t v : plan.outputs) {
-    const Tensor& t = frame.tensors.at(static_cast<size_t>(v));
-    bool fresh = plan.values.at(static_cast<size_t>(v)).kind == ValueKind::output;
-    results.push_back(fresh && returned.insert(v).second ? t : t.clone());
+  results.reserve(plan.outputs.size());
+  for (size_t i = 0; i < plan.outputs.size(); ++i) {
+    const auto v = static_cast<size_t>(plan.outputs[i]);
+    results.push_back(fresh_outputs_[i] ? frame_.tensors[v] : tensor_of(frame_, inputs_, v).clone());
   }
+  // Hold no caller memory between runs.
+  for (size_t v = 0; v < plan.values.size(); ++v)
+    if (plan.values[v].kind == ValueKind::output) frame_.tensors[v] = Tensor();
+  for (Tensor& t : inputs_) t = Tensor();
   return results;
 }
 
@@ -439,9 +641,12 @@ LaunchList Executor::record(const std::vector<Tensor>& given, bool run) {
   const GraphPlan& plan = plan_;
   LaunchList list;
   // The list owns its input buffers: replay copies new inputs into them, in place.
-  for (const Tensor& t : check_inputs(given)) list.inputs.push_back(t.clone());
+  std::vector<Tensor> checked;
+  check_inputs(given, checked);
+  for (const Tensor& t : checked) list.inputs.push_back(t.clone());
   list.slots.resize(slots_.size());
-  const Frame frame = prepare(list.inputs, list.slots);
+  Frame frame = new_frame();
+  prepare(list.inputs, list.slots, frame);
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const Step& step = plan.steps[s];
     LaunchList::Launch launch_record{s, {}, {}};
@@ -450,15 +655,15 @@ LaunchList Executor::record(const std::vector<Tensor>& given, bool run) {
     for (int32_t v : step.outputs) launch_record.views.push_back(frame.views[static_cast<size_t>(v)]);
     list.launches.push_back(std::move(launch_record));
   }
-  std::set<int32_t> returned;
-  for (int32_t v : plan.outputs) {
-    const Tensor& t = frame.tensors.at(static_cast<size_t>(v));
-    bool fresh = plan.values.at(static_cast<size_t>(v)).kind == ValueKind::output;
-    if (fresh && returned.insert(v).second) {
-      list.results.push_back(t);
+  for (size_t i = 0; i < plan.outputs.size(); ++i) {
+    const auto v = static_cast<size_t>(plan.outputs[i]);
+    if (fresh_outputs_[i]) {
+      list.results.push_back(frame.tensors[v]);
     } else {
-      list.copied_results.emplace_back(t, list.results.size());
-      list.results.push_back(Tensor::empty(t.dtype(), t.shape(), t.device()));
+      // Inputs are the list's own copies, slots its own arena: the source stays valid while it lives.
+      Tensor source = tensor_of(frame, list.inputs, v);
+      list.results.push_back(Tensor::empty(source.dtype(), source.shape(), source.device()));
+      list.copied_results.emplace_back(std::move(source), list.results.size() - 1);
     }
   }
   if (!run) return list;

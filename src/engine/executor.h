@@ -1,6 +1,6 @@
 // Private: runs one GraphPlan on the CPU. Built at init (weights bound, constants materialised,
 // kernels resolved, static shapes precomputed); each run checks the inputs, binds symbolic dims,
-// sizes the arena slots and launches the steps in order.
+// sizes the arena slots, points aliases into their roots' memory and launches the steps in order.
 #pragma once
 
 #include <map>
@@ -57,15 +57,23 @@ class Executor {
 
  private:
   // Every value's memory for one run: checked inputs, bound weights and constants, fresh outputs,
-  // arena slots sized for these shapes (from `slots`).
+  // arena slots sized for these shapes (from `slots`), aliases into any of them. run() reuses one
+  // Frame, so views of static-shape values are set once and a run allocates only its outputs.
   struct Frame {
     graph::SymbolBindings bindings;
-    std::vector<Tensor> tensors;                 // per value (slots: undefined)
+    std::vector<Tensor> tensors;                 // per value: weights, constants, this run's outputs
     std::vector<kernels::TensorView> views;      // per value
+    std::vector<size_t> slot_bytes;              // per slot: what this run needs
   };
-  std::vector<Tensor> check_inputs(const std::vector<Tensor>& given) const;
-  Frame prepare(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots) const;
+  void check_inputs(const std::vector<Tensor>& given, std::vector<Tensor>& inputs) const;
+  Frame new_frame() const;  // views of weights, constants and static shapes filled in
+  void prepare(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots, Frame& frame) const;
+  void resolve_alias(size_t alias, Frame& frame) const;  // sets the view of plan().aliases[alias]
   graph::Attrs evaluated_attrs(const compiler::Step& step, const graph::SymbolBindings& bindings) const;
+  void evaluate_attrs_into(const compiler::Step& step, const graph::SymbolBindings& bindings,
+                           graph::Attrs& attrs) const;
+  // A value's memory as a Tensor (aliases and slots borrow theirs), e.g. to copy an output from.
+  Tensor tensor_of(const Frame& frame, const std::vector<Tensor>& inputs, size_t value) const;
 
   struct StepInfo {
     kernels::KernelFn kernel = nullptr;
@@ -74,9 +82,10 @@ class Executor {
     std::shared_ptr<const kernels::Prepared> prepared;  // built at init from fixed operands
   };
   void prepare_steps();  // fills StepInfo::prepared (after weights and constants are bound)
+  void bind_static_aliases();  // aliases of weights and constants with static windows: bound_ at init
 
   graph::SymbolBindings bind_inputs(const std::vector<Tensor>& inputs) const;
-  std::vector<int64_t> value_shape(size_t value, const graph::SymbolBindings& bindings) const;
+  void evaluate_shape_into(size_t value, const graph::SymbolBindings& bindings, kernels::TensorView& view) const;
   void launch(const compiler::Step& step, const StepInfo& info, const graph::Attrs& attrs,
               const std::vector<kernels::TensorView>& views) const;
   void launch_custom(const compiler::Step& step, const ext::CustomOp& op, const graph::Attrs& attrs,
@@ -87,9 +96,16 @@ class Executor {
   kernels::DeviceTeam* team_;
   ProcessGroup* process_group_;
   std::vector<StepInfo> steps_;
-  std::vector<Tensor> bound_;                           // per value: weights and constants
+  std::vector<Tensor> bound_;                           // per value: weights, constants, their aliases
   std::vector<std::optional<std::vector<int64_t>>> static_shapes_;  // per value, when static
+  std::vector<int64_t> alias_offsets_;                   // per alias: byte offset when static, else -1
+  std::vector<uint8_t> fresh_outputs_;                   // per output: returned as is (not copied)
   std::vector<Tensor> slots_;                            // arena: u8 buffers, grown on demand
+  // Reused by run() (see Frame).
+  Frame frame_;
+  std::vector<Tensor> inputs_;
+  std::vector<std::vector<kernels::TensorView>> step_views_;  // per step: operands, then results
+  std::vector<graph::Attrs> step_attrs_;                       // per step with symbolic attrs
 };
 
 // Checks a registry against the plan's weights: present, same dtype, shape equal to the weight's

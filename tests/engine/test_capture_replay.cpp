@@ -165,4 +165,55 @@ TEST(DeviceGraph, NeedsStaticInputShapesAndAKnownGraph) {
   expect_error<ValueError>([&] { session.init(compiled, kWeights, {"nope"}); }, {"no graph 'nope'"});
 }
 
+// ---- aliases (docs/memory-planning.md) -------------------------------------------------------------
+
+// acc += x, then reads the whole buffer back through an alias: out = -acc, and acc itself (a copy).
+graph::Module accumulate_and_read_module() {
+  graph::Graph g("acc", {BufferType{DType::f32, {2, 3}}, TensorType{DType::f32, {2, 3}}});
+  ops::buffer_store(g.input(0), ops::add(ops::buffer_load(g.input(0)), g.input(1)));
+  auto after = ops::buffer_load(g.input(0));
+  g.output({ops::neg(ops::reshape(after, std::vector<int64_t>{6})), ops::buffer_load(g.input(0), {{1, 2}})});
+  return g.module();
+}
+
+TEST(CaptureReplay, ReplayReadsBuffersThroughAliasesAfterEachStore) {
+  InferenceSession session;
+  auto compiled = session.compile(accumulate_and_read_module());
+  int aliases = 0;
+  for (const auto& value : compiled.plan("acc").values) aliases += value.kind == compiler::ValueKind::alias;
+  EXPECT_EQ(aliases, 4);  // every load (none is live across the store) and the reshape
+  auto model = session.init(compiled, {}).at("acc");
+  auto buffer = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  auto ones = Tensor::from_vector<float>(std::vector<float>(6, 1.f), {2, 3});
+  auto captured = model.capture("c", {buffer, ones});
+  EXPECT_EQ(captured[0].to_vector<float>(), (std::vector<float>{-2, -3, -4, -5, -6, -7}));
+  EXPECT_EQ(captured[1].to_vector<float>(), (std::vector<float>{5, 6, 7}));
+  auto replayed = model.replay("c", {buffer, ones});
+  EXPECT_EQ(replayed[0].to_vector<float>(), (std::vector<float>{-3, -4, -5, -6, -7, -8}));
+  EXPECT_EQ(replayed[1].to_vector<float>(), (std::vector<float>{6, 7, 8}));
+  EXPECT_EQ(buffer.to_vector<float>(), (std::vector<float>{3, 4, 5, 6, 7, 8}));
+  // The same as execute on a buffer in the same state.
+  auto copy = buffer.clone();
+  auto executed = model.execute({copy, ones});
+  auto replayed_again = model.replay("c", {buffer, ones});
+  EXPECT_EQ(replayed_again[0].to_vector<float>(), executed[0].to_vector<float>());
+  EXPECT_EQ(replayed_again[1].to_vector<float>(), executed[1].to_vector<float>());
+  // The alias output is the capture's own memory, not the buffer's.
+  EXPECT_EQ(replayed_again[1].data(), captured[1].data());
+}
+
+TEST(DeviceGraph, ReadsBuffersThroughAliasesOnEveryCall) {
+  InferenceSession session;
+  auto model = session.init(session.compile(accumulate_and_read_module()), {}, {"acc"}).at("acc");
+  ASSERT_TRUE(model.is_device_graph());
+  auto buffer = Tensor::zeros(DType::f32, {2, 3});
+  auto x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  auto first = model.execute({buffer, x});
+  auto second = model.execute({buffer, x});
+  EXPECT_EQ(first[0].to_vector<float>(), (std::vector<float>{-1, -2, -3, -4, -5, -6}));
+  EXPECT_EQ(second[0].to_vector<float>(), (std::vector<float>{-2, -4, -6, -8, -10, -12}));
+  EXPECT_EQ(first[1].to_vector<float>(), (std::vector<float>{4, 5, 6}));  // not overwritten by the second
+  EXPECT_EQ(second[1].to_vector<float>(), (std::vector<float>{8, 10, 12}));
+}
+
 }  // namespace

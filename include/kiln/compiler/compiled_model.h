@@ -44,9 +44,11 @@ enum class ValueKind : uint8_t {
   constant,  // materialised once at init from the step that makes it (GraphPlan::constants)
   slot,      // an intermediate in a reused arena slot (see memory planning)
   output,    // a graph output: fresh memory handed to the caller
+  alias,     // no memory of its own: a contiguous window of another value's (see GraphPlan::aliases)
 };
-// A graph output whose value is an input, weight or constant keeps that kind; the engine returns a
-// copy of it, so an output never shares memory with the caller's inputs or the model's state.
+// A graph output whose value is an input, weight, constant or alias keeps that kind; the engine
+// returns a copy of it, so an output never shares memory with the caller's inputs, the model's state
+// or another output.
 
 struct PlanValue {
   graph::Type type;  // symbolic shape, evaluated when the model runs
@@ -54,6 +56,8 @@ struct PlanValue {
   int32_t slot = -1;      // for slot values: the arena slot shared by values whose lifetimes don't overlap
   std::string weight;     // for weight values: its name
   int32_t input = -1;     // for input values: the input index
+  int32_t alias = -1;     // for alias values: index into GraphPlan::aliases, the step it replaces
+  int32_t root = -1;      // for alias values: the value owning the memory (never itself an alias)
 };
 
 struct GraphPlan {
@@ -64,10 +68,25 @@ struct GraphPlan {
   std::vector<PlanValue> values;
   std::vector<Step> steps;            // in execution order (no weight or constant steps)
   std::vector<Step> constants;        // `constant` kernels, run once at init
+  // Steps that launch no kernel because their result is a contiguous window of their operand's
+  // memory (docs/memory-planning.md): reshape, and slice / buffer_load of one contiguous block. Each
+  // has one input (the source, possibly an alias listed earlier) and one output (an alias value); the
+  // executor resolves them in this order each run, evaluating symbolic bounds into a byte offset.
+  std::vector<Step> aliases;
   std::vector<int32_t> outputs;       // plan values returned, in order
   int32_t num_slots = 0;
   std::vector<ExtensionRef> extensions;  // libraries whose custom ops the steps call
 };
+
+// A plan as text, for inspection and tests: one line per value (its type and where its memory is:
+// input, weight, constant, slot, output, or alias of its root), then the steps and the aliases, e.g.
+//   graph 'g': 2 steps, 1 alias, 1 slot
+//   %0 f32[2, 3] input 0
+//   %1 f32[2, 3] slot 0
+//   %2 f32[6] alias of %1
+//   step exp %0 -> %1
+//   alias reshape %1 -> %2
+std::string to_string(const GraphPlan& plan);
 
 class CompiledModel {
  public:
