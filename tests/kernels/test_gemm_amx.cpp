@@ -1,8 +1,9 @@
 // The AMX bf16 GEMM (kernels/cpu/gemm_amx.h) and its use by the bf16 matmul kernel, against a naive
 // double-precision loop written here over the exact bf16 inputs: edge sizes around the 16 x 16 tiles,
 // the 32 x 32 blocks and K's 32-wide tiles, both rhs layouts, the prepared (packed at init) and
-// unprepared paths, and 1 vs 2 threads. Skipped where the CPU or OS has no AMX, except the test that
-// the bf16 matmul stays correct without it.
+// unprepared paths, and 1 vs 2 threads; and f32 activations x bf16 weights -> f32 (activations
+// rounded to bf16 on AMX, exact without). Skipped where the CPU or OS has no AMX, except the tests that
+// the matmul stays correct without it.
 //
 // Tolerance, per element: K * 2^-23 * sum_k |a_k b_k| (f32 accumulation in any order; bf16 products
 // are exact in f32) plus the final rounding to bf16 (2^-8 of |result|). One wrong or missing product
@@ -301,6 +302,215 @@ TEST(AmxMatmul, Bf16MatmulWithoutAmxIsUnchangedAndCorrect) {
       const Case c = make_case(M, 70, 130, weight_nk, seed++);
       EXPECT_EQ(prepare(c), nullptr) << label(c) << ": nothing is packed without AMX";
       expect_matches_naive(c, run_matmul(c, nullptr), label(c) + " without AMX");
+    }
+}
+
+// ---- f32 activations x bf16 weights -> f32 -------------------------------------------------------
+
+// bf16 nearest to `x`, ties to the even one, found by comparing the two bf16 neighbours in double
+// (written here apart from the kernel's integer trick; finite x of bf16 range only).
+double round_to_bf16_reference(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const uint16_t down = static_cast<uint16_t>(bits >> 16);  // toward zero
+  if ((bits & 0xFFFF) == 0) return bf16_value(down);
+  const uint16_t away = static_cast<uint16_t>(down + 1);  // away from zero
+  const double to_down = std::fabs(double(x) - bf16_value(down)), to_away = std::fabs(double(x) - bf16_value(away));
+  if (to_down != to_away) return to_down < to_away ? bf16_value(down) : bf16_value(away);
+  return (down & 1) == 0 ? bf16_value(down) : bf16_value(away);
+}
+
+// f32 activations A [M, K] (uniform in [-1, 1), almost none of them bf16 values) and a bf16 weight.
+struct MixedCase {
+  int64_t M, N, K;
+  bool weight_nk = true;
+  std::vector<float> a;
+  std::vector<uint16_t> w;
+  int64_t b_row() const { return weight_nk ? 1 : N; }
+  int64_t b_col() const { return weight_nk ? K : 1; }
+};
+
+MixedCase make_mixed_case(int64_t M, int64_t N, int64_t K, bool weight_nk, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  MixedCase c{M, N, K, weight_nk, std::vector<float>(static_cast<size_t>(M * K)), random_bf16(N * K, seed + 1000)};
+  for (float& v : c.a) v = dist(rng);
+  return c;
+}
+
+std::string label(const MixedCase& c) {
+  return "f32 x bf16 " + std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K) +
+         (c.weight_nk ? " weight [N, K]" : " weight [K, N]");
+}
+
+// C (f32, [M, N]) against the naive loop over activations rounded to bf16 (`round_activations`) or
+// exact. The f32 sum of K exact products (bf16 x bf16 is exact in f32) is within K * 2^-23 of the
+// true one; the result is not rounded further. Without the activation rounding a result moves by
+// up to 2^-9 of the magnitude, far outside.
+void expect_mixed_matches_naive(const MixedCase& c, const std::vector<float>& out, bool round_activations,
+                                const std::string& what) {
+  int bad = 0;
+  for (int64_t m = 0; m < c.M; ++m)
+    for (int64_t n = 0; n < c.N; ++n) {
+      double sum = 0, magnitude = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const float x = c.a[m * c.K + k];
+        const double p = (round_activations ? round_to_bf16_reference(x) : double(x)) *
+                         bf16_value(c.w[k * c.b_row() + n * c.b_col()]);
+        sum += p;
+        magnitude += std::fabs(p);
+      }
+      const double tolerance = (c.K + 1) * std::ldexp(magnitude, -23) + 1e-30;
+      const double got = out[m * c.N + n];
+      if (!(std::fabs(got - sum) <= tolerance) && ++bad <= 5)
+        ADD_FAILURE() << what << ": C[" << m << ", " << n << "] = " << got << ", expected " << sum << " +- "
+                      << tolerance;
+    }
+}
+
+std::vector<float> run_amx(const MixedCase& c, Parallel* parallel = nullptr) {
+  SerialParallel serial;
+  const KernelContext ctx{parallel ? parallel : &serial};
+  const amx::PackedB packed = amx::PackedB::pack(ctx, c.w.data(), c.b_row(), c.b_col(), c.K, c.N);
+  std::vector<float> out(static_cast<size_t>(c.M * c.N), std::nanf(""));
+  amx::gemm(ctx, c.a.data(), c.K, 1, c.M, packed, out.data(), c.N);
+  return out;
+}
+
+TensorView weight_view(const MixedCase& c) {
+  return c.weight_nk ? TensorView{const_cast<uint16_t*>(c.w.data()), DType::bf16, {c.N, c.K}, {c.K, 1}}
+                     : TensorView{const_cast<uint16_t*>(c.w.data()), DType::bf16, {c.K, c.N}, {c.N, 1}};
+}
+graph::Attrs attrs_of(const MixedCase& c) {
+  graph::Attrs attrs;
+  if (c.weight_nk) attrs["transpose_b"] = int64_t{1};
+  return attrs;
+}
+
+// The registered (matmul, CPU, f32) prepare function, the lhs given its static shape or none.
+std::shared_ptr<const Prepared> prepare(const MixedCase& c, bool lhs_shape_known = false) {
+  const PrepareFn fn = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::f32);
+  if (!fn) return nullptr;
+  TensorView lhs{nullptr, DType::f32, {}, {}};
+  if (lhs_shape_known) {
+    lhs.shape = {c.M, c.K};
+    lhs.strides = {c.K, 1};
+  }
+  const TensorView inputs[] = {lhs, weight_view(c)};
+  const bool fixed[] = {false, true};
+  return fn(attrs_of(c), std::span<const TensorView>(inputs), std::span<const bool>(fixed));
+}
+
+// Through the registered matmul kernel (dispatched on the f32 lhs), with `prepared` state or none.
+std::vector<float> run_matmul(const MixedCase& c, const Prepared* prepared, Parallel* parallel = nullptr) {
+  SerialParallel serial;
+  const KernelContext ctx{parallel ? parallel : &serial, nullptr, nullptr, prepared};
+  std::vector<float> out(static_cast<size_t>(c.M * c.N), std::nanf(""));
+  const TensorView inputs[] = {TensorView{const_cast<float*>(c.a.data()), DType::f32, {c.M, c.K}, {c.K, 1}},
+                               weight_view(c)};
+  const TensorView outputs[] = {TensorView{out.data(), DType::f32, {c.M, c.N}, {c.N, 1}}};
+  builtin_kernels().find(graph::Op::matmul, DeviceKind::CPU, DType::f32)(
+      ctx, attrs_of(c), std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+  return out;
+}
+
+TEST(AmxMixedMatmul, RoundedActivationsMatchNaiveLoopPreparedOrNotOnAnyThreadCount) {
+  SKIP_WITHOUT_AMX();
+  ThreadedParallel two(2);
+  uint32_t seed = 1100;
+  for (int64_t M : {9, 17, 33, 128})
+    for (int64_t N : {1, 17, 100})
+      for (int64_t K : {1, 33, 2048})
+        for (bool weight_nk : {true, false}) {
+          const MixedCase c = make_mixed_case(M, N, K, weight_nk, seed++);
+          const std::vector<float> direct = run_amx(c);
+          expect_mixed_matches_naive(c, direct, /*round_activations=*/true, label(c));
+          const auto prepared = prepare(c);
+          ASSERT_NE(dynamic_cast<const amx::PreparedMatmul*>(prepared.get()), nullptr)
+              << label(c) << ": a fixed bf16 weight under f32 activations is packed for AMX";
+          EXPECT_EQ(run_matmul(c, prepared.get()), direct) << label(c) << " prepared";
+          EXPECT_EQ(run_matmul(c, nullptr), direct) << label(c) << " unprepared (packed per call)";
+          const int64_t before = two.chunks_run();
+          EXPECT_EQ(run_matmul(c, prepared.get(), &two), direct) << label(c) << " prepared, 2 threads";
+          if (M * N * K >= (int64_t{1} << 22)) {
+            EXPECT_GT(two.chunks_run() - before, 1) << label(c) << ": the work was not split";
+          }
+          EXPECT_EQ(run_matmul(c, nullptr, &two), direct) << label(c) << " unprepared, 2 threads";
+        }
+}
+
+TEST(AmxMixedMatmul, ActivationsRoundToNearestEvenAndTheResultStaysF32) {
+  SKIP_WITHOUT_AMX();
+  // C[m] = A[m, 0] * 1 + A[m, 1] * 2^-20 with A[m, 1] = 1: the activation A[m, 0] is rounded to
+  // bf16 (spacing 2^-7 at 1), the 2^-20 survives because C is not rounded to bf16.
+  const float tie_down = 1 + std::ldexp(1.f, -8);                           // -> 1 (even)
+  const float tie_up = 1 + 3 * std::ldexp(1.f, -8);                         // -> 1 + 2^-6 (even)
+  const float above_tie = 1 + std::ldexp(1.f, -8) + std::ldexp(1.f, -20);   // -> 1 + 2^-7
+  const float below_tie = 1 + std::ldexp(1.f, -8) - std::ldexp(1.f, -20);   // -> 1
+  const std::vector<std::pair<float, float>> rows{{tie_down, 1},  {tie_up, 1},  {above_tie, 1},
+                                                  {below_tie, 1}, {-tie_up, 1}, {-tie_down, 1},
+                                                  {0.5f, 1},      {0, 1},       {tie_down, 1}};
+  const std::vector<float> expected{1,       1 + std::ldexp(1.f, -6), 1 + std::ldexp(1.f, -7), 1, -(1 + std::ldexp(1.f, -6)),
+                                    -1,      0.5f,                    0,                       1};
+  MixedCase c{9, 1, 2, true, {}, {0x3F80, 0x3580}};  // weight [1, 2] = {1, 2^-20}
+  ASSERT_EQ(bf16_value(0x3580), std::ldexp(1.f, -20));
+  for (const auto& [x0, x1] : rows) c.a.insert(c.a.end(), {x0, x1});
+  const std::vector<float> out = run_matmul(c, nullptr);
+  for (int64_t m = 0; m < 9; ++m)
+    EXPECT_EQ(out[m], expected[m] + std::ldexp(1.f, -20)) << "row " << m << ", activation " << rows[m].first;
+}
+
+TEST(AmxMixedMatmul, StridedActivationsGiveTheSameBits) {
+  SKIP_WITHOUT_AMX();
+  // A read through a transposed view (a_col = M) and with padded rows: the scalar rounding path.
+  const MixedCase c = make_mixed_case(33, 40, 45, true, 1300);
+  SerialParallel serial;
+  const KernelContext ctx{&serial};
+  const amx::PackedB packed = amx::PackedB::pack(ctx, c.w.data(), c.b_row(), c.b_col(), c.K, c.N);
+  std::vector<float> a_t(static_cast<size_t>(c.K * c.M)), a_padded(static_cast<size_t>(c.M * (c.K + 7)), std::nanf(""));
+  for (int64_t m = 0; m < c.M; ++m)
+    for (int64_t k = 0; k < c.K; ++k) a_t[k * c.M + m] = a_padded[m * (c.K + 7) + k] = c.a[m * c.K + k];
+  const std::vector<float> contiguous = run_amx(c);
+  std::vector<float> out(static_cast<size_t>(c.M * c.N));
+  amx::gemm(ctx, a_t.data(), 1, c.M, c.M, packed, out.data(), c.N);
+  EXPECT_EQ(out, contiguous) << "transposed lhs";
+  amx::gemm(ctx, a_padded.data(), c.K + 7, 1, c.M, packed, out.data(), c.N);
+  EXPECT_EQ(out, contiguous) << "padded lhs rows";
+}
+
+TEST(AmxMixedMatmul, DecodeRowsAndF32WeightsKeepTheExactPaths) {
+  SKIP_WITHOUT_AMX();
+  // M <= 8 (decode) keeps the GEMV on exact f32 activations, prepared or not.
+  for (int64_t M : {1, 8}) {
+    const MixedCase c = make_mixed_case(M, 40, 300, true, 1400 + static_cast<uint32_t>(M));
+    EXPECT_EQ(prepare(c, /*lhs_shape_known=*/true), nullptr) << "M = " << M << " never reaches AMX";
+    expect_mixed_matches_naive(c, run_matmul(c, prepare(c).get()), false, label(c) + " (decode)");
+  }
+  // An f32 weight is still packed into the SIMD GEMM's panels, not for AMX.
+  const std::vector<float> w(64 * 64, 0.5f);
+  const TensorView inputs[] = {TensorView{nullptr, DType::f32, {}, {}},
+                               TensorView{const_cast<float*>(w.data()), DType::f32, {64, 64}, {64, 1}}};
+  const bool fixed[] = {false, true};
+  const auto prepared = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::f32)(
+      {}, std::span<const TensorView>(inputs), std::span<const bool>(fixed));
+  EXPECT_NE(prepared, nullptr);
+  EXPECT_EQ(dynamic_cast<const amx::PreparedMatmul*>(prepared.get()), nullptr);
+}
+
+TEST(AmxMixedMatmul, WithoutAmxF32ActivationsStayExact) {
+  // What every CPU without AMX runs (here forced off): bf16 widened to f32, activations not rounded.
+  amx::disable_for_testing(true);
+  struct Restore {
+    ~Restore() { amx::disable_for_testing(false); }
+  } restore;
+  uint32_t seed = 1500;
+  for (int64_t M : {1, 9, 33, 128})
+    for (bool weight_nk : {true, false}) {
+      const MixedCase c = make_mixed_case(M, 70, 130, weight_nk, seed++);
+      const auto prepared = prepare(c);
+      EXPECT_EQ(prepared, nullptr) << label(c) << ": a bf16 weight is not packed without AMX";
+      expect_mixed_matches_naive(c, run_matmul(c, prepared.get()), /*round_activations=*/false,
+                                 label(c) + " without AMX");
     }
 }
 

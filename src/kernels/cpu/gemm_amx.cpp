@@ -1,6 +1,9 @@
 // The AMX bf16 GEMM of gemm_amx.h. Standard headers first, then the target pragma for the tile
 // code only (see gemm.h on why the pragma follows every standard header).
 //
+// f32 activations (bf16 weights) take the same path: rounded to bf16 while A is copied into the tile
+// layout, and the f32 C tiles stored unrounded.
+//
 // Blocking: 8 tiles make a 2 x 2 block, 2 A tiles (32 rows x 32 of K) times 2 B tiles (32 of K x 32
 // columns) into 4 f32 C tiles (32 x 32), one tile load per tdpbf16ps. A is copied once per call into
 // the same tile-row layout (every tile 1 KiB contiguous, zero-padded in M and K), which handles
@@ -195,7 +198,38 @@ __m256i round_to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 
-// The valid part of a C block (rows from m0, columns from n0) rounded into C.
+// Rows [m0, m0 + rows) of f32 A (rows <= 32) -> the layout of the bf16 pack_a_block above, each
+// value rounded to bf16 to nearest even (as f32_to_bf16); zero-padded in M and K.
+void pack_a_block(const float* a, int64_t a_row, int64_t a_col, int64_t m0, int64_t rows, int64_t K,
+                  uint16_t* dst) {
+  const int64_t k_tiles = (K + kTileK - 1) / kTileK, a_tiles = (rows + kTileRows - 1) / kTileRows;
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    const int64_t k0 = kt * kTileK, width = std::min(kTileK, K - k0);
+    // The masked-off lanes load as 0.0f, which rounds to bf16 zero: the K padding.
+    const auto lanes = [](int64_t n) {
+      return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : n <= 0 ? 0u : (1u << n) - 1);
+    };
+    const __mmask16 low = lanes(width), high = lanes(width - 16);
+    for (int64_t r = 0; r < a_tiles * kTileRows; ++r) {
+      uint16_t* d = dst + (kt * a_tiles * kTileRows + r) * kTileK;
+      if (r >= rows) {
+        _mm512_storeu_si512(d, _mm512_setzero_si512());
+        continue;
+      }
+      const float* src = a + (m0 + r) * a_row + k0 * a_col;
+      if (a_col == 1) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), round_to_bf16(_mm512_maskz_loadu_ps(low, src)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 16),
+                            round_to_bf16(_mm512_maskz_loadu_ps(high, src + 16)));
+      } else {
+        for (int64_t k = 0; k < width; ++k) d[k] = f32_to_bf16(src[k * a_col]);
+        std::fill(d + width, d + kTileK, uint16_t{0});
+      }
+    }
+  }
+}
+
+// The valid part of a C block (rows from m0, columns from n0) rounded into bf16 C.
 void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, int64_t n0, int64_t M,
                  int64_t N, uint16_t* c, int64_t ldc) {
   for (int mt = 0; mt < mt_count; ++mt)
@@ -212,9 +246,27 @@ void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, i
     }
 }
 
-// Row blocks [mb0, mb1) x column-tile pairs [np0, np1) of C, on the calling thread.
+// The valid part of a C block stored into f32 C as accumulated.
+void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, int64_t n0, int64_t M, int64_t N,
+                 float* c, int64_t ldc) {
+  for (int mt = 0; mt < mt_count; ++mt)
+    for (int r = 0; r < kTileRows; ++r) {
+      const int64_t m = m0 + mt * kTileRows + r;
+      if (m >= M) return;
+      for (int nt = 0; nt < nt_count; ++nt) {
+        const int64_t n = n0 + nt * kTileRows;
+        const int64_t cols = std::min<int64_t>(kTileRows, N - n);
+        if (cols <= 0) break;
+        _mm512_mask_storeu_ps(c + m * ldc + n, static_cast<__mmask16>((1u << cols) - 1),
+                              _mm512_loadu_ps(c_block + ((mt * 2 + nt) * kTileRows + r) * kTileRows));
+      }
+    }
+}
+
+// Row blocks [mb0, mb1) x column-tile pairs [np0, np1) of C (bf16 or f32), on the calling thread.
+template <class CT>
 void run_part(const uint16_t* packed_a, int64_t M, const PackedB& b, int64_t mb0, int64_t mb1, int64_t np0,
-              int64_t np1, uint16_t* c, int64_t ldc) {
+              int64_t np1, CT* c, int64_t ldc) {
   load_tile_config();
   const int64_t k_tiles = b.k_tiles(), n_tiles = b.n_tiles();
   const int64_t slice = std::min(k_tiles, kSliceKTiles), slices = (k_tiles + slice - 1) / slice;
@@ -335,8 +387,12 @@ PackedB PackedB::pack(const KernelContext& ctx, const uint16_t* b, int64_t b_row
   return packed;
 }
 
-void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M,
-          const PackedB& b, uint16_t* c, int64_t ldc) {
+namespace {
+
+// C = A . B for A bf16 or f32 (rounded to bf16 while packed) and C bf16 or f32.
+template <class AT, class CT>
+void gemm_on_tiles(const KernelContext& ctx, const AT* a, int64_t a_row, int64_t a_col, int64_t M, const PackedB& b,
+                   CT* c, int64_t ldc) {
 #if defined(__x86_64__)
   if (!available()) throw ValueError("amx::gemm: AMX-BF16 is not available on this CPU or OS");
   if (M <= 0 || b.N() <= 0) return;
@@ -376,11 +432,24 @@ void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_
 #endif
 }
 
+}  // namespace
+
+void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M,
+          const PackedB& b, uint16_t* c, int64_t ldc) {
+  gemm_on_tiles(ctx, a, a_row, a_col, M, b, c, ldc);
+}
+
+void gemm(const KernelContext& ctx, const float* a, int64_t a_row, int64_t a_col, int64_t M, const PackedB& b,
+          float* c, int64_t ldc) {
+  gemm_on_tiles(ctx, a, a_row, a_col, M, b, c, ldc);
+}
+
 std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::span<const TensorView> inputs,
                                                std::span<const bool> fixed) {
   if (!available() || inputs.size() != 2 || fixed.size() != 2 || !fixed[1]) return nullptr;
   const TensorView &lhs = inputs[0], &w = inputs[1];
-  if (lhs.dtype != DType::bf16 || w.dtype != DType::bf16 || w.shape.size() != 2 || w.data == nullptr)
+  if ((lhs.dtype != DType::bf16 && lhs.dtype != DType::f32) || w.dtype != DType::bf16 || w.shape.size() != 2 ||
+      w.data == nullptr)
     return nullptr;
   auto it = attrs.find("transpose_b");
   const int64_t* flag = it == attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);

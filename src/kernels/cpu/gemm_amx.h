@@ -1,7 +1,8 @@
 // Private: a bf16 GEMM on Intel AMX tiles (AMX-BF16, tdpbf16ps) for prefill-sized products, with
 // the weight repacked once into the tiles' VNNI-pair layout. Used by the matmul kernel for bf16 x
-// bf16 -> bf16 when available() (the CPU has AMX-BF16 and the OS grants this process the tile data
-// state); everything else keeps the SIMD GEMM of gemm.h. docs/amx.md has the layout and figures.
+// bf16 -> bf16 and for f32 x bf16 -> f32 (bf16 weights, f32 activations rounded to bf16) when
+// available() (the CPU has AMX-BF16 and the OS grants this process the tile data state); everything
+// else keeps the SIMD GEMM of gemm.h. docs/amx.md has the layout, numerics and figures.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,13 @@ class PackedB {
 void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_col, int64_t M,
           const PackedB& b, uint16_t* c, int64_t ldc);
 
+// C [M, N] (f32, rows ldc apart) = bf16(A) [M, K] . B for f32 activations A (element (m, k) at
+// a[m * a_row + k * a_col]): each activation is rounded to bf16 (nearest even, as f32_to_bf16) as
+// it is copied into the tiles, the products are summed in f32 and stored unrounded. Threaded over
+// ctx.parallel; the bits do not depend on the thread count. Requires available().
+void gemm(const KernelContext& ctx, const float* a, int64_t a_row, int64_t a_col, int64_t M, const PackedB& b,
+          float* c, int64_t ldc);
+
 // The prepared state of a bf16 matmul whose rhs is a fixed weight: the weight packed, and which
 // view it was packed from (the kernel uses it only for that same view).
 struct PreparedMatmul final : Prepared {
@@ -66,15 +74,18 @@ struct PreparedMatmul final : Prepared {
   PackedB packed;
 };
 
-// The PrepareFn of (matmul, CPU, bf16): packs a fixed 2-D bf16 rhs (transpose_b honoured) when
-// available(), unless the lhs has a static shape with at most kMinRows rows (decode-only steps).
+// The PrepareFn of (matmul, CPU, bf16), and of (matmul, CPU, f32) when the rhs is bf16: packs a
+// fixed 2-D bf16 rhs (transpose_b honoured) for a bf16 or f32 lhs when available(), unless the lhs
+// has a static shape with at most kMinRows rows (decode-only steps).
 std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::span<const TensorView> inputs,
                                                std::span<const bool> fixed);
 
 // Products with more rows than this run on AMX with a prepared (packed) weight; at most this many
 // (decode) keep the GEMV of gemm.h, which streams the weight's original rows.
 inline constexpr int64_t kMinRows = 8;
-// Without prepared state the weight is packed on every call, which pays only for larger M.
+// Without prepared state a bf16 x bf16 product packs the weight on every call, which pays only for
+// larger M. (f32 x bf16 always takes AMX above kMinRows, so that its numerics, activations rounded to
+// bf16, do not depend on whether the step was prepared.)
 inline constexpr int64_t kMinRowsUnprepared = 16;
 
 }  // namespace kiln::kernels::amx

@@ -5,7 +5,9 @@
 // cache-blocked GEMM (packed A and B panels, a 6 x 2-vector register tile written with GCC vector
 // extensions so it vectorizes at the baseline ISA), or a GEMV when M == 1; f16/bf16 then widen to
 // f32 and round once at the end. Integers accumulate in their own type with wrap-around, computed
-// in unsigned arithmetic so overflow is defined.
+// in unsigned arithmetic so overflow is defined. On CPUs with AMX, products with a bf16 rhs (bf16 x
+// bf16, and f32 activations x bf16 weights, whose activations are then rounded to bf16) and more than
+// 8 rows run on the tiles of gemm_amx.h (docs/amx.md).
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -461,28 +463,37 @@ bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b
 
 // ---- bf16 on AMX tiles (gemm_amx.h) ----------------------------------------------------------------
 
-// bf16 x bf16 with more than amx::kMinRows rows (after folding batches) and one rhs matrix, where
-// the CPU has AMX: on the weight packed at init, or packed here for large M. False when it did not
-// apply (the SIMD GEMM then runs). A test that forces a lower ISA level gets that level.
+// A bf16 rhs (bf16 x bf16 -> bf16, or f32 activations x bf16 weights -> f32) with more than
+// amx::kMinRows rows (after folding batches) and one rhs matrix, where the CPU has AMX: on the weight
+// packed at init, or packed here. False when it did not apply (the SIMD GEMM then runs). A test that
+// forces a lower ISA level gets that level.
+//
+// f32 x bf16 rounds the activations to bf16 (the tiles multiply bf16 only), so it never falls back
+// to the exact SIMD path above kMinRows, prepared or not: the result must not depend on whether the
+// step was prepared. bf16 x bf16 is exact either way and packs per call only from kMinRowsUnprepared.
 bool matmul_bf16_amx(const KernelContext& ctx, MatmulProblem p, const TensorView& a, const TensorView& b,
                      const TensorView& out) {
-  if (a.dtype != DType::bf16 || b.dtype != DType::bf16 || !amx::available() ||
+  const bool f32_lhs = a.dtype == DType::f32;
+  if ((a.dtype != DType::bf16 && !f32_lhs) || b.dtype != DType::bf16 || !amx::available() ||
       gemm::active_isa() != gemm::best_isa())
     return false;
   fold_batch_into_rows(p);
   if (p.batch != 1 || p.M <= amx::kMinRows || p.N == 0 || p.K == 0) return false;
-  const auto* A = a.as<uint16_t>();
   const auto* B = b.as<uint16_t>();
-  auto* C = out.as<uint16_t>();
+  auto run = [&](const amx::PackedB& packed) {
+    if (f32_lhs)
+      amx::gemm(ctx, a.as<float>(), p.a_row, p.a_col, p.M, packed, out.as<float>(), p.N);
+    else
+      amx::gemm(ctx, a.as<uint16_t>(), p.a_row, p.a_col, p.M, packed, out.as<uint16_t>(), p.N);
+  };
   const auto* prepared = dynamic_cast<const amx::PreparedMatmul*>(ctx.prepared);
   if (prepared && prepared->source == b.data && prepared->b_row == p.b_row && prepared->b_col == p.b_col &&
       prepared->packed.K() == p.K && prepared->packed.N() == p.N) {
-    amx::gemm(ctx, A, p.a_row, p.a_col, p.M, prepared->packed, C, p.N);
+    run(prepared->packed);
     return true;
   }
-  if (p.M < amx::kMinRowsUnprepared) return false;
-  const amx::PackedB packed = amx::PackedB::pack(ctx, B, p.b_row, p.b_col, p.K, p.N);
-  amx::gemm(ctx, A, p.a_row, p.a_col, p.M, packed, C, p.N);
+  if (!f32_lhs && p.M < amx::kMinRowsUnprepared) return false;
+  run(amx::PackedB::pack(ctx, B, p.b_row, p.b_col, p.K, p.N));
   return true;
 }
 
@@ -610,6 +621,14 @@ std::shared_ptr<const Prepared> prepare_matmul_f32(const graph::Attrs& attrs, st
   return out;
 }
 
+// The PrepareFn of (matmul, CPU, f32), keyed by the lhs dtype: an f32 weight goes into the SIMD GEMM's
+// panels, a bf16 weight into AMX tiles (where the CPU has them; f16 weights are not prepared).
+std::shared_ptr<const Prepared> prepare_matmul_f32_lhs(const graph::Attrs& attrs, std::span<const TensorView> inputs,
+                                                       std::span<const bool> fixed) {
+  if (inputs.size() == 2 && inputs[1].dtype == DType::bf16) return amx::prepare_matmul(attrs, inputs, fixed);
+  return prepare_matmul_f32(attrs, inputs, fixed);
+}
+
 void matmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
                    std::span<const TensorView> outputs) {
   if (inputs.size() != 2 || outputs.size() != 1)
@@ -648,7 +667,8 @@ void register_cpu_matmul(KernelRegistry& r) {
         {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i8, DType::i16, DType::i32, DType::i64,
          DType::u8, DType::u16, DType::u32, DType::u64},
         matmul_kernel);
-  r.add_prepare(Op::matmul, DeviceKind::CPU, {DType::f32}, prepare_matmul_f32);  // f32 weights packed for the GEMM
+  // f32 weights packed for the GEMM, bf16 weights under f32 activations for AMX
+  r.add_prepare(Op::matmul, DeviceKind::CPU, {DType::f32}, prepare_matmul_f32_lhs);
   r.add_prepare(Op::matmul, DeviceKind::CPU, {DType::bf16}, amx::prepare_matmul);  // weights packed for AMX
   register_cpu_quantized(r);  // qmatmul and dequantize live beside matmul (quantized.cpp)
 }
