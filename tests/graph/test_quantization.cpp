@@ -1,4 +1,5 @@
-// graph::quantize_q8_0 against the GGUF Q8_0 definition written here with the C library (fmax, round):
+// graph::quantize_q8_0 (its AVX-512 path on CPUs that have it) against the GGUF Q8_0 definition
+// written here with the C library (fmax, round):
 // d = max|x| / 127 stored as f16, q = clamp(round(x / d), -127, 127), halves away from zero.
 #include <gtest/gtest.h>
 

@@ -262,12 +262,18 @@ void top_k_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span
         order.clear();
         for (int64_t i = 0; i < k; ++i) order.push_back({compare_value(x[base + i * l.stride]), i});
         std::make_heap(order.begin(), order.end(), before);
+        V worst = order.front().value;
         for (int64_t i = k; i < l.length; ++i) {
-          const Entry e{compare_value(x[base + i * l.stride]), i};
+          const V value = compare_value(x[base + i * l.stride]);
+          // Later indices lose ties, so only a greater value (or a NaN) can enter: one comparison for
+          // most elements. `!(value <= worst)` is also true for a NaN on either side.
+          if (value <= worst) continue;
+          const Entry e{value, i};
           if (!before(e, order.front())) continue;
           std::pop_heap(order.begin(), order.end(), before);
           order.back() = e;
           std::push_heap(order.begin(), order.end(), before);
+          worst = order.front().value;
         }
         std::sort_heap(order.begin(), order.end(), before);
         for (int64_t t = 0; t < k; ++t) {
