@@ -20,6 +20,8 @@
 #include <random>
 #include <thread>
 
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kiln/engine/session.h"
 #include "kiln/errors.h"
 #include "kiln/graph/graph.h"
@@ -270,9 +272,12 @@ double run_fma_chains(int64_t iterations, std::atomic<float>& sink) {
 
 }  // namespace
 
-double measure_peak_gflops(int threads, int passes) {
+double measure_peak_gflops(int threads, int passes, DType dtype) {
   if (threads < 1) throw ValueError(fmt::format("peak: threads must be >= 1, got {}", threads));
   if (passes < 1) throw ValueError(fmt::format("peak: passes must be >= 1, got {}", passes));
+  const bool tiles = dtype == DType::bf16 && kernels::amx::available();
+  const double per_fma =
+      dtype == DType::bf16 && !tiles && kernels::gemm::best_isa() == kernels::gemm::Isa::avx512_bf16 ? 2.0 : 1.0;
   std::vector<double> pass_seconds(static_cast<size_t>(passes));
   std::atomic<float> sink{0};
   double flop_per_thread = 0;
@@ -281,7 +286,9 @@ double measure_peak_gflops(int threads, int passes) {
     for (int p = 0; p < passes; ++p) {
       sync.arrive_and_wait();
       const auto start = Clock::now();
-      const double flop = run_fma_chains(kPeakIterations, sink);
+      // About 1 ms a pass either way: a round of 4 tile products takes ~64 cycles.
+      const double flop = tiles ? kernels::amx::run_tile_chains(kPeakIterations / 16)
+                                : per_fma * run_fma_chains(kPeakIterations, sink);
       sync.arrive_and_wait();  // the pass ends when the slowest thread is done
       if (t == 0) {
         pass_seconds[static_cast<size_t>(p)] = seconds_since(start);
@@ -525,7 +532,7 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
 #ifdef KILN_HAVE_ONEDNN
   r.onednn_gflops = flop / onednn_gemm_seconds(o, a, w, a_values, w_values) * 1e-9;
 #endif
-  r.peak_gflops = measure_peak_gflops(o.threads);
+  r.peak_gflops = measure_peak_gflops(o.threads, 200, o.dtype);
   return r;
 }
 

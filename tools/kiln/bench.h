@@ -111,13 +111,15 @@ struct GemmBenchResult {
   double seconds = 0;                   // kiln's best run
   double gflops = 0;                    // 2 m n k / seconds
   std::optional<double> onednn_gflops;  // nullopt: oneDNN not available in this build
-  double peak_gflops = 0;               // measure_peak_gflops(threads) in the same run
+  double peak_gflops = 0;               // measure_peak_gflops(threads, dtype) in the same run
 };
 
-// The machine's f32 multiply-add peak on `threads` threads: each runs independent chains of the
-// widest FMA (AVX-512, AVX2 or SSE), timed in short passes; the best pass, all threads together,
-// in GFLOP/s (2 per lane per FMA). ValueError for threads < 1.
-double measure_peak_gflops(int threads, int passes = 200);
+// The machine's multiply-add peak on `threads` threads for `dtype`'s GEMM, timed in short passes;
+// the best pass, all threads together, in GFLOP/s. f32 (and bf16 on CPUs without a bf16 unit, where
+// kiln widens bf16 to f32): independent chains of the widest FMA (AVX-512, AVX2 or SSE), 2 FLOPs per
+// lane. bf16 with AMX: four independent tdpbf16ps tile chains. bf16 with AVX512_BF16 but no AMX:
+// twice the FMA peak (a vdpbf16ps does two multiply-adds per f32 lane). ValueError for threads < 1.
+double measure_peak_gflops(int threads, int passes = 200, DType dtype = DType::f32);
 
 // C[M, N] = A[M, K] @ W[N, K]^T through a one-matmul graph compiled by an InferenceSession, then
 // through oneDNN's matmul primitive with the same layout and thread count. Both results are checked

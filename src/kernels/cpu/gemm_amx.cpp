@@ -148,7 +148,9 @@ void load_tile_config() {
     cfg.colsb[t] = 64;
     cfg.rows[t] = kTileRows;
   }
-  _tile_loadconfig(&cfg);
+  // Not _tile_loadconfig: GCC 12 declares its asm operand as 8 bytes of the config, so the stores
+  // above may be dropped as dead once inlined (tile_chains got an all-zero config and faulted).
+  asm volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
 // C block [MT * 16, NT * 16] (+)= A block . B tiles over k_tiles K tiles, in c [MT][NT][16][16]
@@ -337,6 +339,30 @@ void pack_full_tile_k_contiguous(const uint16_t* w, int64_t w_row, uint16_t* til
   }
 }
 
+
+// `iterations` rounds of 4 independent tdpbf16ps on tiles that never leave the unit (no memory
+// traffic): the tile unit's peak, for `kiln bench gemm`. Returns the FLOPs done.
+double tile_chains(int64_t iterations) {
+  alignas(64) static const uint16_t zeros[kTileRows * kTileK] = {};
+  load_tile_config();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, zeros, 64);
+  _tile_loadd(5, zeros, 64);
+  _tile_loadd(6, zeros, 64);
+  _tile_loadd(7, zeros, 64);
+  for (int64_t i = 0; i < iterations; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_release();
+  return static_cast<double>(iterations) * 4 * 2 * kTileRows * kTileRows * kTileK;
+}
+
 }  // namespace
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
@@ -471,6 +497,16 @@ std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::s
   prepared->packed =
       PackedB::pack(KernelContext{&serial}, static_cast<const uint16_t*>(w.data), b_row, b_col, K, N);
   return prepared;
+}
+
+double run_tile_chains(int64_t iterations) {
+  if (!available()) throw ValueError("amx::run_tile_chains: AMX-BF16 is not available on this CPU");
+#if defined(__x86_64__)
+  return tile_chains(iterations);
+#else
+  (void)iterations;
+  return 0;
+#endif
 }
 
 }  // namespace kiln::kernels::amx

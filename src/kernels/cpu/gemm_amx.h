@@ -20,6 +20,11 @@ bool available();
 // Tests only: make available() false (true), or back to what the machine allows (false).
 void disable_for_testing(bool disabled);
 
+// Runs `iterations` rounds of tdpbf16ps on four independent accumulator tiles, with no memory
+// traffic, and returns the FLOPs done: `kiln bench gemm` times it for the bf16 peak. Requires
+// available().
+double run_tile_chains(int64_t iterations);
+
 // Tile geometry: a tile is 16 rows of 64 bytes; a bf16 B tile holds 32 values of K (16 VNNI
 // pairs) for 16 columns of N.
 inline constexpr int64_t kTileRows = 16;
