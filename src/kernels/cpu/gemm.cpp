@@ -1,6 +1,7 @@
 // The ISA-independent half of the SIMD GEMM: choosing the ISA level, splitting a problem between
 // threads, and each thread's scratch memory. The loops themselves are in gemm_x86-inl.h.
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/scratch.h"
 
 #include <algorithm>
 #include <atomic>
@@ -51,30 +52,9 @@ std::atomic<int> g_forced_isa{-1};
 // Below this many multiply-adds per thread, waking another thread costs more than it saves.
 constexpr int64_t kMinMacsPerThread = 32 * 1024;
 
-// A thread's scratch, kept between calls (the session's pool threads live as long as the session)
-// and 64-byte aligned for the packed panels.
-class Scratch {
- public:
-  float* floats(size_t n) {
-    if (n > size_) {
-      void* p = std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
-      if (!p) throw std::bad_alloc();
-      data_.reset(static_cast<float*>(p));
-      size_ = n;
-    }
-    return data_.get();
-  }
-
- private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> data_;
-  size_t size_ = 0;
-};
-
+// Each thread's scratch (the session's pool threads live as long as the session).
 struct ThreadScratch {
-  Scratch a, b, c;
+  AlignedScratch<float> a, b, c;
 };
 thread_local ThreadScratch t_scratch;
 
@@ -89,7 +69,7 @@ void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
   if (small_m_applies(p)) {
     const int64_t units = (p.N + 15) / 16;  // whole vectors of columns per part
     const int64_t n0 = std::min(p.N, t * units / parts * 16), n1 = std::min(p.N, (t + 1) * units / parts * 16);
-    Workspace ws{t_scratch.a.floats(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
+    Workspace ws{t_scratch.a.get(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
     k.small_m(p, n0, n1, ws);
     return;
   }
@@ -103,9 +83,9 @@ void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
     m1 = std::min(p.M, (t + 1) * row_tiles / parts * b.mr);
   }
   if (m0 >= m1 || n0 >= n1) return;
-  Workspace ws{t_scratch.a.floats(static_cast<size_t>((std::min(b.mc, m1 - m0) + b.mr) * b.kc)),
-               p.packed_b ? nullptr : t_scratch.b.floats(static_cast<size_t>(b.kc * b.nc)), nullptr};
-  if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.floats(static_cast<size_t>((m1 - m0) * b.nc));
+  Workspace ws{t_scratch.a.get(static_cast<size_t>((std::min(b.mc, m1 - m0) + b.mr) * b.kc)),
+               p.packed_b ? nullptr : t_scratch.b.get(static_cast<size_t>(b.kc * b.nc)), nullptr};
+  if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.get(static_cast<size_t>((m1 - m0) * b.nc));
   k.gemm(p, m0, m1, n0, n1, ws);
 }
 

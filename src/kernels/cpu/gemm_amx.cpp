@@ -11,12 +11,14 @@
 // power-of-two K. Columns are walked in groups whose packed B stays in L2 while every row block
 // passes over it; K beyond 2048 is cut into slices so that a slice of A stays in L2 as well.
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/scratch.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <variant>
 
 #include "kernels/cpu/strided.h"
@@ -67,29 +69,8 @@ bool cpu_and_os_allow_amx() {
 bool cpu_and_os_allow_amx() { return false; }
 #endif
 
-// A thread's 64-byte aligned scratch, kept between calls.
-template <class T>
-class Scratch {
- public:
-  T* get(size_t elements) {
-    if (elements > size_) {
-      void* p = std::aligned_alloc(64, (elements * sizeof(T) + 63) / 64 * 64);
-      if (!p) throw std::bad_alloc();
-      data_.reset(static_cast<T*>(p));
-      size_ = elements;
-    }
-    return data_.get();
-  }
-
- private:
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
-  };
-  std::unique_ptr<T, Free> data_;
-  size_t size_ = 0;
-};
-thread_local Scratch<uint16_t> t_packed_a;
-thread_local Scratch<float> t_c_partial;  // f32 C blocks between K slices
+thread_local AlignedScratch<uint16_t> t_packed_a;
+thread_local AlignedScratch<float> t_c_partial;  // f32 C blocks between K slices
 
 // Rows [m0, m0 + rows) of A (rows <= 32) -> [k_tiles][a_tiles][16 rows][32 of K], zero-padded.
 void pack_a_block(const uint16_t* a, int64_t a_row, int64_t a_col, int64_t m0, int64_t rows, int64_t K,
@@ -231,9 +212,11 @@ void pack_a_block(const float* a, int64_t a_row, int64_t a_col, int64_t m0, int6
   }
 }
 
-// The valid part of a C block (rows from m0, columns from n0) rounded into bf16 C.
+// The valid part of a C block (rows from m0, columns from n0) into C: rounded to bf16 (uint16_t C) or
+// stored as accumulated (float C).
+template <class CT>
 void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, int64_t n0, int64_t M,
-                 int64_t N, uint16_t* c, int64_t ldc) {
+                 int64_t N, CT* c, int64_t ldc) {
   for (int mt = 0; mt < mt_count; ++mt)
     for (int r = 0; r < kTileRows; ++r) {
       const int64_t m = m0 + mt * kTileRows + r;
@@ -242,25 +225,12 @@ void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, i
         const int64_t n = n0 + nt * kTileRows;
         const int64_t cols = std::min<int64_t>(kTileRows, N - n);
         if (cols <= 0) break;
+        const __mmask16 valid = static_cast<__mmask16>((1u << cols) - 1);
         const __m512 v = _mm512_loadu_ps(c_block + ((mt * 2 + nt) * kTileRows + r) * kTileRows);
-        _mm256_mask_storeu_epi16(c + m * ldc + n, static_cast<__mmask16>((1u << cols) - 1), round_to_bf16(v));
-      }
-    }
-}
-
-// The valid part of a C block stored into f32 C as accumulated.
-void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, int64_t n0, int64_t M, int64_t N,
-                 float* c, int64_t ldc) {
-  for (int mt = 0; mt < mt_count; ++mt)
-    for (int r = 0; r < kTileRows; ++r) {
-      const int64_t m = m0 + mt * kTileRows + r;
-      if (m >= M) return;
-      for (int nt = 0; nt < nt_count; ++nt) {
-        const int64_t n = n0 + nt * kTileRows;
-        const int64_t cols = std::min<int64_t>(kTileRows, N - n);
-        if (cols <= 0) break;
-        _mm512_mask_storeu_ps(c + m * ldc + n, static_cast<__mmask16>((1u << cols) - 1),
-                              _mm512_loadu_ps(c_block + ((mt * 2 + nt) * kTileRows + r) * kTileRows));
+        if constexpr (std::is_same_v<CT, float>)
+          _mm512_mask_storeu_ps(c + m * ldc + n, valid, v);
+        else
+          _mm256_mask_storeu_epi16(c + m * ldc + n, valid, round_to_bf16(v));
       }
     }
 }

@@ -5,6 +5,7 @@
 // panels where AVX512-VNNI is available; else the f32 GEMM of gemm.h (BStorage::q8_0) or a portable
 // loop on the dequantized activations d_x * q_x.
 #include "kernels/cpu/quantized.h"
+#include "kernels/cpu/scratch.h"
 
 #include <cmath>
 #include <cstring>
@@ -72,13 +73,7 @@ struct Scratch {
   std::vector<uint8_t> q;     // [M][K] quantized activations
   std::vector<float> d;       // [M][K / 32]
   std::vector<int32_t> sum;   // [M][K / 32]
-  std::vector<uint8_t> panel; // the GEMM's packed weight panel (+ 64 bytes for alignment)
-
-  uint8_t* aligned_panel(int64_t bytes) {
-    if (panel.size() < static_cast<size_t>(bytes + 64)) panel.resize(static_cast<size_t>(bytes + 64));
-    const auto address = reinterpret_cast<uintptr_t>(panel.data());
-    return panel.data() + ((64 - address % 64) % 64);
-  }
+  AlignedScratch<uint8_t> panel;  // the GEMM's packed weight panel
 };
 thread_local Scratch t_scratch;
 
@@ -191,7 +186,7 @@ void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
     const quantized::Q8_0GemmFn fn = quantized::avx512_vnni_q8_0_gemm();
     const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
     for_each_thread_chunk(ctx, panels, 1, [&](int64_t begin, int64_t end) {
-      uint8_t* panel = t_scratch.aligned_panel(quantized::gemm_panel_bytes(K));
+      uint8_t* panel = t_scratch.panel.get(static_cast<size_t>(quantized::gemm_panel_bytes(K)));
       fn(acts, wq, w_row, begin * quantized::kGemmRows, std::min(N, end * quantized::kGemmRows), y, N, panel);
     });
     return;

@@ -1,0 +1,35 @@
+// Private: a growable, 64-byte aligned buffer for one thread's kernel scratch (packed panels, tile
+// blocks), kept between calls: the hot path allocates only when a call needs more than any before
+// it on this thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <memory>
+#include <new>
+
+namespace kiln::kernels {
+
+template <class T>
+class AlignedScratch {
+ public:
+  // At least `elements` elements, 64-byte aligned; the contents are not kept when it grows.
+  T* get(size_t elements) {
+    if (elements > size_) {
+      void* p = std::aligned_alloc(64, (elements * sizeof(T) + 63) / 64 * 64);
+      if (!p) throw std::bad_alloc();
+      data_.reset(static_cast<T*>(p));
+      size_ = elements;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
+  size_t size_ = 0;
+};
+
+}  // namespace kiln::kernels
