@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "forced_isa.h"
 #include "kernel_test_util.h"
 #include "test_util.h"
 #include "threaded_parallel.h"
@@ -76,7 +77,7 @@ std::vector<double> naive_attention(const Case& c, const std::vector<double>& q,
   return out;
 }
 
-void check_case(const Case& c, const std::vector<bool>& padded, DType dtype = DType::f32, double tolerance = 2e-6) {
+void check_case_on_isa(const Case& c, const std::vector<bool>& padded, DType dtype, double tolerance) {
   SCOPED_TRACE(::testing::Message() << "seq " << c.seq << " total " << c.total << " heads " << c.heads << "/"
                                   << c.kv_heads << " head_dim " << c.head_dim << " " << dtype_name(dtype));
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
@@ -107,6 +108,16 @@ void check_case(const Case& c, const std::vector<bool>& padded, DType dtype = DT
   EXPECT_EQ(threaded.bytes, got.bytes);
 }
 
+// On every ISA level this CPU supports: f32 takes an AVX-512 path (one query row at a time) where
+// the level has it, the general tiled loop elsewhere.
+void check_case(const Case& c, const std::vector<bool>& padded, DType dtype = DType::f32, double tolerance = 2e-6) {
+  for (gemm::Isa isa : supported_isas()) {
+    SCOPED_TRACE(gemm::isa_name(isa));
+    ForcedIsa forced(isa);
+    check_case_on_isa(c, padded, dtype, tolerance);
+  }
+}
+
 }  // namespace
 
 TEST(AttentionKernel, DecodeOneQueryAgainstTheWholeHistory) {
@@ -114,7 +125,7 @@ TEST(AttentionKernel, DecodeOneQueryAgainstTheWholeHistory) {
   check_case({1, 1, 1, 1, 4}, {false});
 }
 
-// The decode path of AVX-512 CPUs: grouped heads (Llama-3.2-1B's 4 per kv head), head dims that are
+// Decode shapes: grouped heads (Llama-3.2-1B's 4 per kv head), head dims that are
 // not a multiple of 16, padding, a query masked everywhere, histories of a few hundred keys.
 TEST(AttentionKernel, DecodeGroupedHeadsPaddingAndOddHeadDims) {
   check_case({1, 300, 32, 8, 64}, std::vector<bool>(300, false));

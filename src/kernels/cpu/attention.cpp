@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
 
@@ -179,10 +180,11 @@ void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, 
 }
 
 #if defined(__x86_64__)
-// Decode (one query) in f32 with AVX-512: the step of generation that reads the whole KV cache, so it
-// must stream K and V at memory speed. Per kv head: one pass over K computing every score of the
-// group's heads, a vectorised softmax, one pass over V. No tiles: one query's scores for the whole
-// history fit in L1/L2 (total * group floats).
+// f32 with AVX-512, one query row at a time: decode reads the whole KV cache, so it must stream K and
+// V at memory speed. Per (query, kv head): one pass over K computing every score of the group's
+// heads, a vectorised softmax, one pass over V. No tiles: one query's scores for the whole history
+// fit in L1/L2 (total * group floats); in prefill the K and V rows of a head stay in L2 across the
+// queries.
 #define KILN_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
 // misreports once inlined into a target("avx512f") function (GCC bug 105593, fixed in GCC 13).
@@ -230,7 +232,8 @@ KILN_AVX512 inline void axpy_avx512(float* acc, float p, const float* x, int64_t
   }
 }
 
-struct DecodeOperands {
+// One query row.
+struct RowOperands {
   const float* q;        // [heads, hd], head stride q_head
   const float* k;        // [total, kv_heads, hd]
   const float* v;
@@ -240,8 +243,9 @@ struct DecodeOperands {
   bool all_masked;       // every key masked: every value row weighs the same, as the general loop does
 };
 
-// One kv head and its group of query heads; scores [group, total] and acc [group, hd] are scratch.
-KILN_AVX512 void decode_kv_head(const Dims& d, float scale, const DecodeOperands& o, int64_t kv,
+// One query row, one kv head and its group of query heads; scores [group, total] and acc [group, hd]
+// are scratch.
+KILN_AVX512 void attend_row(const Dims& d, float scale, const RowOperands& o, int64_t kv,
                                 std::vector<float>& scores, std::vector<float>& acc) {
   const int64_t hd = d.head_dim, total = d.total, group = d.group;
   const float* q_rows[64];  // the group's heads, 64 at a time
@@ -297,29 +301,36 @@ KILN_AVX512 void decode_kv_head(const Dims& d, float scale, const DecodeOperands
   }
 }
 
-void decode_f32_avx512(const KernelContext& ctx, const Dims& d, float scale, std::span<const TensorView> inputs,
-                       const TensorView& out) {
+void rows_f32_avx512(const KernelContext& ctx, const Dims& d, float scale, std::span<const TensorView> inputs,
+                     const TensorView& out) {
   const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2], &masked = inputs[3];
-  DecodeOperands o{q.as<float>(), k.as<float>(), v.as<float>(), masked.as<bool>(), out.as<float>(),
-                   q.strides[1], k.strides[0], k.strides[1], v.strides[0], v.strides[1], masked.strides[1], true};
-  for (int64_t t = 0; t < d.total; ++t) o.all_masked = o.all_masked && o.mask[t * o.mask_stride];
-  parallel_for(ctx, d.kv_heads, 1, [&](int64_t first, int64_t end) {
+  // Units of (query row, kv head); each is one decode-shaped problem.
+  parallel_for(ctx, d.seq * d.kv_heads, 1, [&](int64_t first, int64_t end) {
     thread_local std::vector<float> scores, acc;
     scores.resize(static_cast<size_t>(std::min<int64_t>(d.group, 64) * d.total));
     acc.resize(static_cast<size_t>(std::min<int64_t>(d.group, 64) * d.head_dim));
-    for (int64_t kv = first; kv < end; ++kv) decode_kv_head(d, scale, o, kv, scores, acc);
+    for (int64_t unit = first; unit < end; ++unit) {
+      const int64_t s = unit / d.kv_heads, kv = unit % d.kv_heads;
+      RowOperands o{q.as<float>() + s * q.strides[0], k.as<float>(), v.as<float>(),
+                       masked.as<bool>() + s * masked.strides[0], out.as<float>() + s * d.heads * d.head_dim,
+                       q.strides[1], k.strides[0], k.strides[1], v.strides[0], v.strides[1], masked.strides[1], true};
+      for (int64_t t = 0; t < d.total && o.all_masked; ++t) o.all_masked = o.mask[t * o.mask_stride];
+      attend_row(d, scale, o, kv, scores, acc);
+    }
   });
 }
 #pragma GCC diagnostic pop
 #undef KILN_AVX512
 
-// The decode fast path applies: one f32 query, rows contiguous in their last dim, AVX-512 present.
-bool use_decode_avx512(const Dims& d, std::span<const TensorView> inputs) {
-  if (d.seq != 1 || inputs[0].dtype != DType::f32) return false;
+// The AVX-512 path applies: f32, rows contiguous in their last dim, and the GEMM's ISA level (what the
+// CPU has, unless a test forced a lower one) includes AVX-512 DQ.
+bool use_rows_avx512(std::span<const TensorView> inputs) {
+  if (inputs[0].dtype != DType::f32) return false;
   for (int i = 0; i < 3; ++i)
     if (inputs[static_cast<size_t>(i)].strides[2] != 1) return false;
-  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  return supported;
+  static const bool has_dq = __builtin_cpu_supports("avx512dq");
+  const gemm::Isa isa = gemm::active_isa();
+  return has_dq && (isa == gemm::Isa::avx512 || isa == gemm::Isa::avx512_bf16);
 }
 #endif
 
@@ -328,8 +339,7 @@ void attention_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::
   const Dims d = check_operands(inputs, outputs);
   const double scale = graph::get_attr<double>(attrs, "scale", Op::attention);
 #if defined(__x86_64__)
-  if (use_decode_avx512(d, inputs))
-    return decode_f32_avx512(ctx, d, static_cast<float>(scale), inputs, outputs[0]);
+  if (use_rows_avx512(inputs)) return rows_f32_avx512(ctx, d, static_cast<float>(scale), inputs, outputs[0]);
 #endif
   switch (inputs[0].dtype) {
     case DType::f32: return attention_loop<float>(ctx, d, scale, inputs, outputs[0]);
