@@ -11,6 +11,7 @@
 #if defined(__x86_64__)
 // As in gemm_avx512.cpp: GCC 12 flags the undefined upper halves inside _mm512_reduce_add_ps.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #pragma GCC push_options
@@ -59,7 +60,12 @@ int64_t gemv_rows(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, i
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-      __m512i wq[R], bias[R];
+      // vpdpbusd multiplies unsigned by signed bytes. The weights go in as unsigned w + 128 (one xor)
+      // and the activations as signed q_x (their stored q_x + 128, xor 0x80): sum (w + 128) q_x =
+      // sum w q_x + 128 sum q_x, so each activation pair's correction -128 sum q_x is computed once
+      // and serves all R rows, where correcting on the weight side would cost a second vpdpbusd per
+      // row. Integer sums: the same bits either way.
+      __m512i wu[R];
       __m512 dw[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -67,20 +73,22 @@ int64_t gemv_rows(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, i
         // The same offset one group of R rows ahead: together the R prefetches cover the next group,
         // so a new group of short rows starts without waiting for the prefetchers to find it.
         _mm_prefetch(reinterpret_cast<const char*>(b0) + R * row_bytes, _MM_HINT_T0);
-        wq[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
-                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + kBlockBytes + 2)), 1);
-        // -128 * sum(w) per group of 4: cancels the +128 the activations carry.
-        bias[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wq[r]));
+        const __m512i wq =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + kBlockBytes + 2)), 1);
+        wu[r] = _mm512_xor_si512(wq, offset);
         dw[r] = pair_scales(b0);
       }
 #pragma GCC unroll 8
       for (int m = 0; m < M; ++m) {
-        const __m512i xq = _mm512_loadu_si512(x.x + m * K + p * 2 * kBlock);
+        const __m512i xs = _mm512_xor_si512(_mm512_loadu_si512(x.x + m * K + p * 2 * kBlock), offset);
+        const __m512i correction =
+            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, xs));
         const __m512 dx = spread_pair(
             _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.d + m * blocks + 2 * p))));
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const __m512i dot = _mm512_dpbusd_epi32(bias[r], xq, wq[r]);
+          const __m512i dot = _mm512_dpbusd_epi32(correction, wu[r], xs);
           acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[r], dx), acc[m][r]);
         }
       }
