@@ -16,6 +16,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/gemm_amx.h"
@@ -104,22 +105,27 @@ std::vector<uint16_t> run_amx(const Case& c, Parallel* parallel = nullptr) {
 TensorView lhs_view(const Case& c) {
   return {const_cast<uint16_t*>(c.a.data()), DType::bf16, {c.M, c.K}, {c.K, 1}};
 }
-TensorView weight_view(const Case& c) {
+// For a Case or a MixedCase (bf16 or f32 activations, bf16 weights).
+template <class C>
+TensorView weight_view(const C& c) {
   return c.weight_nk ? TensorView{const_cast<uint16_t*>(c.w.data()), DType::bf16, {c.N, c.K}, {c.K, 1}}
                      : TensorView{const_cast<uint16_t*>(c.w.data()), DType::bf16, {c.K, c.N}, {c.N, 1}};
 }
-graph::Attrs attrs_of(const Case& c) {
+template <class C>
+graph::Attrs attrs_of(const C& c) {
   graph::Attrs attrs;
   if (c.weight_nk) attrs["transpose_b"] = int64_t{1};
   return attrs;
 }
 
-// The registered (matmul, CPU, bf16) prepare function on a case, the lhs given its static shape or
-// none (symbolic).
-std::shared_ptr<const Prepared> prepare(const Case& c, bool lhs_shape_known = false) {
-  const PrepareFn fn = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::bf16);
+// The registered matmul prepare function of the case's lhs dtype ((matmul, CPU, bf16) or (matmul,
+// CPU, f32)) on a case, the lhs given its static shape or none (symbolic).
+template <class C>
+std::shared_ptr<const Prepared> prepare(const C& c, bool lhs_shape_known = false) {
+  constexpr DType lhs_dtype = std::is_same_v<typename decltype(c.a)::value_type, float> ? DType::f32 : DType::bf16;
+  const PrepareFn fn = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, lhs_dtype);
   if (!fn) return nullptr;
-  TensorView lhs{nullptr, DType::bf16, {}, {}};
+  TensorView lhs{nullptr, lhs_dtype, {}, {}};
   if (lhs_shape_known) {
     lhs.shape = {c.M, c.K};
     lhs.strides = {c.K, 1};
@@ -375,30 +381,6 @@ std::vector<float> run_amx(const MixedCase& c, Parallel* parallel = nullptr) {
   std::vector<float> out(static_cast<size_t>(c.M * c.N), std::nanf(""));
   amx::gemm(ctx, c.a.data(), c.K, 1, c.M, packed, out.data(), c.N);
   return out;
-}
-
-TensorView weight_view(const MixedCase& c) {
-  return c.weight_nk ? TensorView{const_cast<uint16_t*>(c.w.data()), DType::bf16, {c.N, c.K}, {c.K, 1}}
-                     : TensorView{const_cast<uint16_t*>(c.w.data()), DType::bf16, {c.K, c.N}, {c.N, 1}};
-}
-graph::Attrs attrs_of(const MixedCase& c) {
-  graph::Attrs attrs;
-  if (c.weight_nk) attrs["transpose_b"] = int64_t{1};
-  return attrs;
-}
-
-// The registered (matmul, CPU, f32) prepare function, the lhs given its static shape or none.
-std::shared_ptr<const Prepared> prepare(const MixedCase& c, bool lhs_shape_known = false) {
-  const PrepareFn fn = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::f32);
-  if (!fn) return nullptr;
-  TensorView lhs{nullptr, DType::f32, {}, {}};
-  if (lhs_shape_known) {
-    lhs.shape = {c.M, c.K};
-    lhs.strides = {c.K, 1};
-  }
-  const TensorView inputs[] = {lhs, weight_view(c)};
-  const bool fixed[] = {false, true};
-  return fn(attrs_of(c), std::span<const TensorView>(inputs), std::span<const bool>(fixed));
 }
 
 // Through the registered matmul kernel (dispatched on the f32 lhs), with `prepared` state or none.
