@@ -22,6 +22,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace kiln::kernels {
 namespace {
@@ -191,23 +192,6 @@ void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// exp(x) for x <= 0 (scores minus their maximum), Cephes' single-precision polynomial: ~1 ulp.
-KILN_AVX512 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));  // below this exp underflows; 1e-38 is as good as 0
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, n);
-}
-
 KILN_AVX512 inline float dot_avx512(const float* a, const float* b, int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t i = 0;
@@ -277,7 +261,7 @@ KILN_AVX512 void attend_row(const Dims& d, float scale, const RowOperands& o, in
         const __mmask16 m = total - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (total - t)) - 1);
         const __m512 s = _mm512_maskz_loadu_ps(m, row + t);
         const __mmask16 shown = _mm512_mask_cmp_ps_mask(m, s, minus_inf, _CMP_NEQ_OQ);
-        const __m512 p = _mm512_maskz_mov_ps(shown, exp_nonpositive(_mm512_sub_ps(s, max)));
+        const __m512 p = _mm512_maskz_mov_ps(shown, vmath::exp_avx512(_mm512_sub_ps(s, max)));
         _mm512_mask_storeu_ps(row + t, m, p);
         sum = _mm512_add_ps(sum, p);
       }

@@ -4,6 +4,7 @@
 // instead of being undefined on overflow.
 #include <cmath>
 #include <numbers>
+#include <optional>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "kernels/cpu/elementwise_functors.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace kiln::kernels {
 namespace {
@@ -53,8 +55,48 @@ bool is_flat(const TensorView& v, const std::vector<int64_t>& out_shape) {
   return v.shape == out_shape && v.is_contiguous();
 }
 
+// The vmath loop of functor F, if it has one.
+template <class F> constexpr std::optional<vmath::Fn> vmath_fn() {
+  if constexpr (std::is_same_v<F, Exp>) return vmath::Fn::exp;
+  if constexpr (std::is_same_v<F, Sigmoid>) return vmath::Fn::sigmoid;
+  if constexpr (std::is_same_v<F, Silu>) return vmath::Fn::silu;
+  return std::nullopt;
+}
+
+// F through its SIMD loop (vector_math.h), on f32 or on f16/bf16 widened to f32 a block at a time:
+// the arithmetic of fused_elementwise's registers, so fused and unfused give the same bits.
+template <class F, class T>
+void unary_vmath(const KernelContext& ctx, const TensorView& in, const TensorView& out) {
+  constexpr vmath::Fn fn = *vmath_fn<F>();
+  const T* x = in.as<T>();
+  T* o = out.as<T>();
+  if constexpr (std::is_same_v<T, float>)
+    if (is_flat(in, out.shape)) {
+      parallel_for(ctx, out.numel(), kElementwiseGrain,
+                   [&](int64_t begin, int64_t end) { vmath::apply(fn, x + begin, o + begin, end - begin); });
+      return;
+    }
+  const std::vector<int64_t> strides = broadcast_strides(in, out.shape);
+  const int64_t step = strides.empty() ? 0 : strides.back();
+  parallel_for(ctx, out.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for_each_run<1>(out.shape, {strides.data()}, begin, end,
+                    [&](int64_t first, const std::array<int64_t, 1>& off, int64_t count) {
+                      constexpr int64_t kBlock = 256;
+                      float block[kBlock];
+                      for (int64_t b = 0; b < count; b += kBlock) {
+                        const int64_t m = std::min(kBlock, count - b);
+                        for (int64_t j = 0; j < m; ++j) block[j] = widen(x[off[0] + (b + j) * step]);
+                        vmath::apply(fn, block, block, m);
+                        for (int64_t j = 0; j < m; ++j) o[first + b + j] = convert<T>(block[j]);
+                      }
+                    });
+  });
+}
+
 template <class F, class T>
 void unary_loop(const KernelContext& ctx, const TensorView& in, const TensorView& out) {
+  if constexpr (vmath_fn<F>().has_value() && std::is_same_v<compute_t<T>, float>)
+    if (vmath::available()) return unary_vmath<F, T>(ctx, in, out);
   using Out = result_t<F, T>;
   const F f;
   const T* x = in.as<T>();

@@ -1,6 +1,7 @@
 // CPU kernel of fused_elementwise: interprets the node's ElementwiseProgram over blocks of kBlock
 // output elements. Each instruction runs as one tight loop over a block (vectorisable, no dispatch per
-// element), and blocks are shared out between threads. Registers hold f32 (bool as 0 / 1); an
+// element), and blocks are shared out between threads. exp, sigmoid and silu run vector_math.h's
+// SIMD loops where the elementwise kernels do. Registers hold f32 (bool as 0 / 1); an
 // instruction whose result is f16 or bf16 rounds its block to that dtype, so the result equals the
 // unfused ops' bit for bit (the same functors, elementwise_functors.h, in f32).
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "kernels/cpu/elementwise_functors.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
+#include "kernels/cpu/vector_math.h"
 #include "kiln/graph/elementwise_program.h"
 
 namespace kiln::kernels {
@@ -62,15 +64,21 @@ void run_instruction(const ElementwiseInstruction& in, const float* const* regs,
   switch (in.op) {
     case Op::neg: return unary_loop(a, o, n, Neg{});
     case Op::abs: return unary_loop(a, o, n, Abs{});
-    case Op::exp: return unary_loop(a, o, n, Exp{});
+    case Op::exp:
+      if (vmath::available()) return vmath::apply(vmath::Fn::exp, a, o, n);
+      return unary_loop(a, o, n, Exp{});
     case Op::log: return unary_loop(a, o, n, Log{});
     case Op::sqrt: return unary_loop(a, o, n, Sqrt{});
     case Op::rsqrt: return unary_loop(a, o, n, Rsqrt{});
     case Op::sin: return unary_loop(a, o, n, Sin{});
     case Op::cos: return unary_loop(a, o, n, Cos{});
     case Op::tanh: return unary_loop(a, o, n, Tanh{});
-    case Op::sigmoid: return unary_loop(a, o, n, Sigmoid{});
-    case Op::silu: return unary_loop(a, o, n, Silu{});
+    case Op::sigmoid:
+      if (vmath::available()) return vmath::apply(vmath::Fn::sigmoid, a, o, n);
+      return unary_loop(a, o, n, Sigmoid{});
+    case Op::silu:
+      if (vmath::available()) return vmath::apply(vmath::Fn::silu, a, o, n);
+      return unary_loop(a, o, n, Silu{});
     case Op::gelu:
       if (in.gelu_tanh) return unary_loop(a, o, n, GeluTanh{});
       return unary_loop(a, o, n, GeluErf{});
