@@ -1,6 +1,6 @@
-// TextGenerationPipeline: load -> build the "model" and "sampler" graphs -> compile them as one group
-// -> prefill the prompt, then decode one token at a time through the KV cache, the sampler graph
-// picking every token.
+// TextGenerationPipeline: load -> build the "model", "sampler" and "greedy" graphs -> compile them as
+// one group -> prefill the prompt, then decode one token at a time through the KV cache, the sampler
+// graph (or, for greedy options, the argmax of the greedy graph) picking every token.
 #include "kiln/pipelines/text_generation.h"
 #include "kiln/pipelines/weight_conversion.h"
 
@@ -114,6 +114,32 @@ nn::Values SamplerModule::forward(const std::vector<nn::Values>& args) {
   TensorValue use_full = ops::logical_and(k_off, ops::greater_equal(top_p, f32(1)));
   return nn::Values(ops::where(is_greedy, greedy_token, ops::where(use_full, full_token, truncated_token)));
 }
+
+namespace {
+
+// What SamplerModule gives at temperature 0 (or top_k 1), without computing its other paths: the
+// sampler graph is branchless, so every call pays for the softmax numerators of the whole vocabulary,
+// its cumulative sum and the top-k sort, which for a small model cost a fifth of a decode step.
+class GreedySamplerModule : public nn::Module {
+ public:
+  explicit GreedySamplerModule(int64_t vocab_size) : vocab_size_(vocab_size) {}
+  std::vector<nn::TypeTree> input_types() const {
+    return {nn::TypeTree(graph::TensorType{DType::f32, {1, vocab_size_}})};  // logits
+  }
+  nn::Values forward(const std::vector<nn::Values>& args) override {
+    if (args.size() != 1)
+      throw ValueError(fmt::format("greedy sampler: expected 1 input (logits), got {}", args.size()));
+    return nn::Values(ops::reshape(ops::argmax(args[0].leaf(), -1), std::vector<int64_t>{1}));  // [1]
+  }
+
+ private:
+  int64_t vocab_size_;
+};
+
+// Temperature 0 and top_k 1 both pick argmax(logits) exactly (docs/generation.md, sampler paths 1, 3).
+bool is_greedy(double temperature, int64_t top_k) { return temperature <= 0 || top_k == 1; }
+
+}  // namespace
 
 // ---- named random-weight shapes --------------------------------------------------------------------
 
@@ -296,6 +322,7 @@ int64_t resolve_cap(int64_t vocab_size, int64_t requested) {
 
 std::vector<GraphSpec> graph_specs(const std::shared_ptr<nn::Transformer>& model,
                                    const std::shared_ptr<SamplerModule>& sampler) {
+  auto greedy = std::make_shared<GreedySamplerModule>(sampler->vocab_size());
   GraphSpec model_spec;
   model_spec.module = model;
   model_spec.name = "model";
@@ -306,7 +333,12 @@ std::vector<GraphSpec> graph_specs(const std::shared_ptr<nn::Transformer>& model
   sampler_spec.name = "sampler";
   sampler_spec.input_types = sampler->input_types();
   sampler_spec.group = "text_generation";
-  return {model_spec, sampler_spec};
+  GraphSpec greedy_spec;
+  greedy_spec.module = greedy;
+  greedy_spec.name = "greedy";
+  greedy_spec.input_types = greedy->input_types();
+  greedy_spec.group = "text_generation";
+  return {model_spec, sampler_spec, greedy_spec};
 }
 
 // A checkpoint's tensors as the model declares them: f32 (converted from f16/bf16), without the
@@ -395,6 +427,7 @@ graph::Module TextGenerationPipeline::trace_graphs(const nn::LlamaConfig& config
 
 int64_t TextGenerationPipeline::sample(const Tensor& logits, double temperature, int64_t top_k, double top_p,
                                        float u) const {
+  if (is_greedy(temperature, top_k)) return state_->models.at("greedy").execute({logits}).at(0).data_as<int64_t>()[0];
   std::vector<Tensor> out = state_->models.at("sampler").execute(
       {logits, Tensor::scalar<float>(static_cast<float>(temperature)), Tensor::scalar<int64_t>(top_k),
        Tensor::scalar<float>(static_cast<float>(top_p)), Tensor::scalar<float>(u)});

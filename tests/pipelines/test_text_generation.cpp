@@ -63,6 +63,18 @@ int64_t naive_argmax(const std::vector<float>& v) {
   return best;
 }
 
+// The "sampler" graph itself, as a user calling it directly would (sample() routes greedy options to
+// the "greedy" graph).
+int64_t run_sampler_graph(const TextGenerationPipeline& pipe, const std::vector<float>& v, float temperature,
+                          int64_t top_k, float top_p, float u) {
+  return pipe.models()
+      .at("sampler")
+      .execute({logits_row(v), Tensor::scalar<float>(temperature), Tensor::scalar<int64_t>(top_k),
+                Tensor::scalar<float>(top_p), Tensor::scalar<float>(u)})
+      .at(0)
+      .data_as<int64_t>()[0];
+}
+
 // ---- the sampler graph -----------------------------------------------------------------------------
 
 TEST(Sampler, TemperatureZeroIsArgmaxOfTheLogits) {
@@ -73,9 +85,10 @@ TEST(Sampler, TemperatureZeroIsArgmaxOfTheLogits) {
     std::vector<float> v(64);
     for (auto& x : v) x = normal(rng);
     if (trial % 2) v[40] = v[11] = 10.0f;  // a tie: the first index wins, as argmax
-    for (float u : {0.0f, 0.5f, 0.999f})
-      EXPECT_EQ(pipe.sample(logits_row(v), 0.0, 0, 1.0, u), naive_argmax(v))
-          << "trial " << trial << " u " << u;
+    for (float u : {0.0f, 0.5f, 0.999f}) {
+      EXPECT_EQ(pipe.sample(logits_row(v), 0.0, 0, 1.0, u), naive_argmax(v)) << "trial " << trial << " u " << u;
+      EXPECT_EQ(run_sampler_graph(pipe, v, 0.0f, 0, 1.0f, u), naive_argmax(v)) << "trial " << trial << " u " << u;
+    }
   }
 }
 
@@ -87,9 +100,10 @@ TEST(Sampler, TopKOneIsArgmaxForAnyU) {
     std::vector<float> v(64);
     for (auto& x : v) x = normal(rng);
     if (trial % 2) v[50] = v[7] = 10.0f;
-    for (float u : {0.0f, 0.25f, 0.5f, 0.75f, 1.0f - 0x1p-24f})
-      EXPECT_EQ(pipe.sample(logits_row(v), 1.5, 1, 1.0, u), naive_argmax(v))
-          << "trial " << trial << " u " << u;
+    for (float u : {0.0f, 0.25f, 0.5f, 0.75f, 1.0f - 0x1p-24f}) {
+      EXPECT_EQ(pipe.sample(logits_row(v), 1.5, 1, 1.0, u), naive_argmax(v)) << "trial " << trial << " u " << u;
+      EXPECT_EQ(run_sampler_graph(pipe, v, 1.5f, 1, 1.0f, u), naive_argmax(v)) << "trial " << trial << " u " << u;
+    }
   }
 }
 
@@ -151,18 +165,20 @@ TEST(Sampler, WithoutTopKOrTopPEveryTokenIsACandidate) {
 
 // ---- the pipeline ------------------------------------------------------------------------------
 
-TEST(TextGeneration, ModelAndSamplerCompileOnceAsOneGroup) {
+TEST(TextGeneration, ModelAndSamplersCompileOnceAsOneGroup) {
   auto pipe = random_pipeline();
   EXPECT_EQ(pipe.compile_count(), 1);
-  EXPECT_EQ(pipe.models().size(), 2u);
+  EXPECT_EQ(pipe.models().size(), 3u);
   EXPECT_TRUE(pipe.models().count("model"));
   EXPECT_TRUE(pipe.models().count("sampler"));
+  EXPECT_TRUE(pipe.models().count("greedy"));
 }
 
-TEST(TextGeneration, TraceGraphsHoldsModelThenSampler) {
+TEST(TextGeneration, TraceGraphsHoldsModelThenSamplers) {
   graph::Module m = TextGenerationPipeline::trace_graphs(small_config());
-  EXPECT_EQ(m.graph_names(), (std::vector<std::string>{"model", "sampler"}));
+  EXPECT_EQ(m.graph_names(), (std::vector<std::string>{"model", "sampler", "greedy"}));
   EXPECT_EQ(m.at("sampler").output_types().size(), 1u);
+  EXPECT_EQ(m.at("greedy").output_types().size(), 1u);
 }
 
 TEST(TextGeneration, SameSeedGivesSameTokensAnotherSeedDiffers) {

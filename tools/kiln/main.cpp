@@ -8,7 +8,7 @@
 //                                           generate text (stdout: the new text only; stderr: progress
 //                                           and stats). NAME: a random-weight shape (stories15M,
 //                                           stories110M) run on --prompt-tokens N ids, printing ids
-//   kiln graph [--model DIR|NAME]           print the text generation graphs (model, sampler)
+//   kiln graph [--model DIR|NAME]           print the text generation graphs (model, sampler, greedy)
 //   kiln cache list|size|clear [--dir DIR]  the compile cache (default: KILN_CACHE_DIR, else
 //                                           $XDG_CACHE_HOME/kiln or ~/.cache/kiln): list its entries
 //                                           (least recently used first), print its size, empty it
@@ -297,7 +297,7 @@ int main(int argc, char** argv) {
   std::string graph_model = KILN_DEFAULT_MODEL_DIR;
   int64_t graph_max_seq_len = 0;
   auto* graph_cmd =
-      app.add_subcommand("graph", "Print the text generation graphs (model, sampler) of a model");
+      app.add_subcommand("graph", "Print the text generation graphs (model, sampler, greedy) of a model");
   graph_cmd->add_option("--model", graph_model, "model directory, or stories15M / stories110M / llama-1B")
       ->capture_default_str();
   graph_cmd->add_option("--max-seq-len", graph_max_seq_len, "KV cache length of the traced graph");

@@ -124,7 +124,8 @@ class TextGenerationPipeline {
   GenerationResult generate_ids(const std::vector<int64_t>& prompt_ids, const GenerationOptions& options,
                                 const std::function<void(int64_t)>& on_token = {});
 
-  // One sampler step on the host's behalf (for tests): logits f32[1, vocab] -> token id.
+  // One sampler step on the host's behalf (for tests): logits f32[1, vocab] -> token id, through the
+  // "greedy" graph (argmax) for temperature 0 or top_k 1, else the "sampler" graph.
   int64_t sample(const Tensor& logits, double temperature, int64_t top_k, double top_p, float u) const;
 
   const nn::LlamaConfig& config() const;
@@ -132,7 +133,7 @@ class TextGenerationPipeline {
   int64_t sampler_cap() const;
   const Tokenizer* tokenizer() const;
   const std::vector<int64_t>& eos_token_ids() const;
-  const std::map<std::string, engine::Model>& models() const;  // "model", "sampler"
+  const std::map<std::string, engine::Model>& models() const;  // "model", "sampler", "greedy"
   int64_t compile_count() const;  // times the session ran the compiler (1: one group)
 
   struct State;
