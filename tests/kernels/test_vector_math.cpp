@@ -140,5 +140,60 @@ TEST(VectorMath, ExpKernelAgreesWithReferenceOnEveryIsaLevel) {
   }
 }
 
+// argmax / argmin / max / min over contiguous f32 lines on every ISA level against a scan written
+// here: ties (the first wins), +0 / -0, NaN (its first index), +-inf, every tail length.
+TEST(VectorMath, ExtremeReductionsMatchAScalarScanOnEveryIsaLevel) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> coarse(-20, 20);  // few distinct values: many ties
+  std::vector<std::vector<float>> lines;
+  for (int64_t n : {1, 2, 15, 16, 17, 31, 33, 64, 100, 32000}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = static_cast<float>(coarse(rng)) * 0.25f;
+    lines.push_back(v);
+    std::vector<float> zeros(static_cast<size_t>(n), -0.0f);
+    zeros[static_cast<size_t>(n / 2)] = 0.0f;
+    lines.push_back(zeros);
+    if (n > 3) {
+      std::vector<float> with_nan = v;
+      with_nan[static_cast<size_t>(n - 2)] = std::numeric_limits<float>::quiet_NaN();
+      with_nan[static_cast<size_t>(n - 1)] = std::numeric_limits<float>::quiet_NaN();
+      lines.push_back(with_nan);
+      std::vector<float> infs = v;
+      infs[static_cast<size_t>(n - 1)] = kInf;
+      infs[1] = -kInf;
+      lines.push_back(infs);
+    }
+  }
+  auto scan = [](const std::vector<float>& v, bool largest) {
+    int64_t best = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (std::isnan(v[i])) return static_cast<int64_t>(i);
+      if (largest ? v[i] > v[static_cast<size_t>(best)] : v[i] < v[static_cast<size_t>(best)])
+        best = static_cast<int64_t>(i);
+    }
+    return best;
+  };
+  for (gemm::Isa isa : kernel_test::supported_isas()) {
+    ForcedIsa forced(isa);
+    for (const std::vector<float>& v : lines) {
+      const auto n = static_cast<int64_t>(v.size());
+      const HostTensor in = tensor<float>({1, n}, v);
+      const graph::Attrs axis{{"axis", int64_t{1}}};
+      for (bool largest : {true, false}) {
+        const int64_t want = scan(v, largest);
+        const HostTensor index = run_op(largest ? graph::Op::argmax : graph::Op::argmin, axis, {in.view()},
+                                        DType::i64, {1, 1});
+        EXPECT_EQ(index.as_double(0), static_cast<double>(want))
+            << gemm::isa_name(isa) << " n " << n << (largest ? " argmax" : " argmin");
+        const HostTensor value =
+            run_op(largest ? graph::Op::max : graph::Op::min, axis, {in.view()}, DType::f32, {1, 1});
+        const float got = value.view().as<float>()[0], exact = v[static_cast<size_t>(want)];
+        EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(exact))
+            << gemm::isa_name(isa) << " n " << n << (largest ? " max " : " min ") << got << " vs " << exact;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::kernels

@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace kiln::kernels {
 namespace {
@@ -183,8 +184,14 @@ void extreme_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
   visit_dtype(in.dtype, [&]<class T>() {
     if constexpr (!std::is_same_v<T, bool>) {
       const T* x = in.as<T>();
+      const bool simd = std::is_same_v<T, float> && l.stride == 1 && vmath::available();
       for_each_line(ctx, l, [&](int64_t line, int64_t base) {
-        const int64_t best = extreme_index<kMax>(x + base, l.stride, l.length);
+        int64_t best;
+        if constexpr (std::is_same_v<T, float>)
+          best = simd ? vmath::extreme_index(x + base, l.length, kMax)
+                      : extreme_index<kMax>(x + base, l.stride, l.length);
+        else
+          best = extreme_index<kMax>(x + base, l.stride, l.length);
         if constexpr (kIndex)
           out.as<int64_t>()[line] = best;
         else

@@ -1,5 +1,8 @@
 #include "kernels/cpu/vector_math.h"
 
+#include <cmath>
+#include <limits>
+
 #include "kernels/cpu/gemm.h"
 
 namespace kiln::kernels::vmath {
@@ -30,6 +33,37 @@ template <Fn kFn> KILN_VMATH_AVX512 void loop_avx512(const float* x, float* y, i
   }
 }
 
+// Two passes over data that fits in L2: the extreme by lanes (NaN noted), then the first index
+// holding it (+0 and -0 compare equal, so the first of them wins, as a scalar scan's > does).
+template <bool kLargest> KILN_VMATH_AVX512 int64_t extreme_index_avx512(const float* x, int64_t n) {
+  const __m512 fill = _mm512_set1_ps(kLargest ? -std::numeric_limits<float>::infinity()
+                                              : std::numeric_limits<float>::infinity());
+  __m512 best = fill;
+  __mmask16 nan = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = kLargest ? _mm512_max_ps(best, v) : _mm512_min_ps(best, v);
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+  if (i < n) {
+    const __m512 v = _mm512_mask_loadu_ps(fill, tail, x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = kLargest ? _mm512_max_ps(best, v) : _mm512_min_ps(best, v);
+  }
+  if (nan) {
+    for (int64_t j = 0;; ++j)
+      if (std::isnan(x[j])) return j;
+  }
+  const __m512 target = _mm512_set1_ps(kLargest ? _mm512_reduce_max_ps(best) : _mm512_reduce_min_ps(best));
+  for (i = 0; i + 16 <= n; i += 16)
+    if (const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), target, _CMP_EQ_OQ))
+      return i + __builtin_ctz(hit);
+  const __mmask16 hit = _mm512_mask_cmp_ps_mask(tail, _mm512_maskz_loadu_ps(tail, x + i), target, _CMP_EQ_OQ);
+  return i + __builtin_ctz(hit);  // the extreme is somewhere: if not before, then here
+}
+
 #pragma GCC diagnostic pop
 
 }  // namespace
@@ -47,9 +81,13 @@ void apply(Fn fn, const float* x, float* y, int64_t n) {
     case Fn::silu: return loop_avx512<Fn::silu>(x, y, n);
   }
 }
+int64_t extreme_index(const float* x, int64_t n, bool largest) {
+  return largest ? extreme_index_avx512<true>(x, n) : extreme_index_avx512<false>(x, n);
+}
 #else
 bool available() { return false; }
 void apply(Fn, const float*, float*, int64_t) {}
+int64_t extreme_index(const float*, int64_t, bool) { return 0; }
 #endif
 
 }  // namespace kiln::kernels::vmath

@@ -23,6 +23,10 @@ enum class Fn : uint8_t { exp, sigmoid, silu };
 bool available();
 // y[i] = fn(x[i]) for i < n; y may equal x. Only when available().
 void apply(Fn fn, const float* x, float* y, int64_t n);
+// The index of the first largest (or smallest) of x[0, n), n >= 1, or of the first NaN if there is
+// one: the max / argmax reduction over a contiguous line (a greedy sampler's whole step). Only when
+// available().
+int64_t extreme_index(const float* x, int64_t n, bool largest);
 
 #if defined(__x86_64__)
 #define KILN_VMATH_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
