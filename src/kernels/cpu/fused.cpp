@@ -227,9 +227,12 @@ void fused_elementwise_kernel(const KernelContext& ctx, const graph::Attrs& attr
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
   const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / kBlock);
   parallel_for(ctx, num_blocks, grain, [&](int64_t first_block, int64_t end_block) {
-    // [register][kBlock]; scalars are read once, into their register, for the whole chunk.
-    std::vector<float> scratch(num_registers * kBlock);
-    std::vector<const float*> regs(num_registers);
+    // [register][kBlock]; scalars are read once, into their register, for the whole chunk. Kept per
+    // thread: a decode step runs a dozen small programs, each would otherwise allocate.
+    thread_local std::vector<float> scratch;
+    thread_local std::vector<const float*> regs;
+    if (scratch.size() < num_registers * kBlock) scratch.resize(num_registers * kBlock);
+    if (regs.size() < num_registers) regs.resize(num_registers);
     auto scratch_of = [&](size_t r) { return scratch.data() + r * kBlock; };
     for (size_t i = 0; i < operands.size(); ++i)
       if (operands[i].scalar) {
@@ -253,7 +256,7 @@ void fused_elementwise_kernel(const KernelContext& ctx, const graph::Attrs& attr
         round_to(in.dtype, dst, count);
         regs[r] = dst;
       }
-      const float* result = regs.back();
+      const float* result = regs[num_registers - 1];
       visit_register_dtype(out.dtype, [&]<class T>() {
         T* o = out.as<T>() + begin;
         if constexpr (std::is_same_v<T, bool>) {
