@@ -25,7 +25,7 @@ namespace kiln::compiler {
 namespace {
 
 constexpr std::string_view kMagic{"KILNART\0", 8};
-constexpr uint32_t kFormatVersion = 2;  // 2: alias values and GraphPlan::aliases
+constexpr uint32_t kFormatVersion = 3;  // 2: alias values and GraphPlan::aliases; 3: the rope op
 #define KILN_COUNT_OP(e, s) +1
 constexpr uint32_t kNumOps = 0 KILN_OPS(KILN_COUNT_OP);
 #undef KILN_COUNT_OP

@@ -34,6 +34,7 @@ std::string operand_role(Op op, size_t i) {
     case Op::scatter: return pick({"input", "updates", "indices"});
     case Op::buffer_store: return pick({"buffer", "value"});
     case Op::attention: return pick({"q", "k", "v", "masked"});
+    case Op::rope: return pick({"x", "cos", "sin"});
     case Op::fused_elementwise: return fmt::format("%{}", i);
     default: break;
   }
@@ -749,6 +750,26 @@ std::vector<Type> infer_attention(const Ctx& c) {
   return {q};
 }
 
+// rope(x [seq, heads, head_dim], cos [seq, head_dim], sin [seq, head_dim]), head_dim even and static.
+std::vector<Type> infer_rope(const Ctx& c) {
+  c.expect_operands(3);
+  const TensorType& x = c.tensor(0);
+  const TensorType& cos = c.tensor(1);
+  const TensorType& sin = c.tensor(2);
+  c.same_device({x.device, cos.device, sin.device});
+  c.require_float(0);
+  c.same_dtype(x.dtype, cos.dtype);
+  c.same_dtype(x.dtype, sin.dtype);
+  if (x.rank() != 3 || cos.rank() != 2 || !(sin.shape == cos.shape))
+    c.fail<ShapeError>("expected x [seq, heads, head_dim] and cos, sin [seq, head_dim] {}", c.operands());
+  if (!(cos.shape[0] == x.shape[0]) || !(cos.shape[1] == x.shape[2]))
+    c.fail<ShapeError>("cos and sin must be [{}, {}] (x's seq and head_dim) {}", x.shape[0].to_string(),
+                       x.shape[2].to_string(), c.operands());
+  const auto head_dim = x.shape[2].try_static();
+  if (!head_dim || *head_dim % 2 != 0) c.fail<ShapeError>("head_dim must be static and even {}", c.operands());
+  return {x};
+}
+
 }  // namespace
 
 std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attrs& attrs,
@@ -785,6 +806,7 @@ std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attr
     case Op::allreduce_sum: case Op::allgather: return infer_collective(c);
     case Op::fused_elementwise: return infer_fused_elementwise(c);
     case Op::attention: return infer_attention(c);
+    case Op::rope: return infer_rope(c);
     case Op::qmatmul: return infer_qmatmul(c);
     case Op::dequantize: return infer_dequantize(c);
     default: break;

@@ -399,6 +399,10 @@ TensorValue attention(const TensorValue& q, const TensorValue& k, const TensorVa
   return build1(Op::attention, {q, k, v, masked}, {{"scale", scale}});
 }
 
+TensorValue rope(const TensorValue& x, const TensorValue& cos, const TensorValue& sin) {
+  return build1(Op::rope, {x, cos, sin}, {});
+}
+
 TensorValue qmatmul(QuantizationEncoding encoding, const TensorValue& lhs, const TensorValue& rhs) {
   return build1(Op::qmatmul, {lhs, rhs}, {{"encoding", std::string(encoding_name(encoding))}});
 }

@@ -78,17 +78,10 @@ graph::TensorValue RotaryEmbedding::apply(const graph::TensorValue& x, const gra
   if (x.rank() != 3 || !(x.shape()[0] == cos.shape()[0]) || !(x.shape()[2] == cos.shape()[1]))
     throw ShapeError(fmt::format("RotaryEmbedding::apply: x must be [{}, heads, {}] to match cos, got {}",
                                  cos.shape()[0].to_string(), *head_dim, x.tensor_type().to_string()));
-  const int64_t half = *head_dim / 2;
-  const graph::Dim seq = x.shape()[0];
-  auto c = ops::reshape(cos, graph::Shape{seq, 1, *head_dim});  // [seq, 1, head_dim]
-  auto s = ops::reshape(sin, graph::Shape{seq, 1, *head_dim});
-  if (x.dtype() != DType::f32) {
-    c = ops::cast(c, x.dtype());
-    s = ops::cast(s, x.dtype());
-  }
-  auto halves = ops::split(x, {half, half}, -1);            // [seq, heads, half] x 2
-  auto rotated = ops::concat({-halves[1], halves[0]}, -1);  // [seq, heads, head_dim]
-  return x * c + rotated * s;
+  // x * cos + rotate_half(x) * sin in one op (ops::rope): the same bits as the split, neg, concat and
+  // elementwise ops it stands for, in one kernel launch instead of four.
+  if (x.dtype() != DType::f32) return ops::rope(x, ops::cast(cos, x.dtype()), ops::cast(sin, x.dtype()));
+  return ops::rope(x, cos, sin);
 }
 
 graph::TensorValue RotaryEmbedding::operator()(const graph::TensorValue& x,

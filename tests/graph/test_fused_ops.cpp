@@ -1,4 +1,4 @@
-// The fused ops' builders and type inference (fused_elementwise, attention), and the text form of an
+// The fused ops' builders and type inference (fused_elementwise, attention, rope), and the text form of an
 // elementwise program.
 #include <gtest/gtest.h>
 
@@ -68,6 +68,28 @@ TEST(FusedElementwise, ChecksEachInstructionAsItsOpWould) {
   expect_error<ShapeError>([&] { ops::fused_elementwise({x, g.input(2)}, "%2 = add(%0, %1) : f32"); },
                            "fused_elementwise: shapes do not broadcast at axis 0 (4 vs 3)");
   expect_error<ValueError>([&] { ops::fused_elementwise({}, "%0 = exp(%0) : f32"); }, "needs at least one input");
+}
+
+TEST(Rope, ResultHasTheInputsType) {
+  Graph g("g", {f32({"seq", 8, 16}), f32({"seq", 16})});
+  auto out = ops::rope(g.input(0), g.input(1), g.input(1));
+  EXPECT_EQ(out.tensor_type(), f32({"seq", 8, 16}));
+  EXPECT_EQ(g.ir().nodes.back().op, graph::Op::rope);
+}
+
+TEST(Rope, RejectsOperandsThatDoNotFit) {
+  Graph g("g", {f32({3, 2, 8}), f32({3, 8}), f32({4, 8}), f32({3, 6}), f32({3, 2, 7}), f32({3, 7}),
+                TensorType{DType::f16, {3, 8}}, TensorType{DType::i32, {3, 2, 8}}, TensorType{DType::i32, {3, 8}}});
+  auto x = g.input(0);
+  auto cs = g.input(1);
+  expect_error<ShapeError>([&] { ops::rope(x, g.input(2), g.input(2)); },
+                           "rope: cos and sin must be [3, 8] (x's seq and head_dim)");
+  expect_error<ShapeError>([&] { ops::rope(x, g.input(3), g.input(3)); }, "cos and sin must be [3, 8]");
+  expect_error<ShapeError>([&] { ops::rope(x, cs, g.input(2)); }, "expected x [seq, heads, head_dim]");
+  expect_error<ShapeError>([&] { ops::rope(cs, cs, cs); }, "expected x [seq, heads, head_dim]");
+  expect_error<ShapeError>([&] { ops::rope(g.input(4), g.input(5), g.input(5)); }, "head_dim must be static and even");
+  expect_error<DTypeError>([&] { ops::rope(x, g.input(6), g.input(6)); }, "operand dtypes f32 and f16 differ");
+  expect_error<DTypeError>([&] { ops::rope(g.input(7), g.input(8), g.input(8)); }, "must have a float dtype");
 }
 
 TEST(Attention, ResultHasTheQueriesType) {

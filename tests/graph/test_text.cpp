@@ -117,8 +117,8 @@ Module build_every_op_module() {
   for (const Value& v : ops::allreduce_sum({x}, {})) outs.push_back(v);
   for (const Value& v : ops::allgather({x}, {}, 1, 2)) outs.push_back(v);
 
-  // Fused ops (docs/fusion.md): an elementwise program broadcasting c [8] against x, and attention
-  // of x read as one query of 8 heads against a history of y's rows.
+  // Fused ops (docs/fusion.md): an elementwise program broadcasting c [8] against x, attention of x
+  // read as one query of 8 heads against a history of y's rows, and rope.
   outs.push_back(ops::fused_elementwise(
       {x, c}, "%2 = mul(%0, %1) : f32; %3 = gelu.tanh(%2) : f32; %4 = greater(%3, %1) : bool"));
   TensorValue q = ops::reshape(x, Shape{"batch", 2, 4});            // [batch, heads 2, head_dim 4]
@@ -126,6 +126,9 @@ Module build_every_op_module() {
   TensorValue masked = ops::is_nan(ops::matmul(ops::slice(x, {{0, Dim("batch")}, {0, 4}}),
                                                ops::permute(y, {1, 0})));  // [batch, seq + 1]
   outs.push_back(ops::attention(q, kv, kv, masked, 0.5));
+  // rope of q (seq = batch) with cos and sin [batch, head_dim 4] cut from x.
+  TensorValue angle = ops::slice(x, {{0, Dim("batch")}, {0, 4}});
+  outs.push_back(ops::rope(q, ops::cos(angle), ops::sin(angle)));
 
   // Quantized weights (Q8_0 rows of 34 bytes per 32 weights).
   TensorValue x32 = ops::concat({x, x, x, x}, 1);  // [batch, 32]

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <random>
 #include <vector>
@@ -80,6 +81,51 @@ TEST(RotaryEmbedding, RotatesHalvesByPositionTimesFrequency) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-5) << i;
   // Position 0 is the identity.
   for (int64_t i = 0; i < kHeads * kHeadDim; ++i) EXPECT_FLOAT_EQ(got[i], x[i]);
+}
+
+// RotaryEmbedding::apply builds one rope op; it must give the bits of the split / neg / concat /
+// elementwise graph it replaced (which the compiler fuses into one fused_elementwise), in f32 and bf16.
+TEST(RotaryEmbedding, RopeOpEqualsTheUnfusedRotateHalfGraphBitForBit) {
+  namespace ops = graph::ops;
+  constexpr int64_t kSeq = 7, kHeads = 3, kHeadDim = 12, kHalf = kHeadDim / 2;
+  std::mt19937 rng(9);
+  const auto x = random_values(rng, kSeq * kHeads * kHeadDim);
+  const auto c = random_values(rng, kSeq * kHeadDim), s = random_values(rng, kSeq * kHeadDim);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const std::vector<graph::Type> types{TensorType{dtype, {"seq", kHeads, kHeadDim}},
+                                         TensorType{DType::f32, {"seq", kHeadDim}},
+                                         TensorType{DType::f32, {"seq", kHeadDim}}};
+    auto fused = build_model(
+        types,
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{nn::RotaryEmbedding::apply(in[0], in[1], in[2])};
+        },
+        {});
+    auto unfused = build_model(
+        types,
+        [&](const std::vector<Value>& in) {
+          graph::TensorValue xv = in[0];
+          auto cv = ops::reshape(graph::TensorValue(in[1]), graph::Shape{xv.shape()[0], 1, kHeadDim});
+          auto sv = ops::reshape(graph::TensorValue(in[2]), graph::Shape{xv.shape()[0], 1, kHeadDim});
+          if (dtype != DType::f32) {
+            cv = ops::cast(cv, dtype);
+            sv = ops::cast(sv, dtype);
+          }
+          auto halves = ops::split(xv, {kHalf, kHalf}, -1);
+          auto rotated = ops::concat({-halves[1], halves[0]}, -1);
+          return std::vector<Value>{xv * cv + rotated * sv};
+        },
+        {});
+    std::vector<bf16_t> x_bf16;
+    for (float v : x) x_bf16.push_back(bf16_t(v));
+    const Tensor xt = dtype == DType::f32 ? Tensor::from_vector(x, {kSeq, kHeads, kHeadDim})
+                                          : Tensor::from_vector(x_bf16, {kSeq, kHeads, kHeadDim});
+    const std::vector<Tensor> inputs{xt, Tensor::from_vector(c, {kSeq, kHeadDim}),
+                                     Tensor::from_vector(s, {kSeq, kHeadDim})};
+    const Tensor got = fused.execute(inputs).at(0), want = unfused.execute(inputs).at(0);
+    ASSERT_EQ(got.nbytes(), want.nbytes());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.nbytes()), 0) << dtype_name(dtype);
+  }
 }
 
 TEST(RotaryEmbedding, RejectsOddHeadDim) { EXPECT_THROW(nn::RotaryEmbedding(7, 10000.0, 16), ValueError); }

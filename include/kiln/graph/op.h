@@ -52,7 +52,7 @@ namespace kiln::graph {
   /* collectives */                                                                         \
   X(allreduce_sum, "allreduce_sum") X(allgather, "allgather")                               \
   /* fused (built by compiler passes and nn layers; docs/fusion.md) */                       \
-  X(fused_elementwise, "fused_elementwise") X(attention, "attention")                       \
+  X(fused_elementwise, "fused_elementwise") X(attention, "attention") X(rope, "rope")       \
   /* quantized weights (kiln/graph/quantization.h, docs/quantization.md) */                 \
   X(qmatmul, "qmatmul") X(dequantize, "dequantize")
 
@@ -103,7 +103,7 @@ bool is_collective(Op);          // allreduce_sum, allgather
 // gather(input, indices), scatter(input, updates, indices), buffer_store(buffer, value),
 // allreduce_sum / allgather(input_0 .. input_{n-1}, signal_buffer_0 .. signal_buffer_{n-1}): one
 // input per device, then one signal buffer per device (none when n == 1); result i is on device i.
-// fused_elementwise(register_0 .. register_{n-1}), attention(q, k, v, masked),
+// fused_elementwise(register_0 .. register_{n-1}), attention(q, k, v, masked), rope(x, cos, sin),
 // qmatmul(lhs, rhs) with rhs the encoded weight u8[N, row_bytes], dequantize(input).
 //
 // Attribute values. Bytes hold constant data (little-endian elements). Shape holds Dims, so slice

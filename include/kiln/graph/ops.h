@@ -187,6 +187,12 @@ TensorValue fused_elementwise(const std::vector<TensorValue>& inputs, const std:
 // is masked everywhere averages every v). Result [seq, heads, head_dim] in q's dtype.
 TensorValue attention(const TensorValue& q, const TensorValue& k, const TensorValue& v,
                       const TensorValue& masked, double scale);
+// Rotary position embedding, rotate-half form (Llama's, Hugging Face's `apply_rotary_pos_emb`):
+//   out = x * cos + rotate_half(x) * sin,  rotate_half(x) = concat(-x[..., half:], x[..., :half])
+// with cos and sin broadcast over the heads, each product and the sum rounded to x's dtype as the
+// unfused ops round them. x [seq, heads, head_dim] (head_dim static and even); cos, sin
+// [seq, head_dim] in x's dtype. One kernel instead of split, neg, concat and the elementwise tail.
+TensorValue rope(const TensorValue& x, const TensorValue& cos, const TensorValue& sin);
 
 // ---- quantized weights (quantization.h, docs/quantization.md) ------------------------------------
 // lhs f32[..., K] times a quantized weight rhs u8[N, row_bytes] (N rows of K encoded weights, a

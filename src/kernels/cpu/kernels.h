@@ -124,5 +124,6 @@ void register_cpu_sources(KernelRegistry&);
 void register_cpu_collectives(KernelRegistry&);
 void register_cpu_fused(KernelRegistry&);
 void register_cpu_attention(KernelRegistry&);
+void register_cpu_rope(KernelRegistry&);
 
 }  // namespace kiln::kernels

@@ -34,6 +34,7 @@ const KernelRegistry& builtin_kernels() {
     register_cpu_data_movement(r);
     register_cpu_fused(r);
     register_cpu_attention(r);
+    register_cpu_rope(r);
     return r;
   }();
   return registry;
