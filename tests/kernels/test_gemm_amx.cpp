@@ -327,6 +327,26 @@ double round_to_bf16_reference(float x) {
 }
 
 // f32 activations A [M, K] (uniform in [-1, 1), almost none of them bf16 values) and a bf16 weight.
+// Many row blocks over a long K (the part's packed A past 1 MiB) run A-major: per group of column
+// pairs whose packed B fits in L2, each row block against every pair of the group, with the next
+// row block packed on the way (one part) or all of A packed first (parts sharing rows), and K
+// walked forwards or backwards by block. The bits match the naive loop and do not depend on that.
+TEST(AmxGemm, ManyRowBlocksOverLongKMatchNaiveLoopOnOneOrTwoThreads) {
+  SKIP_WITHOUT_AMX();
+  ThreadedParallel two(2);
+  // 10 row blocks (the last of 12 rows) x 54 K tiles (the last of 4): 10 column pairs (the last a
+  // single tile of 12 columns) in groups of 4, split by columns on 2 threads; then 19 row blocks x 57
+  // K tiles on 2 pairs, split by rows.
+  for (const auto& [M, N, K] : {std::tuple{300, 300, 1700}, std::tuple{600, 40, 1800}}) {
+    const Case c = make_case(M, N, K, true, static_cast<uint32_t>(M + N + K));
+    const std::vector<uint16_t> serial = run_amx(c);
+    expect_matches_naive(c, serial, label(c));
+    const int64_t before = two.chunks_run();
+    EXPECT_EQ(run_amx(c, &two), serial) << label(c) << ", 2 threads";
+    EXPECT_GT(two.chunks_run() - before, 1) << label(c) << ": the work was not split";
+  }
+}
+
 struct MixedCase {
   int64_t M, N, K;
   bool weight_nk = true;
@@ -419,6 +439,16 @@ TEST(AmxMixedMatmul, RoundedActivationsMatchNaiveLoopPreparedOrNotOnAnyThreadCou
           }
           EXPECT_EQ(run_matmul(c, nullptr, &two), direct) << label(c) << " unprepared, 2 threads";
         }
+}
+
+TEST(AmxMixedMatmul, ManyRowBlocksPackedOnTheWayMatchNaiveLoopOnOneOrTwoThreads) {
+  SKIP_WITHOUT_AMX();
+  ThreadedParallel two(2);
+  // A-major with f32 rows rounded while packed on the way (1 thread) or up front (2 threads).
+  const MixedCase c = make_mixed_case(300, 300, 1700, true, 1700);
+  const std::vector<float> serial = run_amx(c);
+  expect_mixed_matches_naive(c, serial, /*round_activations=*/true, label(c));
+  EXPECT_EQ(run_amx(c, &two), serial) << label(c) << ", 2 threads";
 }
 
 TEST(AmxMixedMatmul, ActivationsRoundToNearestEvenAndTheResultStaysF32) {

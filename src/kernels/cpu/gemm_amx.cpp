@@ -8,8 +8,9 @@
 // columns) into 4 f32 C tiles (32 x 32), one tile load per tdpbf16ps. A is copied once per call into
 // the same tile-row layout (every tile 1 KiB contiguous, zero-padded in M and K), which handles
 // every tail and stride in one place and keeps tile loads off the 4 KiB-aliasing row strides of
-// power-of-two K. Columns are walked in groups whose packed B stays in L2 while every row block
-// passes over it; K beyond 2048 is cut into slices so that a slice of A stays in L2 as well.
+// power-of-two K. The tile unit is fed at full rate only from L1, so the order of the blocks keeps
+// one operand's tiles there (run_part); K beyond 2048 is cut into slices so that a slice of A stays
+// in L2 as well. docs/amx.md has the measurements behind these choices.
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/scratch.h"
 
@@ -45,6 +46,10 @@ constexpr int64_t kGroupBytes = int64_t{1} << 20;
 constexpr int64_t kSliceKTiles = 64;
 // Row blocks per pass over one K slice (bounds the partial C buffer at 256 KiB per group of 8 pairs).
 constexpr int64_t kSliceRowBlocks = 8;
+// Bytes of packed A a part's K slice may take to run B-major (A kept in L2, B streamed once).
+constexpr int64_t kAInL2Bytes = int64_t{1} << 20;
+// Bytes of partial f32 C blocks a B-major part with K slices keeps between slices.
+constexpr int64_t kPartialBytes = int64_t{1} << 20;
 
 std::atomic<bool> g_disabled{false};
 
@@ -71,29 +76,6 @@ bool cpu_and_os_allow_amx() { return false; }
 
 thread_local AlignedScratch<uint16_t> t_packed_a;
 thread_local AlignedScratch<float> t_c_partial;  // f32 C blocks between K slices
-
-// Rows [m0, m0 + rows) of A (rows <= 32) -> [k_tiles][a_tiles][16 rows][32 of K], zero-padded.
-void pack_a_block(const uint16_t* a, int64_t a_row, int64_t a_col, int64_t m0, int64_t rows, int64_t K,
-                  uint16_t* dst) {
-  const int64_t k_tiles = (K + kTileK - 1) / kTileK, a_tiles = (rows + kTileRows - 1) / kTileRows;
-  for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    const int64_t k0 = kt * kTileK, width = std::min(kTileK, K - k0);
-    for (int64_t r = 0; r < a_tiles * kTileRows; ++r) {
-      uint16_t* d = dst + (kt * a_tiles * kTileRows + r) * kTileK;
-      int64_t filled = 0;
-      if (r < rows) {
-        const uint16_t* src = a + (m0 + r) * a_row + k0 * a_col;
-        if (a_col == 1) {
-          std::memcpy(d, src, static_cast<size_t>(width) * 2);
-        } else {
-          for (int64_t k = 0; k < width; ++k) d[k] = src[k * a_col];
-        }
-        filled = width;
-      }
-      std::fill(d + filled, d + kTileK, uint16_t{0});
-    }
-  }
-}
 
 // Offset of row block `mb` in the packed A: every block reserves two tiles per K tile.
 int64_t packed_a_offset(int64_t mb, int64_t k_tiles) { return mb * k_tiles * 2 * kTileElems; }
@@ -134,11 +116,155 @@ void load_tile_config() {
   asm volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
+// 16 floats -> bf16, round to nearest even; NaN stays NaN (quiet), as f32_to_bf16 does.
+__m256i round_to_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// One 64-byte row of a packed A tile: 32 values of K from k0 (width of them valid, the rest zero)
+// of the A row at src; f32 values rounded to bf16 to nearest even (as f32_to_bf16).
+void pack_a_chunk(const uint16_t* src, int64_t a_col, int64_t width, uint16_t* d) {
+  if (a_col == 1) {
+    const __mmask32 valid = width >= 32 ? ~__mmask32{0} : (__mmask32{1} << width) - 1;
+    _mm512_storeu_si512(d, _mm512_maskz_loadu_epi16(valid, src));
+  } else {
+    for (int64_t k = 0; k < width; ++k) d[k] = src[k * a_col];
+    std::fill(d + width, d + kTileK, uint16_t{0});
+  }
+}
+void pack_a_chunk(const float* src, int64_t a_col, int64_t width, uint16_t* d) {
+  if (a_col == 1) {
+    // The masked-off lanes load as 0.0f, which rounds to bf16 zero: the K padding.
+    const auto lanes = [](int64_t n) {
+      return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : n <= 0 ? 0u : (1u << n) - 1);
+    };
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), round_to_bf16(_mm512_maskz_loadu_ps(lanes(width), src)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 16),
+                        round_to_bf16(_mm512_maskz_loadu_ps(lanes(width - 16), src + 16)));
+  } else {
+    for (int64_t k = 0; k < width; ++k) d[k] = f32_to_bf16(src[k * a_col]);
+    std::fill(d + width, d + kTileK, uint16_t{0});
+  }
+}
+
+// Row block `mb` of A (bf16, or f32 rounded to bf16) still to be copied into the tile layout
+// [k_tiles][a_tiles][16 rows][32 of K], zero-padded in M and K. The copy goes in units of one
+// 64-byte tile row (unit u: row u / k_tiles, K tile u % k_tiles), so that it can run a few units
+// per K step of the blocks before it (as PendingStore) or all at once.
+template <class AT>
+struct PendingPack {
+  const AT* a = nullptr;  // null when nothing is pending
+  int64_t a_row = 0, a_col = 0, M = 0, K = 0;
+  int64_t m0 = 0, rows = 0;
+  uint16_t* dst = nullptr;
+  int64_t done = 0, units = 0;
+
+  void start(const AT* a_, int64_t a_row_, int64_t a_col_, int64_t M_, int64_t K_, int64_t mb, uint16_t* dst_) {
+    a = a_, a_row = a_row_, a_col = a_col_, M = M_, K = K_, dst = dst_;
+    m0 = mb * kBlockRows;
+    rows = std::min(kBlockRows, M - m0);
+    done = 0;
+    units = (rows + kTileRows - 1) / kTileRows * kTileRows * ((K + kTileK - 1) / kTileK);
+  }
+  void write_units(int64_t end) {
+    const int64_t k_tiles = (K + kTileK - 1) / kTileK, tile_rows = (rows + kTileRows - 1) / kTileRows * kTileRows;
+    for (end = std::min(end, units); done < end; ++done) {
+      const int64_t r = done / k_tiles, kt = done % k_tiles, k0 = kt * kTileK;
+      uint16_t* d = dst + (kt * tile_rows + r) * kTileK;
+      if (r >= rows)
+        _mm512_storeu_si512(d, _mm512_setzero_si512());
+      else
+        pack_a_chunk(a + (m0 + r) * a_row + k0 * a_col, a_col, std::min(kTileK, K - k0), d);
+    }
+  }
+  void finish() {
+    if (a) write_units(units);
+    a = nullptr;
+  }
+};
+
+template <class AT>
+void pack_a_block(const AT* a, int64_t a_row, int64_t a_col, int64_t M, int64_t K, int64_t mb, uint16_t* dst) {
+  PendingPack<AT> pack;
+  pack.start(a, a_row, a_col, M, K, mb, dst);
+  pack.finish();
+}
+
+// A finished f32 C block (rows from m0, columns from n0) still to be written to C, rounded to bf16
+// (uint16_t C) or as accumulated (float C). The next block writes it a few rows per K step, so the
+// vector work overlaps that block's tile products instead of waiting between blocks.
+template <class CT>
+struct PendingStore {
+  const float* block = nullptr;  // [2][2][16][16], null when nothing is pending
+  int mt_count = 0, nt_count = 0;
+  int64_t m0 = 0, n0 = 0, M = 0, N = 0, ldc = 0;
+  CT* c = nullptr;
+  int done_rows = 0;  // rows of the block written so far
+
+  int rows() const { return block ? mt_count * kTileRows : 0; }
+  // Writes the block's rows up to (not including) `end`.
+  void write_rows(int end) {
+    for (; done_rows < std::min(end, rows()); ++done_rows) {
+      const int mt = done_rows / kTileRows, r = done_rows % kTileRows;
+      const int64_t m = m0 + done_rows;
+      if (m >= M) continue;
+      for (int nt = 0; nt < nt_count; ++nt) {
+        const int64_t n = n0 + nt * kTileRows;
+        const int64_t cols = std::min<int64_t>(kTileRows, N - n);
+        if (cols <= 0) break;
+        const __mmask16 valid = static_cast<__mmask16>((1u << cols) - 1);
+        const __m512 v = _mm512_loadu_ps(block + ((mt * 2 + nt) * kTileRows + r) * kTileRows);
+        if constexpr (std::is_same_v<CT, float>)
+          _mm512_mask_storeu_ps(c + m * ldc + n, valid, v);
+        else
+          _mm256_mask_storeu_epi16(c + m * ldc + n, valid, round_to_bf16(v));
+      }
+    }
+  }
+  void finish() {
+    write_rows(rows());
+    block = nullptr;
+  }
+};
+
+// Which operand a block loads with the streaming hint (tileloaddt1): the one the next block does
+// not reuse, so that its lines do not push the reused operand's tiles out of L1. A tile load that
+// hits L1 is free beside tdpbf16ps; when both operands come from L2 the kernel runs at ~73% of the
+// tile peak, when one of them stays in L1 at ~90% (docs/amx.md).
+enum class Streamed { a, b };
+
+// Cache lines of the next block's operand to pull into L2 while this block runs: `lines` lines from
+// each of `from[0]` and (when not null) `from[1]`, spread over the block's K steps.
+struct NextPanel {
+  const char* from[2] = {nullptr, nullptr};
+  int64_t lines = 0;
+};
+
+// Work a block does a share of per K step, beside its tile products (which the tile unit runs on
+// its own, so this vector work overlaps them instead of waiting between blocks): prefetching the
+// next block's panel into L2, writing the previous block's C, packing the next row block of A up to
+// unit `pack_end`.
+template <class AT, class CT>
+struct Background {
+  NextPanel next;
+  PendingStore<CT> store;
+  PendingPack<AT> pack;
+  int64_t pack_end = 0;
+};
+
 // C block [MT * 16, NT * 16] (+)= A block . B tiles over k_tiles K tiles, in c [MT][NT][16][16]
-// floats: added to what c holds when `accumulate`, else overwriting it.
-template <int MT, int NT>
-void multiply_block(const uint16_t* a, int64_t a_step, const uint16_t* b0, const uint16_t* b1,
-                    int64_t k_tiles, float* c, bool accumulate) {
+// floats: added to what c holds when `accumulate`, else overwriting it. `backwards` walks K from the
+// last tile down: a block that follows one sharing its A (or B) then starts on the tiles that block
+// used last, still in L1. The caller fixes the direction per C block from its indices, so the bits
+// do not depend on the thread split. `bg`'s work is done on the way (all of it by the return).
+template <int MT, int NT, Streamed S, class AT, class CT>
+void multiply_block(const uint16_t* a, int64_t a_step, const uint16_t* b0, const uint16_t* b1, int64_t k_tiles,
+                    bool backwards, float* c, bool accumulate, Background<AT, CT>& bg) {
   if (accumulate) {
     _tile_loadd(0, c, 64);
     if constexpr (NT == 2) _tile_loadd(1, c + 256, 64);
@@ -150,102 +276,93 @@ void multiply_block(const uint16_t* a, int64_t a_step, const uint16_t* b0, const
     if constexpr (MT == 2) _tile_zero(2);
     if constexpr (MT == 2 && NT == 2) _tile_zero(3);
   }
-  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+  const NextPanel& next = bg.next;
+  const int64_t prefetch_per_step = (next.lines + k_tiles - 1) / k_tiles;
+  const int store_per_step = static_cast<int>((bg.store.rows() + k_tiles - 1) / k_tiles);
+  const int64_t pack_from = bg.pack.done,
+                pack_per_step = bg.pack.a ? (bg.pack_end - pack_from + k_tiles - 1) / k_tiles : 0;
+  for (int64_t step = 0; step < k_tiles; ++step) {
+    const int64_t kt = backwards ? k_tiles - 1 - step : step;
     const uint16_t* ak = a + kt * a_step;
-    _tile_loadd(4, ak, 64);
-    _tile_loadd(6, b0 + kt * kTileElems, 64);
+    if constexpr (S == Streamed::a)
+      _tile_stream_loadd(4, ak, 64);
+    else
+      _tile_loadd(4, ak, 64);
+    if constexpr (S == Streamed::b)
+      _tile_stream_loadd(6, b0 + kt * kTileElems, 64);
+    else
+      _tile_loadd(6, b0 + kt * kTileElems, 64);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (NT == 2) {
-      _tile_loadd(7, b1 + kt * kTileElems, 64);
+      if constexpr (S == Streamed::b)
+        _tile_stream_loadd(7, b1 + kt * kTileElems, 64);
+      else
+        _tile_loadd(7, b1 + kt * kTileElems, 64);
       _tile_dpbf16ps(1, 4, 7);
     }
     if constexpr (MT == 2) {
-      _tile_loadd(5, ak + kTileElems, 64);
+      if constexpr (S == Streamed::a)
+        _tile_stream_loadd(5, ak + kTileElems, 64);
+      else
+        _tile_loadd(5, ak + kTileElems, 64);
       _tile_dpbf16ps(2, 5, 6);
       if constexpr (NT == 2) _tile_dpbf16ps(3, 5, 7);
     }
+    for (int64_t l = step * prefetch_per_step, end = std::min(next.lines, l + prefetch_per_step); l < end; ++l) {
+      _mm_prefetch(next.from[0] + l * 64, _MM_HINT_T1);
+      if (next.from[1]) _mm_prefetch(next.from[1] + l * 64, _MM_HINT_T1);
+    }
+    if (bg.store.block) bg.store.write_rows(static_cast<int>(step + 1) * store_per_step);
+    if (bg.pack.a) bg.pack.write_units(std::min(bg.pack_end, pack_from + (step + 1) * pack_per_step));
   }
+  bg.store.finish();
+  if (bg.pack.a) bg.pack.write_units(bg.pack_end);
   _tile_stored(0, c, 64);
   if constexpr (NT == 2) _tile_stored(1, c + 256, 64);
   if constexpr (MT == 2) _tile_stored(2, c + 512, 64);
   if constexpr (MT == 2 && NT == 2) _tile_stored(3, c + 768, 64);
 }
 
-// 16 floats -> bf16, round to nearest even; NaN stays NaN (quiet), as f32_to_bf16 does.
-__m256i round_to_bf16(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
-}
-
-// Rows [m0, m0 + rows) of f32 A (rows <= 32) -> the layout of the bf16 pack_a_block above, each
-// value rounded to bf16 to nearest even (as f32_to_bf16); zero-padded in M and K.
-void pack_a_block(const float* a, int64_t a_row, int64_t a_col, int64_t m0, int64_t rows, int64_t K,
-                  uint16_t* dst) {
-  const int64_t k_tiles = (K + kTileK - 1) / kTileK, a_tiles = (rows + kTileRows - 1) / kTileRows;
-  for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    const int64_t k0 = kt * kTileK, width = std::min(kTileK, K - k0);
-    // The masked-off lanes load as 0.0f, which rounds to bf16 zero: the K padding.
-    const auto lanes = [](int64_t n) {
-      return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : n <= 0 ? 0u : (1u << n) - 1);
-    };
-    const __mmask16 low = lanes(width), high = lanes(width - 16);
-    for (int64_t r = 0; r < a_tiles * kTileRows; ++r) {
-      uint16_t* d = dst + (kt * a_tiles * kTileRows + r) * kTileK;
-      if (r >= rows) {
-        _mm512_storeu_si512(d, _mm512_setzero_si512());
-        continue;
-      }
-      const float* src = a + (m0 + r) * a_row + k0 * a_col;
-      if (a_col == 1) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), round_to_bf16(_mm512_maskz_loadu_ps(low, src)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 16),
-                            round_to_bf16(_mm512_maskz_loadu_ps(high, src + 16)));
-      } else {
-        for (int64_t k = 0; k < width; ++k) d[k] = f32_to_bf16(src[k * a_col]);
-        std::fill(d + width, d + kTileK, uint16_t{0});
-      }
-    }
-  }
-}
-
-// The valid part of a C block (rows from m0, columns from n0) into C: rounded to bf16 (uint16_t C) or
-// stored as accumulated (float C).
-template <class CT>
-void store_block(const float* c_block, int mt_count, int nt_count, int64_t m0, int64_t n0, int64_t M,
-                 int64_t N, CT* c, int64_t ldc) {
-  for (int mt = 0; mt < mt_count; ++mt)
-    for (int r = 0; r < kTileRows; ++r) {
-      const int64_t m = m0 + mt * kTileRows + r;
-      if (m >= M) return;
-      for (int nt = 0; nt < nt_count; ++nt) {
-        const int64_t n = n0 + nt * kTileRows;
-        const int64_t cols = std::min<int64_t>(kTileRows, N - n);
-        if (cols <= 0) break;
-        const __mmask16 valid = static_cast<__mmask16>((1u << cols) - 1);
-        const __m512 v = _mm512_loadu_ps(c_block + ((mt * 2 + nt) * kTileRows + r) * kTileRows);
-        if constexpr (std::is_same_v<CT, float>)
-          _mm512_mask_storeu_ps(c + m * ldc + n, valid, v);
-        else
-          _mm256_mask_storeu_epi16(c + m * ldc + n, valid, round_to_bf16(v));
-      }
-    }
-}
-
 // Row blocks [mb0, mb1) x column-tile pairs [np0, np1) of C (bf16 or f32), on the calling thread.
-template <class CT>
-void run_part(const uint16_t* packed_a, int64_t M, const PackedB& b, int64_t mb0, int64_t mb1, int64_t np0,
-              int64_t np1, CT* c, int64_t ldc) {
-  load_tile_config();
-  const int64_t k_tiles = b.k_tiles(), n_tiles = b.n_tiles();
+// `a` (A as given, element (m, k) at a[m * a_row + k * a_col]) is not null when this part packs its
+// own rows of A into packed_a (no other part reads them); else packed_a is ready.
+//
+// Each 2 x 2 block keeps its C tiles over a whole K slice (reloading C costs ~16 tdpbf16ps slots of
+// drain, zeroing ~6). Consecutive blocks share one operand, loaded normally and walked in alternating
+// K directions so the next block starts on its tiles still in L1; the other operand is streamed
+// (tileloaddt1) and the next block's panel of it is brought into L2 meanwhile:
+//  - B-major (the part's A slice fits in L2: few rows, e.g. a prefill): for each column pair, every
+//    row block; B shared, A streamed, the next column pair's B prefetched.
+//  - A-major (more rows): per group of column pairs whose B stays in L2, for each row block, every
+//    pair of the group; A shared, B streamed, the next row block's A prefetched (or packed, on the
+//    first group, when this part packs A).
+template <class AT, class CT>
+void run_part(const AT* a_source, int64_t a_row, int64_t a_col, uint16_t* packed_a, int64_t M, const PackedB& b,
+              int64_t mb0, int64_t mb1, int64_t np0, int64_t np1, CT* c, int64_t ldc) {
+  const int64_t K = b.K(), k_tiles = b.k_tiles(), n_tiles = b.n_tiles();
   const int64_t slice = std::min(k_tiles, kSliceKTiles), slices = (k_tiles + slice - 1) / slice;
-  const int64_t group = std::max<int64_t>(1, kGroupBytes / (slice * 2 * kTileElems * 2));
+  const int64_t panel_bytes = slice * 2 * kTileElems * 2;  // one row block's (or column pair's) K slice
   const int64_t row_chunk = slices == 1 ? mb1 - mb0 : kSliceRowBlocks;
+  const bool b_major = std::min(row_chunk, mb1 - mb0) * panel_bytes <= kAInL2Bytes;
   constexpr int64_t kBlockFloats = 4 * kTileRows * kTileRows;
-  float* partial = t_c_partial.get(static_cast<size_t>((slices == 1 ? 1 : row_chunk * group) * kBlockFloats));
+  const int64_t group = b_major ? (slices == 1 ? np1 - np0
+                                               : std::max<int64_t>(1, kPartialBytes / (row_chunk * kBlockFloats * 4)))
+                                : std::max<int64_t>(1, kGroupBytes / panel_bytes);
+  // A-major with one K slice packs row block mb + 1 while the blocks of row mb run; else up front.
+  const bool pack_on_the_way = a_source && !b_major && slices == 1;
+  if (a_source && !pack_on_the_way)
+    for (int64_t mb = mb0; mb < mb1; ++mb)
+      pack_a_block(a_source, a_row, a_col, M, K, mb, packed_a + packed_a_offset(mb, k_tiles));
+  if (pack_on_the_way) pack_a_block(a_source, a_row, a_col, M, K, mb0, packed_a + packed_a_offset(mb0, k_tiles));
+  float* partial = t_c_partial.get(static_cast<size_t>((slices == 1 ? 2 : row_chunk * group) * kBlockFloats));
+  int c_buffer = 0;  // with one K slice: which of the two block buffers the next block fills
+  load_tile_config();
+  Background<AT, CT> bg;
+  bg.store.M = M;
+  bg.store.N = b.N();
+  bg.store.c = c;
+  bg.store.ldc = ldc;
+  constexpr int64_t kLine = 64;
   for (int64_t g0 = np0; g0 < np1; g0 += group) {
     const int64_t g1 = std::min(np1, g0 + group);
     for (int64_t r0 = mb0; r0 < mb1; r0 += row_chunk) {
@@ -253,32 +370,97 @@ void run_part(const uint16_t* packed_a, int64_t M, const PackedB& b, int64_t mb0
       for (int64_t s = 0; s < slices; ++s) {
         const int64_t kt0 = s * slice, depth = std::min(slice, k_tiles - kt0);
         const bool last = s + 1 == slices;
-        for (int64_t mb = r0; mb < r1; ++mb) {
+        const auto block = [&](int64_t mb, int64_t np) {
           const int64_t rows = std::min(kBlockRows, M - mb * kBlockRows);
           const int mt_count = rows > kTileRows ? 2 : 1;
           const int64_t a_step = mt_count * kTileElems;
           const uint16_t* a = packed_a + packed_a_offset(mb, k_tiles) + kt0 * a_step;
-          for (int64_t np = g0; np < g1; ++np) {
-            const int64_t nt = 2 * np;
-            const int nt_count = nt + 1 < n_tiles ? 2 : 1;
-            const uint16_t* b0 = b.tile(nt, kt0);
-            const uint16_t* b1 = nt_count == 2 ? b.tile(nt + 1, kt0) : b0;
-            float* block = slices == 1 ? partial : partial + ((mb - r0) * group + (np - g0)) * kBlockFloats;
+          const int64_t nt = 2 * np;
+          const int nt_count = nt + 1 < n_tiles ? 2 : 1;
+          const uint16_t* b0 = b.tile(nt, kt0);
+          const uint16_t* b1 = nt_count == 2 ? b.tile(nt + 1, kt0) : b0;
+          float* c_block = slices == 1 ? partial + c_buffer * kBlockFloats
+                                       : partial + ((mb - r0) * group + (np - g0)) * kBlockFloats;
+          const bool backwards = ((mb + np) & 1) != 0, accumulate = s > 0;
+          if (b_major) {
+            constexpr Streamed kS = Streamed::a;
             if (mt_count == 2 && nt_count == 2)
-              multiply_block<2, 2>(a, a_step, b0, b1, depth, block, s > 0);
+              multiply_block<2, 2, kS>(a, a_step, b0, b1, depth, backwards, c_block, accumulate, bg);
             else if (mt_count == 2)
-              multiply_block<2, 1>(a, a_step, b0, b1, depth, block, s > 0);
+              multiply_block<2, 1, kS>(a, a_step, b0, b1, depth, backwards, c_block, accumulate, bg);
             else if (nt_count == 2)
-              multiply_block<1, 2>(a, a_step, b0, b1, depth, block, s > 0);
+              multiply_block<1, 2, kS>(a, a_step, b0, b1, depth, backwards, c_block, accumulate, bg);
             else
-              multiply_block<1, 1>(a, a_step, b0, b1, depth, block, s > 0);
-            if (last)
-              store_block(block, mt_count, nt_count, mb * kBlockRows, nt * kTileRows, M, b.N(), c, ldc);
+              multiply_block<1, 1, kS>(a, a_step, b0, b1, depth, backwards, c_block, accumulate, bg);
+          } else {
+            constexpr Streamed kS = Streamed::b;
+            if (mt_count == 2 && nt_count == 2)
+              multiply_block<2, 2, kS>(a, a_step, b0, b1, depth, backwards, c_block, accumulate, bg);
+            else if (mt_count == 2)
+              multiply_block<2, 1, kS>(a, a_step, b0, b1, depth, backwards, c_block, accumulate, bg);
+            else if (nt_count == 2)
+              multiply_block<1, 2, kS>(a, a_step, b0, b1, depth, backwards, c_block, accumulate, bg);
+            else
+              multiply_block<1, 1, kS>(a, a_step, b0, b1, depth, backwards, c_block, accumulate, bg);
+          }
+          if (last) {  // written during the next block (or at the end)
+            bg.store.block = c_block;
+            bg.store.mt_count = mt_count;
+            bg.store.nt_count = nt_count;
+            bg.store.m0 = mb * kBlockRows;
+            bg.store.n0 = nt * kTileRows;
+            bg.store.done_rows = 0;
+            if (slices == 1) c_buffer ^= 1;  // the pending block keeps its buffer until the next one is done
+          }
+        };
+        if (b_major) {
+          // The next pair's B slice (two column tiles of `depth` tiles each), a share per row block.
+          const int64_t tile_lines = depth * kTileElems * 2 / kLine, share = (tile_lines + (r1 - r0) - 1) / (r1 - r0);
+          for (int64_t np = g0; np < g1; ++np)
+            for (int64_t mb = r0; mb < r1; ++mb) {
+              bg.next = NextPanel{};
+              const int64_t first = (mb - r0) * share;
+              if (np + 1 < g1 && first < tile_lines) {
+                const int64_t nt = 2 * (np + 1);
+                bg.next.from[0] = reinterpret_cast<const char*>(b.tile(nt, kt0)) + first * kLine;
+                if (nt + 1 < n_tiles)
+                  bg.next.from[1] = reinterpret_cast<const char*>(b.tile(nt + 1, kt0)) + first * kLine;
+                bg.next.lines = std::min(share, tile_lines - first);
+              }
+              block(mb, np);
+            }
+        } else {
+          // The next row block's A slice, a share per column pair: packed there on the first group
+          // when this part packs A, else prefetched.
+          for (int64_t mb = r0; mb < r1; ++mb) {
+            const bool has_next = mb + 1 < r1;
+            const bool packing = pack_on_the_way && g0 == np0 && has_next;
+            if (packing)
+              bg.pack.start(a_source, a_row, a_col, M, K, mb + 1, packed_a + packed_a_offset(mb + 1, k_tiles));
+            const int64_t next_rows = has_next ? std::min(kBlockRows, M - (mb + 1) * kBlockRows) : 0;
+            const int64_t next_step = next_rows > kTileRows ? 2 * kTileElems : kTileElems;
+            const int64_t panel_lines = depth * next_step * 2 / kLine,
+                          share = (panel_lines + (g1 - g0) - 1) / (g1 - g0);
+            for (int64_t np = g0; np < g1; ++np) {
+              bg.next = NextPanel{};
+              const int64_t first = (np - g0) * share;
+              if (packing) {
+                bg.pack_end = bg.pack.units * (np - g0 + 1) / (g1 - g0);
+              } else if (has_next && first < panel_lines) {
+                bg.next.from[0] = reinterpret_cast<const char*>(packed_a + packed_a_offset(mb + 1, k_tiles) +
+                                                                kt0 * next_step) +
+                                  first * kLine;
+                bg.next.lines = std::min(share, panel_lines - first);
+              }
+              block(mb, np);
+            }
+            bg.pack.finish();
           }
         }
       }
     }
   }
+  bg.store.finish();
   _tile_release();
 }
 
@@ -395,25 +577,29 @@ void gemm_on_tiles(const KernelContext& ctx, const AT* a, int64_t a_row, int64_t
   const int64_t K = b.K(), k_tiles = b.k_tiles();
   const int64_t m_blocks = (M + kBlockRows - 1) / kBlockRows;
   uint16_t* packed_a = t_packed_a.get(static_cast<size_t>(packed_a_offset(m_blocks, k_tiles)));
-  parallel_for(ctx, m_blocks,
-               std::max<int64_t>(1, kElementwiseGrain / (kBlockRows * std::max<int64_t>(K, 1))),
-               [&](int64_t begin, int64_t end) {
-                 for (int64_t mb = begin; mb < end; ++mb)
-                   pack_a_block(a, a_row, a_col, mb * kBlockRows, std::min(kBlockRows, M - mb * kBlockRows),
-                                K, packed_a + packed_a_offset(mb, k_tiles));
-               });
   // One part per thread, over column-tile pairs when there are enough, else over row blocks: every
   // C block is computed the same way whichever part holds it, so the bits do not depend on threads.
   const int64_t n_pairs = (b.n_tiles() + 1) / 2;
   const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
   const int64_t parts = std::clamp<int64_t>(M * b.N() * std::max<int64_t>(K, 1) / kMinMacsPerPart, 1,
                                             std::min<int64_t>(threads, std::max(n_pairs, m_blocks)));
-  const bool split_columns = n_pairs >= parts * 2 || n_pairs >= m_blocks;
+  const bool split_columns = parts > 1 && (n_pairs >= parts * 2 || n_pairs >= m_blocks);
+  // Parts that share rows of A need it packed first; a part that owns its rows packs them itself.
+  if (split_columns)
+    parallel_for(ctx, m_blocks,
+                 std::max<int64_t>(1, kElementwiseGrain / (kBlockRows * std::max<int64_t>(K, 1))),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t mb = begin; mb < end; ++mb)
+                     pack_a_block(a, a_row, a_col, M, K, mb, packed_a + packed_a_offset(mb, k_tiles));
+                 });
+  const AT* own_rows = split_columns ? nullptr : a;
   auto part = [&](int64_t t) {
     if (split_columns)
-      run_part(packed_a, M, b, 0, m_blocks, t * n_pairs / parts, (t + 1) * n_pairs / parts, c, ldc);
+      run_part(own_rows, a_row, a_col, packed_a, M, b, 0, m_blocks, t * n_pairs / parts, (t + 1) * n_pairs / parts,
+               c, ldc);
     else
-      run_part(packed_a, M, b, t * m_blocks / parts, (t + 1) * m_blocks / parts, 0, n_pairs, c, ldc);
+      run_part(own_rows, a_row, a_col, packed_a, M, b, t * m_blocks / parts, (t + 1) * m_blocks / parts, 0, n_pairs,
+               c, ldc);
   };
   if (parts == 1) {
     part(0);
