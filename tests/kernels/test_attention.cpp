@@ -146,6 +146,7 @@ TEST(AttentionKernel, PrefillIsCausal) {
 TEST(AttentionKernel, HistoriesLongerThanOneKeyTileAndOddHeadDims) {
   check_case({3, 130, 6, 3, 13}, std::vector<bool>(130, false));
   check_case({1, 200, 6, 6, 48}, std::vector<bool>(200, false));
+  check_case({2, 40, 2, 1, 160}, std::vector<bool>(40, false));  // head_dim > 128: sums kept in memory
 }
 
 TEST(AttentionKernel, PaddedKeysAreNeverAttended) {

@@ -192,25 +192,74 @@ void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-KILN_AVX512 inline float dot_avx512(const float* a, const float* b, int64_t n) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+// Lane j <- the sum of v[j]'s lanes, for 16 vectors at once: a transpose-and-add tree, about three
+// instructions per vector where a reduction of each would take eight.
+KILN_AVX512 inline __m512 reduce16(const __m512* v) {
+  __m512 t[8], u[4];
+  for (int j = 0; j < 8; ++j)  // 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of a = v[2j], b = v[2j+1]
+    t[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+  for (int k = 0; k < 4; ++k) {  // 128-bit lane L: the lane-L sums of v[4k .. 4k+3]
+    const __m512d a = _mm512_castps_pd(t[2 * k]), b = _mm512_castps_pd(t[2 * k + 1]);
+    u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
   }
-  for (; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
+}
+
+inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+
+// q . k_j for the keys j < n (n <= 16) whose rows start k_row apart: one vector of scores (0 past n).
+KILN_AVX512 inline __m512 dots16(const float* q, const float* k, int64_t k_row, int64_t hd, int64_t n) {
+  __m512 part[16];
+  for (int j = 0; j < 16; ++j) part[j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < hd; c += 16) {
+    const __mmask16 m = first_lanes(hd - c);
+    const __m512 qv = _mm512_maskz_loadu_ps(m, q + c);
+    for (int64_t j = 0; j < n; ++j) part[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + j * k_row + c), part[j]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  return reduce16(part);
+}
+
+// dst[0, hd) = inv * sum_t p[t] v_t over t < total, value rows v_row apart; NV = ceil(hd / 16)
+// vectors held in registers (two sets, even and odd keys, so consecutive FMAs do not wait on each
+// other). Keys with p[t] == 0 (hidden) are skipped.
+template <int NV>
+KILN_AVX512 void weighted_sum(const float* p, const float* v, int64_t v_row, int64_t total, int64_t hd, float inv,
+                              float* dst) {
+  __mmask16 mask[NV];
+  __m512 even[NV], odd[NV];
+  for (int i = 0; i < NV; ++i) {
+    mask[i] = first_lanes(hd - 16 * i);
+    even[i] = odd[i] = _mm512_setzero_ps();
+  }
+  int64_t t = 0;
+  for (; t + 2 <= total; t += 2) {
+    const float p0 = p[t], p1 = p[t + 1];
+    if (p0 == 0.0f && p1 == 0.0f) continue;
+    const __m512 w0 = _mm512_set1_ps(p0), w1 = _mm512_set1_ps(p1);
+    const float* v0 = v + t * v_row;
+    const float* v1 = v0 + v_row;
+    for (int i = 0; i < NV; ++i) {
+      even[i] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(mask[i], v0 + 16 * i), even[i]);
+      odd[i] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(mask[i], v1 + 16 * i), odd[i]);
+    }
+  }
+  if (t < total && p[t] != 0.0f) {
+    const __m512 w0 = _mm512_set1_ps(p[t]);
+    for (int i = 0; i < NV; ++i)
+      even[i] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(mask[i], v + t * v_row + 16 * i), even[i]);
+  }
+  const __m512 scale = _mm512_set1_ps(inv);
+  for (int i = 0; i < NV; ++i)
+    _mm512_mask_storeu_ps(dst + 16 * i, mask[i], _mm512_mul_ps(_mm512_add_ps(even[i], odd[i]), scale));
 }
 
 // acc[0, n) += p * x[0, n)
 KILN_AVX512 inline void axpy_avx512(float* acc, float p, const float* x, int64_t n) {
   const __m512 pv = _mm512_set1_ps(p);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __mmask16 m = first_lanes(n - i);
     _mm512_mask_storeu_ps(acc + i, m,
                           _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, acc + i)));
   }
@@ -236,17 +285,28 @@ KILN_AVX512 void attend_row(const Dims& d, float scale, const RowOperands& o, in
   for (int64_t g0 = 0; g0 < group; g0 += 64) {
     const int64_t gs = std::min<int64_t>(64, group - g0);
     for (int64_t g = 0; g < gs; ++g) q_rows[g] = o.q + (kv * group + g0 + g) * o.q_head;
-    // Scores: each key row is read once for all of the group's heads.
-    for (int64_t t = 0; t < total; ++t) {
-      const float* k_row = o.k + t * o.k_row + kv * o.k_head;
-      const bool hidden = !o.all_masked && o.mask[t * o.mask_stride];
-      for (int64_t g = 0; g < gs; ++g)
-        scores[static_cast<size_t>(g * total + t)] = hidden       ? -std::numeric_limits<float>::infinity()
-                                                     : o.all_masked ? 0.0f
-                                                                    : dot_avx512(q_rows[g], k_row, hd) * scale;
+    // Scores, 16 keys at a time; a block of keys all hidden (the future, in causal prefill) is skipped.
+    const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t t0 = 0; t0 < total; t0 += 16) {
+      const int64_t n = std::min<int64_t>(16, total - t0);
+      __mmask16 hidden = 0;
+      if (!o.all_masked)
+        for (int64_t j = 0; j < n; ++j) hidden |= static_cast<__mmask16>(o.mask[(t0 + j) * o.mask_stride] ? 1u << j : 0u);
+      const __mmask16 valid = first_lanes(n);
+      for (int64_t g = 0; g < gs; ++g) {
+        float* row = scores.data() + g * total + t0;
+        if (o.all_masked) {
+          _mm512_mask_storeu_ps(row, valid, _mm512_setzero_ps());
+        } else if (hidden == valid) {
+          _mm512_mask_storeu_ps(row, valid, minus_inf);
+        } else {
+          const __m512 dots = dots16(q_rows[g], o.k + t0 * o.k_row + kv * o.k_head, o.k_row, hd, n);
+          _mm512_mask_storeu_ps(row, valid,
+                                _mm512_mask_mov_ps(_mm512_mul_ps(dots, _mm512_set1_ps(scale)), hidden, minus_inf));
+        }
+      }
     }
     // Softmax numerators and their sums; hidden keys (-inf) get exactly 0.
-    const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     float sums[64];
     for (int64_t g = 0; g < gs; ++g) {
       float* row = scores.data() + g * total;
@@ -267,20 +327,28 @@ KILN_AVX512 void attend_row(const Dims& d, float scale, const RowOperands& o, in
       }
       sums[g] = _mm512_reduce_add_ps(sum);
     }
-    // Weighted sum of the value rows, each read once for the group.
-    std::fill(acc.begin(), acc.begin() + gs * hd, 0.0f);
-    for (int64_t t = 0; t < total; ++t) {
-      const float* v_row = o.v + t * o.v_row + kv * o.v_head;
-      for (int64_t g = 0; g < gs; ++g) {
-        const float p = scores[static_cast<size_t>(g * total + t)];
-        if (p != 0.0f) axpy_avx512(acc.data() + g * hd, p, v_row, hd);
-      }
-    }
+    // Weighted sum of the value rows: per head, in registers (the group's V rows stay in L1/L2);
+    // head dims over 128 accumulate in memory, each value row read once for the group.
+    const float* v_head = o.v + kv * o.v_head;
     for (int64_t g = 0; g < gs; ++g) {
       const float inv = sums[g] > 0.0f ? 1.0f / sums[g] : 0.0f;  // total == 0: the result is 0
+      const float* p = scores.data() + g * total;
       float* dst = o.out + (kv * group + g0 + g) * hd;
-      const float* a = acc.data() + g * hd;
-      for (int64_t i = 0; i < hd; ++i) dst[i] = a[i] * inv;
+      switch ((hd + 15) / 16) {
+        case 1: weighted_sum<1>(p, v_head, o.v_row, total, hd, inv, dst); continue;
+        case 2: weighted_sum<2>(p, v_head, o.v_row, total, hd, inv, dst); continue;
+        case 3: weighted_sum<3>(p, v_head, o.v_row, total, hd, inv, dst); continue;
+        case 4: weighted_sum<4>(p, v_head, o.v_row, total, hd, inv, dst); continue;
+        case 5: weighted_sum<5>(p, v_head, o.v_row, total, hd, inv, dst); continue;
+        case 6: weighted_sum<6>(p, v_head, o.v_row, total, hd, inv, dst); continue;
+        case 7: weighted_sum<7>(p, v_head, o.v_row, total, hd, inv, dst); continue;
+        case 8: weighted_sum<8>(p, v_head, o.v_row, total, hd, inv, dst); continue;
+        default: break;
+      }
+      std::fill(acc.begin(), acc.begin() + hd, 0.0f);
+      for (int64_t t = 0; t < total; ++t)
+        if (p[t] != 0.0f) axpy_avx512(acc.data(), p[t], v_head + t * o.v_row, hd);
+      for (int64_t i = 0; i < hd; ++i) dst[i] = acc[static_cast<size_t>(i)] * inv;
     }
   }
 }
