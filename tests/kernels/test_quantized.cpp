@@ -249,6 +249,53 @@ TEST(QMatmul, OneAndTwoThreadsGiveIdenticalBitsOnEveryIsa) {
   }
 }
 
+// The weight's GEMM panels packed at init (qmatmul's prepare function) against packing per call: the
+// same bits on 1 and 2 threads, for row counts that are not a multiple of the 32-row panel, a
+// symbolic lhs (empty shape at init) and a static one; decode-sized lhs shapes prepare nothing.
+TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
+  const PrepareFn prepare = builtin_kernels().find_prepare(Op::qmatmul, DeviceKind::CPU, DType::f32);
+  ASSERT_NE(prepare, nullptr);
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    const bool vnni = (isa == Isa::avx512 || isa == Isa::avx512_bf16) && __builtin_cpu_supports("avx512vnni");
+    for (const QCase& c : {QCase{9, 96, 70}, QCase{40, 256, 33}, QCase{13, 64, 64}}) {
+      const std::vector<float> x = random_floats(c.M * c.K, 41);
+      const HostTensor w = quantized_weights(c.N, c.K, 42);
+      const HostTensor xt = kernel_test::tensor<float>({c.M, c.K}, x);
+      const bool fixed[] = {false, true};
+      for (bool symbolic : {true, false}) {
+        TensorView lhs_at_init;  // data unknown at init; shape empty when symbolic
+        lhs_at_init.dtype = DType::f32;
+        if (!symbolic) {
+          lhs_at_init.shape = {c.M, c.K};
+          lhs_at_init.strides = {c.K, 1};
+        }
+        const std::vector<TensorView> at_init{lhs_at_init, w.view()};
+        const auto prepared = prepare(kQ8Attrs, at_init, std::span<const bool>(fixed));
+        const std::string what = std::string(gemm::isa_name(isa)) + " M " + std::to_string(c.M);
+        EXPECT_EQ(prepared != nullptr, vnni) << what << ": panels are packed exactly where the VNNI GEMM runs";
+        if (!prepared) continue;
+        for (int threads : {1, 2}) {
+          const HostTensor want = qmatmul(x, w, c.M, c.K, c.N, threads);
+          HostTensor got(DType::f32, {c.M, c.N});
+          ThreadedParallel pool(threads);
+          KernelContext ctx{&pool};
+          ctx.prepared = prepared.get();
+          const KernelFn fn = builtin_kernels().find(Op::qmatmul, DeviceKind::CPU, DType::f32);
+          const std::vector<TensorView> in{xt.view(), w.view()}, out{got.view()};
+          fn(ctx, kQ8Attrs, in, out);
+          EXPECT_EQ(got.bytes, want.bytes) << what << " threads " << threads;
+        }
+      }
+      TensorView decode_lhs;
+      decode_lhs.dtype = DType::f32;
+      decode_lhs.shape = {1, c.K};
+      decode_lhs.strides = {c.K, 1};
+      EXPECT_EQ(prepare(kQ8Attrs, std::vector<TensorView>{decode_lhs, w.view()}, std::span<const bool>(fixed)), nullptr);
+    }
+  }
+}
+
 TEST(QMatmul, StridedAndBatchedLhsMatchTheReference) {
   const int64_t K = 128, N = 45;
   for (int64_t M : {3, 24}) {

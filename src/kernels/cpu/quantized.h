@@ -9,9 +9,10 @@
 // * GEMV (M <= kSmallM rows, decode, bound by reading the 34 bytes per 32 weights): the activations
 //   are stored +128 (`offset`) and 128 * sum(w) (one more vpdpbusd per weight block, shared by all
 //   rows of x) is subtracted; weights are read in place, several rows at a time.
-// * GEMM (prefill): each thread packs 32 weight rows at a time, +128, into an L2-resident panel
-//   whose vectors hold 16 rows x 4 quants, so one activation dword broadcast feeds 16 rows; the
-//   correction -128 * sum(q_x) per activation block starts each int32 accumulator.
+// * GEMM (prefill): 32 weight rows at a time, +128, in a panel whose vectors hold 16 rows x 4
+//   quants, so one activation dword broadcast feeds 16 rows; the correction -128 * sum(q_x) per
+//   activation block starts each int32 accumulator. A fixed weight's panels are packed once at init
+//   (the qmatmul kernel's prepared state); otherwise each thread packs a panel at a time into L2.
 #pragma once
 
 #include <cstdint>
@@ -39,14 +40,19 @@ using Q8_0GemvFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t ro
 inline constexpr int64_t kGemmRows = 32;
 inline int64_t gemm_panel_bytes(int64_t K) { return K / 32 * kGemmRows * (32 + 4); }
 
-// Same contract as Q8_0GemvFn for any M, x not offset (with sums); n0 a multiple of kGemmRows;
-// `panel` holds gemm_panel_bytes(K) bytes, 64-byte aligned.
+// Same contract as Q8_0GemvFn for any M, x not offset (with sums); n0 a multiple of kGemmRows.
+// `packed`: all of w's panels (Q8_0PackFn's layout) packed ahead, or nullptr: each panel is then
+// packed into `panel` (gemm_panel_bytes(K) bytes, 64-byte aligned) on the way. Same bits either way.
 using Q8_0GemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
-                            float* y, int64_t ldy, uint8_t* panel);
+                            float* y, int64_t ldy, const uint8_t* packed, uint8_t* panel);
+// Weight rows [0, N) of w -> ceil(N / kGemmRows) panels of gemm_panel_bytes(K) bytes at `panels`
+// (64-byte aligned): what the GEMM packs per call, done once for a fixed weight.
+using Q8_0PackFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels);
 
 // nullptr where not compiled in; the caller checks the CPU (avx512f/bw/vl + avx512vnni).
 Q8_0GemvFn avx512_vnni_q8_0_gemv();
 Q8_0GemmFn avx512_vnni_q8_0_gemm();
+Q8_0PackFn avx512_vnni_q8_0_pack();
 QuantizeRowsFn avx512_quantize_rows();
 
 }  // namespace kiln::kernels::quantized

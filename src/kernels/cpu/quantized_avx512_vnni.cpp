@@ -285,12 +285,21 @@ constexpr int kGemmMR = 6;
 // Blocks per pass over the activation rows: 16 blocks of a panel (18 KiB) stay in L1 meanwhile.
 constexpr int64_t kGemmBlocksPerPass = 16;
 
+void pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
+  for (int64_t n = 0; n < N; n += kGemmRows)
+    pack_panel(w, row_bytes, n, lo(kGemmRows, N - n), K / kBlock, panels + n / kGemmRows * gemm_panel_bytes(K));
+}
+
 void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y, int64_t ldy,
-          uint8_t* panel) {
+          const uint8_t* packed, uint8_t* scratch) {
   const int64_t blocks = x.K / kBlock;
   for (int64_t n = n0; n < n1; n += kGemmRows) {
     const int64_t rows = lo(kGemmRows, n1 - n);
-    pack_panel(w, row_bytes, n, rows, blocks, panel);
+    const uint8_t* panel = scratch;
+    if (packed)
+      panel = packed + n / kGemmRows * gemm_panel_bytes(x.K);
+    else
+      pack_panel(w, row_bytes, n, rows, blocks, scratch);
     const __mmask16 mask0 = static_cast<__mmask16>(rows >= 16 ? 0xffff : (1u << rows) - 1);
     const __mmask16 mask1 = static_cast<__mmask16>(rows >= 32 ? 0xffff : rows <= 16 ? 0 : (1u << (rows - 16)) - 1);
     for (int64_t b0 = 0; b0 < blocks; b0 += kGemmBlocksPerPass) {
@@ -317,12 +326,14 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
 namespace kiln::kernels::quantized {
 Q8_0GemvFn avx512_vnni_q8_0_gemv() { return gemv; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return gemm; }
+Q8_0PackFn avx512_vnni_q8_0_pack() { return pack; }
 QuantizeRowsFn avx512_quantize_rows() { return quantize_rows; }
 }  // namespace kiln::kernels::quantized
 #else
 namespace kiln::kernels::quantized {
 Q8_0GemvFn avx512_vnni_q8_0_gemv() { return nullptr; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return nullptr; }
+Q8_0PackFn avx512_vnni_q8_0_pack() { return nullptr; }
 QuantizeRowsFn avx512_quantize_rows() { return nullptr; }
 }  // namespace kiln::kernels::quantized
 #endif

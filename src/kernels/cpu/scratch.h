@@ -13,6 +13,7 @@ namespace kiln::kernels {
 template <class T>
 class AlignedScratch {
  public:
+  const T* data() const { return data_.get(); }
   // At least `elements` elements, 64-byte aligned; the contents are not kept when it grows.
   T* get(size_t elements) {
     if (elements > size_) {
