@@ -149,8 +149,9 @@ std::string label(Isa isa, DType dtype, Rhs rhs, int64_t M, int64_t N, int64_t K
          std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
 }
 
-// Sizes around the register tiles (6 x 16, 6 x 64), the small-M limit (8), the vector width and the
-// cache blocks (KC 256 f32, 512 bf16 pairs; MC 510 / 384; NC 1024 / 512).
+// Sizes around the register tiles (6 x 16, 6 x 64; every row count mod 6), the small-M limit (8), the
+// vector width and the cache blocks (KC 512 / 256 f32, 1024 / 512 bf16 pairs; MC 192 / 384, split
+// into equal row blocks; NC 1024 / 512).
 struct Shape {
   int64_t M, N, K;
 };
@@ -241,7 +242,10 @@ TEST(Gemm, PreparedWeightGivesTheSameBitsAsPackingPerCall) {
   for (Isa isa : supported_isas()) {
     ForcedIsa forced(isa);
     for (Rhs rhs : {Rhs::plain, Rhs::transposed})
-      for (const Shape& s : {Shape{9, 70, 33}, Shape{100, 300, 300}, Shape{520, 65, 257}, Shape{13, 1100, 257}}) {
+      // {200, 70, 1100}: three depth blocks (the next block's panels prefetched from the init-packed
+      // weight) and two row blocks of 102 rows, the last row tile 2 high.
+      for (const Shape& s : {Shape{9, 70, 33}, Shape{100, 300, 300}, Shape{520, 65, 257}, Shape{13, 1100, 257},
+                             Shape{200, 70, 1100}}) {
         const Operands o = make_operands(DType::f32, 0, 0, s.M, s.N, s.K, rhs, seed++);
         const bool fixed[] = {false, true};
         TensorView lhs_at_init;  // data unknown at init, static shape

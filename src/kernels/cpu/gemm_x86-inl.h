@@ -5,7 +5,7 @@
 // standard headers come before the pragma in the including file (see gemm.h for why).
 //
 // Layout of the packed operands (MR x NR register tile, L floats per vector, NR = NV * L):
-//   f32 kernel:  A rows as given (or packed [MR][kc]), B panels [kc][NR]
+//   f32 kernel:  A packed [MR][kc] per row tile, B panels [kc][NR]
 //   bf16 kernel: A rows of bf16 (or packed [MR][kc even]), B panels [kc / 2][NR][2] (k pairs)
 
 // ---- vector traits --------------------------------------------------------------------------------
@@ -55,9 +55,13 @@ struct Vec {
   }
 };
 constexpr int kMR = 6, kNV = 4;  // 6 x 64 tile: 24 zmm accumulators
-// B micro-panel kc x 64 floats = 64 KiB, streamed through L1d by the prefetchers; A block mc x kc =
-// 510 KiB in a 2 MiB L2. (kc 128 with the micro-panel inside a 48 KiB L1d measured no faster.)
-constexpr int64_t kKC = 256, kMC = 510, kNC = 1024;
+// kc 512: the C tile is loaded and stored once per depth block, so a deep block halves that traffic
+// against 256 (C of a 1024-wide product lives in L3). Each call streams its B micro-panel (kc x 64 =
+// 128 KiB) from L2 at 256 bytes a step, which L2 sustains, while the next micro-panel is prefetched
+// into L2 (micro_f32's pf). A block mc x kc = 384 KiB stays in the 2 MiB L2 beside the B micro-panel
+// and the C tiles passing through. Measured on an Emerald Rapids core against kc 128 (B micro-panel
+// inside the 48 KiB L1d), 256 and 384: 1024^3 and M = 128 prefill shapes both best at 384-768.
+constexpr int64_t kKC = 512, kMC = 192, kNC = 1024;
 #elif defined(KILN_GEMM_AVX2)
 struct Vec {
   using V = __m256;
@@ -161,33 +165,47 @@ template <class T> void store_rows(const float* src, int64_t ld, int64_t rows, i
 
 // ---- f32 micro-kernel ----------------------------------------------------------------------------
 
-// The hot loop: C[mr x nr] (+)= A[MR rows, lda apart][kc] . Bp[kc][NR]. Each step loads NV vectors of
-// B and broadcasts one element of each A row (folded into the FMA's memory operand).
-void micro_f32(int64_t kc, const float* __restrict a, int64_t lda, const float* __restrict b, float* c,
-               int64_t ldc, int64_t mr, int64_t nr, bool accumulate) {
-  V acc[kMR][kNV];
+constexpr int64_t kLineFloats = 64 / sizeof(float);  // one cache line
+
+// One step of the hot loop: NV vectors of B row k, times each A row's element k broadcast (folded
+// into the FMA's memory operand).
+template <int R>
+[[gnu::always_inline]] inline void micro_step(V (&acc)[R][kNV], const float* __restrict a, int64_t lda,
+                                              const float* __restrict b, int64_t k) {
+  V bv[kNV];
 #pragma GCC unroll 8
-  for (int i = 0; i < kMR; ++i) {
+  for (int v = 0; v < kNV; ++v) bv[v] = Vec::load(b + k * kNR + v * kL);
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    const V ai = Vec::set1(a[i * lda + k]);
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::fma(ai, bv[v], acc[i][v]);
+  }
+}
+
+// C[R x nr] (+)= A[R rows, lda apart][kc] . Bp[kc][NR]. Meanwhile fetches `pf_lines` cache lines
+// from `pf` into L2 (this call's share of the B micro-panel that comes next), one per k step.
+template <int R>
+void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const float* __restrict b, float* c,
+                int64_t ldc, int64_t nr, bool accumulate, const float* pf, int64_t pf_lines) {
+  V acc[R][kNV];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
 #pragma GCC unroll 8
     for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::zero();
     // The C tile is read (or written) after the loop: start fetching it now.
 #pragma GCC unroll 8
     for (int v = 0; v < kNV; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + v * kL), _MM_HINT_T0);
   }
-  for (int64_t k = 0; k < kc; ++k) {
-    V bv[kNV];
-#pragma GCC unroll 8
-    for (int v = 0; v < kNV; ++v) bv[v] = Vec::load(b + k * kNR + v * kL);
-#pragma GCC unroll 8
-    for (int i = 0; i < kMR; ++i) {
-      const V ai = Vec::set1(a[i * lda + k]);
-#pragma GCC unroll 8
-      for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::fma(ai, bv[v], acc[i][v]);
-    }
+  const int64_t kp = lo(kc, pf_lines);
+  for (int64_t k = 0; k < kp; ++k) {
+    _mm_prefetch(reinterpret_cast<const char*>(pf + k * kLineFloats), _MM_HINT_T1);
+    micro_step(acc, a, lda, b, k);
   }
-  if (mr == kMR && nr == kNR) {
+  for (int64_t k = kp; k < kc; ++k) micro_step(acc, a, lda, b, k);
+  if (nr == kNR) {
 #pragma GCC unroll 8
-    for (int i = 0; i < kMR; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
       for (int v = 0; v < kNV; ++v) {
         float* dst = c + i * ldc + v * kL;
@@ -195,13 +213,28 @@ void micro_f32(int64_t kc, const float* __restrict a, int64_t lda, const float* 
       }
     return;
   }
-  alignas(64) float tile[kMR][kNR];
+  alignas(64) float tile[R][kNR];
 #pragma GCC unroll 8
-  for (int i = 0; i < kMR; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
     for (int v = 0; v < kNV; ++v) Vec::store(&tile[i][v * kL], acc[i][v]);
-  for (int64_t i = 0; i < mr; ++i)
+  for (int64_t i = 0; i < R; ++i)
     for (int64_t j = 0; j < nr; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
+}
+
+// C[mr x nr] (+)= A[mr rows, lda apart][kc] . Bp[kc][NR], for mr <= MR: a last, partial row tile
+// runs a kernel of its own height, not the full one on zero rows.
+void micro_f32(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, int64_t mr,
+               int64_t nr, bool accumulate, const float* pf, int64_t pf_lines) {
+  static_assert(kMR == 6, "micro_f32 dispatches on 1..6 rows");
+  switch (mr) {
+    case 6: return micro_rows<6>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    case 5: return micro_rows<5>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    case 4: return micro_rows<4>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    case 3: return micro_rows<3>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    case 2: return micro_rows<2>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    default: return micro_rows<1>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+  }
 }
 
 // B[k0 + k, n0 + j] for k < kc, j < nc -> panels [ceil(nc / NR)][kc][NR] of f32, zero past nc.
@@ -294,18 +327,20 @@ template <class T> void pack_a_f32(const Problem& p, int64_t m0, int64_t mr, int
 }
 
 // Rows [m0, m1) x columns [n0, n1) of C, in blocks of NC columns, KC depth and MC rows. For each
-// B micro-panel (kc x NR, held in L1) the micro-kernel sweeps the block's rows, MR at a time, from
-// the A block held in L2; B is read from memory once per row block. Every C element sums its
+// B micro-panel (kc x NR, in L2) the micro-kernel sweeps the block's rows, MR at a time, from the
+// A block held in L2; B is read from memory once per row block. Every C element sums its
 // products in the same order (k blocks in turn, k ascending within one) whether B was packed here
 // or ahead (p.packed_b), so both give identical bits.
 // T: A and C's element type; TB: B's (float, f16_t, bf16_t or Q8_0Rows), converted while packing.
 template <class T, class TB = T>
 void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
   constexpr bool kF32 = std::is_same_v<T, float>;
-  const T* A = static_cast<const T*>(p.a);
   // A is packed per row block even when it could be read in place: rows a power of two apart would
   // share a few L2 sets, and the block would not stay in L2.
-  const bool pack_a = true;
+  // Row blocks of equal height (whole row tiles): a last block of a few rows would stream all of the
+  // B block for little work.
+  const int64_t m_tiles = (m1 - m0 + kMR - 1) / kMR, m_blocks = (m_tiles * kMR + kMC - 1) / kMC;
+  const int64_t mc_step = (m_tiles + m_blocks - 1) / m_blocks * kMR;
   for (int64_t jc = n0; jc < n1; jc += kNC) {
     const int64_t nc = lo(kNC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kKC) {
@@ -323,30 +358,30 @@ void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
         b_block = ws.packed_b;
         panel_stride = kc * kNR;
       }
-      for (int64_t ic = m0; ic < m1; ic += kMC) {
-        const int64_t mc = lo(kMC, m1 - ic);
-        if (pack_a)
-          for (int64_t ir = 0; ir < mc; ir += kMR) pack_a_f32<T>(p, ic + ir, lo(kMR, mc - ir), pc, kc, ws.packed_a + ir * kc);
-        else if (mc % kMR)  // the last, partial row tile: zero rows below it
-          pack_a_f32<T>(p, ic + mc / kMR * kMR, mc % kMR, pc, kc, ws.packed_a + mc / kMR * kMR * kc);
+      for (int64_t ic = m0; ic < m1; ic += mc_step) {
+        const int64_t mc = lo(mc_step, m1 - ic);
+        for (int64_t ir = 0; ir < mc; ir += kMR) pack_a_f32<T>(p, ic + ir, lo(kMR, mc - ir), pc, kc, ws.packed_a + ir * kc);
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const float* bp = b_block + jr / kNR * panel_stride;
           const int64_t nr = lo(kNR, nc - jr);
+          // The B micro-panel after this one (or the next depth block's first, when ahead-packed),
+          // fetched into L2 a share per row tile: its first pass would otherwise wait on memory.
+          const float* next_b = jr + kNR < nc ? bp + panel_stride
+                                : p.packed_b && pc + kc < p.K ? p.packed_b + jc / kNR * p.K * kNR + (pc + kc) * kNR
+                                                             : nullptr;
+          const int64_t next_lines = next_b ? (jr + kNR < nc ? kc : lo(kKC, p.K - pc - kc)) * kNR / kLineFloats : 0;
+          const int64_t tiles = (mc + kMR - 1) / kMR, lines_per_tile = (next_lines + tiles - 1) / tiles;
           for (int64_t ir = 0; ir < mc; ir += kMR) {
             const int64_t mr = lo(kMR, mc - ir);
-            const float* a;
-            int64_t lda;
-            if (pack_a || mr < kMR) {
-              a = ws.packed_a + ir * kc;
-              lda = kc;
-            } else {
-              a = reinterpret_cast<const float*>(A) + (ic + ir) * p.a_row + pc;
-              lda = p.a_row;
-            }
+            const float* a = ws.packed_a + ir * kc;
+            const int64_t pf_first = lo(ir / kMR * lines_per_tile, next_lines);
+            const float* pf = next_b ? next_b + pf_first * kLineFloats : nullptr;
+            const int64_t pf_lines = lo(lines_per_tile, next_lines - pf_first);
             if constexpr (kF32)
-              micro_f32(kc, a, lda, bp, static_cast<float*>(p.c) + (ic + ir) * p.ldc + jc + jr, p.ldc, mr, nr, pc > 0);
+              micro_f32(kc, a, kc, bp, static_cast<float*>(p.c) + (ic + ir) * p.ldc + jc + jr, p.ldc, mr, nr, pc > 0,
+                        pf, pf_lines);
             else
-              micro_f32(kc, a, lda, bp, ws.c_acc + (ic + ir - m0) * kNC + jr, kNC, mr, nr, pc > 0);
+              micro_f32(kc, a, kc, bp, ws.c_acc + (ic + ir - m0) * kNC + jr, kNC, mr, nr, pc > 0, pf, pf_lines);
           }
         }
       }
