@@ -1,9 +1,10 @@
 // Text generation with a Llama-family model (MAX's TextGenerationPipeline): a Hugging Face model
-// directory -> tokens streamed as text. The pipeline declares two graphs in one group, compiled once
-// together through compile_graph_specs:
+// directory -> tokens streamed as text. The pipeline declares three graphs in one group, compiled
+// once together through compile_graph_specs:
 //   "model"   the nn::Transformer (prefill and decode are the same graph: symbolic seq and total)
 //   "sampler" logits f32[1, vocab] + runtime temperature, top_k, top_p, u -> the next token i64[1]
-// The sampler graph picks every token; the host only draws u ~ U[0, 1) from a seeded mt19937_64.
+//   "greedy"  logits f32[1, vocab] -> argmax i64[1], run instead of "sampler" for greedy options
+// The graphs pick every token; the host only draws u ~ U[0, 1) from a seeded mt19937_64.
 // docs/generation.md describes the sampler's semantics and the stats.
 //
 //   auto pipe = pipelines::TextGenerationPipeline::from_dir("models/kiln-tiny");
