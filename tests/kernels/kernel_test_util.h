@@ -74,6 +74,16 @@ template <class T> HostTensor tensor(std::vector<int64_t> shape, const std::vect
   return t;
 }
 
+// Values in [-1, 1) from a fixed linear congruential sequence.
+inline std::vector<double> pseudo_random(int64_t n, uint32_t seed) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < n; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    out.push_back(static_cast<double>(seed >> 8) / static_cast<double>(1u << 23) - 1.0);
+  }
+  return out;
+}
+
 // Values converted to `dtype` as C++ static_cast does (f16/bf16 through float, rounding to even).
 inline HostTensor tensor_from_doubles(DType dtype, std::vector<int64_t> shape,
                                       const std::vector<double>& values) {

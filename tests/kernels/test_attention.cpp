@@ -23,16 +23,6 @@ struct Case {
   int64_t seq, total, heads, kv_heads, head_dim;
 };
 
-// Values in [-1, 1) from a fixed linear congruential sequence.
-std::vector<double> pseudo_random(int64_t n, uint32_t seed) {
-  std::vector<double> out;
-  for (int64_t i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    out.push_back(static_cast<double>(seed >> 8) / static_cast<double>(1u << 23) - 1.0);
-  }
-  return out;
-}
-
 // Causal for queries at the end of the history, plus padding: key t is masked when it lies after query
 // s's position, or when padded[t].
 std::vector<bool> causal_mask(const Case& c, const std::vector<bool>& padded) {

@@ -16,15 +16,6 @@ using namespace kiln::kernels;
 using namespace kiln::kernels::kernel_test;
 using kiln::testing::expect_error;
 
-std::vector<double> pseudo_random(int64_t n, uint32_t seed) {
-  std::vector<double> out;
-  for (int64_t i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    out.push_back(static_cast<double>(seed >> 8) / static_cast<double>(1u << 23) - 1.0);
-  }
-  return out;
-}
-
 // out[s, h, i] = x[s, h, i] cos[s, i] + r[s, h, i] sin[s, i], r = (-x[.., half:], x[.., :half]).
 std::vector<double> naive_rope(const std::vector<double>& x, const std::vector<double>& c, const std::vector<double>& s,
                                int64_t seq, int64_t heads, int64_t hd) {
