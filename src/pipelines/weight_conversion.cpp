@@ -16,20 +16,26 @@ namespace {
 
 bool is_weight_float(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
 
-float load_float(const void* base, DType d, int64_t i) {
+// Calls fn.template operator()<T>() with T the storage type of an f32, f16 or bf16 element.
+template <class Fn> void visit_weight_float(DType d, Fn&& fn) {
   switch (d) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    default: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::f32: return fn.template operator()<float>();
+    case DType::f16: return fn.template operator()<f16_t>();
+    default: return fn.template operator()<bf16_t>();
   }
 }
 
-void store_float(void* base, DType d, int64_t i, float v) {
-  switch (d) {
-    case DType::f32: static_cast<float*>(base)[i] = v; break;
-    case DType::f16: static_cast<uint16_t*>(base)[i] = f32_to_f16(v); break;
-    default: static_cast<uint16_t*>(base)[i] = f32_to_bf16(v); break;
-  }
+// dst[i] = src[i] for i in [begin, end), through f32 (f16/bf16 round to nearest even): one tight loop
+// per dtype pair, not a dtype switch per element. dst_offset: dst[0] is element dst_offset of dst.
+void convert_floats(const void* src, DType from, void* dst, DType to, int64_t begin, int64_t end,
+                    int64_t dst_offset = 0) {
+  visit_weight_float(from, [&]<class S>() {
+    visit_weight_float(to, [&]<class D>() {
+      const S* s = static_cast<const S*>(src);
+      D* d = static_cast<D*>(dst);
+      for (int64_t i = begin; i < end; ++i) d[i - dst_offset] = D(static_cast<float>(s[i]));
+    });
+  });
 }
 
 // fn(begin, end) over [0, rows) split between up to `threads` threads, each part >= `min_rows`.
@@ -63,7 +69,7 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
     Tensor out = Tensor::empty(decl.dtype, want);
     const int64_t n = src.numel();
     parallel_rows(n, kMinElements, threads, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) store_float(out.data(), decl.dtype, i, load_float(src.data(), src.dtype(), i));
+      convert_floats(src.data(), src.dtype(), out.data(), decl.dtype, begin, end);
     });
     return out;
   }
@@ -76,7 +82,7 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
   parallel_rows(rows, std::max<int64_t>(1, kMinElements / cols), threads, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = begin; r < end; ++r) {
-      for (int64_t c = 0; c < cols; ++c) row[static_cast<size_t>(c)] = load_float(src.data(), src.dtype(), r * cols + c);
+      convert_floats(src.data(), src.dtype(), row.data(), DType::f32, r * cols, (r + 1) * cols, r * cols);
       graph::quantize_q8_0(row.data(), cols, static_cast<uint8_t*>(out.data()) + r * row_bytes);
     }
   });
