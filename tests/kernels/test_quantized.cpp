@@ -163,11 +163,13 @@ HostTensor qmatmul(const std::vector<float>& x, const HostTensor& w, int64_t M, 
 }
 
 TEST(QMatmul, MatchesDecodedWeightsWithinActivationRoundingOnEveryIsa) {
-  // GEMV sizes (M <= 8), GEMM sizes with every remainder of its 6-row tiles and 32-row panels, K
-  // from one block to 4096, odd N.
+  // GEMV sizes (M <= 8; {1, 288, 45}: an odd block count, 7 rows in each of the GEMV's 6 streams and 3
+  // left over), GEMM sizes with every remainder of its 6-row tiles and 32-row panels, K from one block
+  // to 4096, odd N.
   const QCase cases[] = {{1, 32, 1},    {1, 64, 7},    {2, 96, 33},   {3, 1024, 20}, {4, 4096, 9},
                          {5, 160, 17},  {6, 64, 5},    {7, 128, 31},  {8, 256, 40},  {9, 64, 19},
-                         {16, 512, 70}, {33, 288, 33}, {128, 96, 37}, {13, 4096, 3}, {40, 32, 65}};
+                         {16, 512, 70}, {33, 288, 33}, {128, 96, 37}, {13, 4096, 3}, {40, 32, 65},
+                         {1, 288, 45}};
   for (Isa isa : supported_isas()) {
     ForcedIsa forced(isa);
     for (const QCase& c : cases) {

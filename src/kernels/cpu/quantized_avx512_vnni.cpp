@@ -43,17 +43,29 @@ inline __m512 pair_scales(const uint8_t* b0) {
   return spread_pair(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d01))));
 }
 
-// The hot loop of decode: R weight rows at a time (R streams from memory, which one core's
-// prefetchers serve faster than one), each read once and multiplied with all M activation rows.
+// The hot loop of decode: R weight rows at a time, each read once and multiplied with all M
+// activation rows. [n, n1) is cut into R equal parts and the R rows of a step are the i-th rows of
+// the parts: R sequential streams far apart in memory, each in pages of its own, which the L2
+// streamer follows as it follows R arrays. With R adjacent rows (streams sharing pages) the same
+// kernel streamed 1.2x (M = 1) to 1.35x (M = 2) slower from DRAM (Emerald Rapids, 1 thread). Each
+// output's sum is the same either way. Does rows [n, n + R * part) and returns their end; the rest
+// (fewer than R) are the caller's.
 template <int M, int R>
 int64_t gemv_rows(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n, int64_t n1, float* y,
                   int64_t ldy) {
   const int64_t K = x.K, blocks = K / kBlock, pairs = blocks / 2;
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (; n + R <= n1; n += R) {
+  const int64_t part = (n1 - n) / R;
+  // Prefetch each stream about 2 KiB ahead, in whole rows so that the offset in the row stays.
+  const int64_t ahead = (2048 + row_bytes - 1) / row_bytes * row_bytes;
+  for (int64_t i = 0; i < part; ++i) {
+    int64_t col[R];
     const uint8_t* row[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) row[r] = w + (n + r) * row_bytes;  // [blocks][34]
+    for (int r = 0; r < R; ++r) {
+      col[r] = n + r * part + i;
+      row[r] = w + col[r] * row_bytes;  // [blocks][34]
+    }
     __m512 acc[M][R];
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m)
@@ -70,9 +82,7 @@ int64_t gemv_rows(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, i
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const uint8_t* b0 = row[r] + 2 * p * kBlockBytes;
-        // The same offset one group of R rows ahead: together the R prefetches cover the next group,
-        // so a new group of short rows starts without waiting for the prefetchers to find it.
-        _mm_prefetch(reinterpret_cast<const char*>(b0) + R * row_bytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b0) + ahead, _MM_HINT_T0);
         const __m512i wq =
             _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + kBlockBytes + 2)), 1);
@@ -109,17 +119,19 @@ int64_t gemv_rows(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, i
                     x.d[m * blocks + blocks - 1];
         }
       }
-      for (int m = 0; m < M; ++m) y[m * ldy + n + r] = _mm512_reduce_add_ps(acc[m][r]) + tail[m];
+      for (int m = 0; m < M; ++m) y[m * ldy + col[r]] = _mm512_reduce_add_ps(acc[m][r]) + tail[m];
     }
   }
-  return n;
+  return n + R * part;
 }
 
-// R rows at a time while M * R accumulators fit the 32 vector registers, then the last rows singly.
+// R streams while M * R accumulators, R weight vectors and R scale vectors fit the 32 vector
+// registers, then the last rows (fewer than R) as one stream. For M <= 2, 6 streams streamed 3%
+// (M = 1) and 15% (M = 2) faster than 4, and ahead of 5 and 8.
 template <int M>
 void gemv_m(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
             int64_t ldy) {
-  constexpr int R = M <= 2 ? 4 : 2;
+  constexpr int R = M <= 2 ? 6 : 2;
   const int64_t n = gemv_rows<M, R>(x, w, row_bytes, n0, n1, y, ldy);
   gemv_rows<M, 1>(x, w, row_bytes, n, n1, y, ldy);
 }
