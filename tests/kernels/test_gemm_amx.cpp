@@ -229,6 +229,25 @@ TEST(AmxGemm, NanAndInfinityReachExactlyTheirResults) {
   }
 }
 
+TEST(AmxGemm, SumsBelowTheF32NormalRangeFlushToZero) {
+  SKIP_WITHOUT_AMX();
+  // C[m, n] = A[m, 0] * W[n, 0] with A = 2^-70 and W = 2^-50 (column 0: 2^-120, a normal f32 and bf16,
+  // bits 0x0380) or 2^-60 (column 1: 2^-130, an f32 denormal). tdpbf16ps flushes denormal sums to
+  // zero, which is what lets the output rounding (vcvtneps2bf16, denormals read as zero) match
+  // f32_to_bf16 on every value the tiles produce.
+  constexpr uint16_t kTwoToMinus70 = 0x1C80, kTwoToMinus50 = 0x2680, kTwoToMinus60 = 0x2180;
+  ASSERT_EQ(bf16_value(kTwoToMinus70), std::ldexp(1.f, -70));
+  ASSERT_EQ(bf16_value(kTwoToMinus50), std::ldexp(1.f, -50));
+  ASSERT_EQ(bf16_value(kTwoToMinus60), std::ldexp(1.f, -60));
+  Case c{40, 2, 2, true, std::vector<uint16_t>(80, 0), {kTwoToMinus50, 0, kTwoToMinus60, 0}};
+  for (int64_t m = 0; m < 40; ++m) c.a[m * 2] = kTwoToMinus70;
+  const std::vector<uint16_t> out = run_amx(c);
+  for (int64_t m = 0; m < 40; ++m) {
+    EXPECT_EQ(out[m * 2 + 0], 0x0380) << "2^-120 stays exact, m=" << m;
+    EXPECT_EQ(out[m * 2 + 1], 0x0000) << "2^-130 flushes to +0, m=" << m;
+  }
+}
+
 TEST(AmxGemm, TwoThreadsGiveTheSameBitsAsOne) {
   SKIP_WITHOUT_AMX();
   ThreadedParallel two(2);
@@ -441,10 +460,11 @@ TEST(AmxMixedMatmul, RoundedActivationsMatchNaiveLoopPreparedOrNotOnAnyThreadCou
         }
 }
 
-TEST(AmxMixedMatmul, ManyRowBlocksPackedOnTheWayMatchNaiveLoopOnOneOrTwoThreads) {
+TEST(AmxMixedMatmul, ManyRowBlocksMatchNaiveLoopOnOneOrTwoThreads) {
   SKIP_WITHOUT_AMX();
   ThreadedParallel two(2);
-  // A-major with f32 rows rounded while packed on the way (1 thread) or up front (2 threads).
+  // A-major with f32 rows rounded while packed by the part that owns them (1 thread) or by all
+  // threads before the parts split the columns (2 threads).
   const MixedCase c = make_mixed_case(300, 300, 1700, true, 1700);
   const std::vector<float> serial = run_amx(c);
   expect_mixed_matches_naive(c, serial, /*round_activations=*/true, label(c));

@@ -13,7 +13,7 @@
 
 namespace kiln::kernels::amx {
 
-// The CPU has AMX-TILE + AMX-BF16 + AVX-512 BW/VL, and arch_prctl(ARCH_REQ_XCOMP_PERM) granted
+// The CPU has AMX-TILE + AMX-BF16 + AVX-512 BW/VL/BF16, and arch_prctl(ARCH_REQ_XCOMP_PERM) granted
 // XTILEDATA to this process (asked once; Linux refuses it before 5.16). False on every other CPU or
 // OS, and while disabled for testing.
 bool available();
