@@ -242,15 +242,6 @@ struct Background {
 // last tile down: a block that follows one sharing its A (or B) then starts on the tiles that block
 // used last, still in L1. The caller fixes the direction per C block from its indices, so the bits
 // do not depend on the thread split. `bg`'s work is done on the way (all of it by the return).
-// Tile register kTile <- 16 rows of 64 bytes at p; tileloaddt1 (no L1 allocation) for the streamed
-// operand, which the next block will not reuse.
-template <int kTile, bool kStreamed> inline void load_tile(const uint16_t* p) {
-  if constexpr (kStreamed)
-    _tile_stream_loadd(kTile, p, 64);
-  else
-    _tile_loadd(kTile, p, 64);
-}
-
 template <int MT, int NT, Streamed S, class CT>
 void multiply_block(const uint16_t* a, int64_t a_step, const uint16_t* b0, const uint16_t* b1, int64_t k_tiles,
                     bool backwards, float* c, bool accumulate, Background<CT>& bg) {
@@ -271,15 +262,28 @@ void multiply_block(const uint16_t* a, int64_t a_step, const uint16_t* b0, const
   for (int64_t step = 0; step < k_tiles; ++step) {
     const int64_t kt = backwards ? k_tiles - 1 - step : step;
     const uint16_t* ak = a + kt * a_step;
-    load_tile<4, S == Streamed::a>(ak);
-    load_tile<6, S == Streamed::b>(b0 + kt * kTileElems);
+    // GCC's tile intrinsics paste the tile number into the asm text, so it must be a literal here.
+    if constexpr (S == Streamed::a)
+      _tile_stream_loadd(4, ak, 64);
+    else
+      _tile_loadd(4, ak, 64);
+    if constexpr (S == Streamed::b)
+      _tile_stream_loadd(6, b0 + kt * kTileElems, 64);
+    else
+      _tile_loadd(6, b0 + kt * kTileElems, 64);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (NT == 2) {
-      load_tile<7, S == Streamed::b>(b1 + kt * kTileElems);
+      if constexpr (S == Streamed::b)
+        _tile_stream_loadd(7, b1 + kt * kTileElems, 64);
+      else
+        _tile_loadd(7, b1 + kt * kTileElems, 64);
       _tile_dpbf16ps(1, 4, 7);
     }
     if constexpr (MT == 2) {
-      load_tile<5, S == Streamed::a>(ak + kTileElems);
+      if constexpr (S == Streamed::a)
+        _tile_stream_loadd(5, ak + kTileElems, 64);
+      else
+        _tile_loadd(5, ak + kTileElems, 64);
       _tile_dpbf16ps(2, 5, 6);
       if constexpr (NT == 2) _tile_dpbf16ps(3, 5, 7);
     }
