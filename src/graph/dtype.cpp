@@ -131,16 +131,6 @@ float f16_to_f32(uint16_t half) {
   return std::bit_cast<float>(bits);
 }
 
-uint16_t f32_to_bf16(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u)  // NaN: truncating could clear every payload bit, so force quiet
-    return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  const uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);  // overflow rounds to inf, as it should
-  return static_cast<uint16_t>(rounded >> 16);
-}
-
-float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
-
 void store_scalar(double value, DType dtype, void* out) {
   visit_dtype(dtype, [&]<class T>() {
     T element{};

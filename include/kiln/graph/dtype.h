@@ -1,6 +1,7 @@
 // Element types, their sizes and names, and the f16/bf16 <-> f32 conversions (round to nearest even).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -21,10 +22,17 @@ bool is_integer(DType);                // signed or unsigned integers (not boole
 bool is_signed(DType);                 // floats and signed integers
 
 // IEEE half and bfloat16 as raw bits. Conversions from f32 round to nearest even; NaN stays NaN.
+// The bfloat16 pair is inline: a few integer operations, called per element by every bf16 loop.
 uint16_t f32_to_f16(float);
 float f16_to_f32(uint16_t);
-uint16_t f32_to_bf16(float);
-float bf16_to_f32(uint16_t);
+inline uint16_t f32_to_bf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u)  // NaN: truncating could clear every payload bit, so force quiet
+    return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  const uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);  // overflow rounds to inf, as it should
+  return static_cast<uint16_t>(rounded >> 16);
+}
+inline float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 
 // Converts `value` to one element of `dtype` and stores it at `out` (dtype_size(dtype) bytes): floats
 // round (f16/bf16 to nearest even), bool is value != 0, integers must hold the value exactly in range
