@@ -8,7 +8,7 @@ namespace {
 
 std::string tensor_text(DType dtype, const Shape& shape, DeviceRef device) {
   std::string out = std::string(dtype_name(dtype)) + shape.to_string();
-  if (device != DeviceRef::CPU()) out += "@" + device.to_string();
+  if (device != DeviceRef::CPU()) out.append("@").append(device.to_string());
   return out;
 }
 
