@@ -78,9 +78,8 @@ void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
   // Columns, when there are enough of them: each thread packs only its own B panels, but all of A.
   // Rows, when B was packed at init and A is at least as large: no thread packs more than its share
   // of A, and B is only read (1024^3 on 2 threads: 94% of peak against 92%; M = 128 prefers columns).
-  const bool split_rows = p.packed_b && p.M >= p.N && row_tiles >= 4 * parts
-                              ? true
-                              : !(panels >= 4 * parts || panels >= row_tiles);
+  const bool split_rows = (p.packed_b && p.M >= p.N && row_tiles >= 4 * parts) ||
+                          (panels < 4 * parts && panels < row_tiles);
   if (!split_rows) {
     n0 = std::min(p.N, t * panels / parts * b.nr);
     n1 = std::min(p.N, (t + 1) * panels / parts * b.nr);

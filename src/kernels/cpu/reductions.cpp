@@ -154,6 +154,8 @@ void sum_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<c
 
 // The index of the first largest (kMax) or smallest element of a line; the first NaN if there is one.
 template <bool kMax, class T> int64_t extreme_index(const T* x, int64_t stride, int64_t length) {
+  if constexpr (std::is_same_v<T, float>)
+    if (stride == 1 && vmath::available()) return vmath::extreme_index(x, length, kMax);  // same result
   int64_t best = 0;
   auto best_value = compare_value(x[0]);
   if (is_nan_value(best_value)) return 0;
@@ -184,14 +186,8 @@ void extreme_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
   visit_dtype(in.dtype, [&]<class T>() {
     if constexpr (!std::is_same_v<T, bool>) {
       const T* x = in.as<T>();
-      const bool simd = std::is_same_v<T, float> && l.stride == 1 && vmath::available();
       for_each_line(ctx, l, [&](int64_t line, int64_t base) {
-        int64_t best;
-        if constexpr (std::is_same_v<T, float>)
-          best = simd ? vmath::extreme_index(x + base, l.length, kMax)
-                      : extreme_index<kMax>(x + base, l.stride, l.length);
-        else
-          best = extreme_index<kMax>(x + base, l.stride, l.length);
+        const int64_t best = extreme_index<kMax>(x + base, l.stride, l.length);
         if constexpr (kIndex)
           out.as<int64_t>()[line] = best;
         else
