@@ -218,7 +218,9 @@ TEST(Gemm, TwoThreadsGiveTheSameBitsAsOne) {
     ForcedIsa forced(isa);
     for (DType dtype : {DType::f32, DType::f16, DType::bf16})
       for (Rhs rhs : {Rhs::plain, Rhs::transposed})
-        for (const Shape& s : {Shape{1, 1000, 130}, Shape{5, 333, 200}, Shape{100, 300, 300}, Shape{300, 40, 100}}) {
+        // {1, 3000, 700}: a GEMV cut into more parts than threads.
+        for (const Shape& s : {Shape{1, 1000, 130}, Shape{1, 3000, 700}, Shape{5, 333, 200}, Shape{100, 300, 300},
+                               Shape{300, 40, 100}}) {
           const Operands o = make_operands(dtype, 0, 0, s.M, s.N, s.K, rhs, seed++);
           const int64_t before = two.chunks_run();
           const HostTensor serial = run(o, {s.M, s.N});

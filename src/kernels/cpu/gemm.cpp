@@ -175,12 +175,13 @@ bool run(const KernelContext& ctx, const Problem& p) {
   if (!k || !supported(p)) return false;
   if (trivial(p)) return true;
   const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
-  const int64_t parts = std::clamp<int64_t>(p.M * p.N * p.K / kMinMacsPerThread, 1, threads);
+  // A GEMM packs blocks per part, so it keeps one part per thread.
+  const int64_t max_parts = small_m_applies(p) ? threads * kGemvPartsPerThread : threads;
+  const int64_t parts = std::clamp<int64_t>(p.M * p.N * p.K / kMinMacsPerThread, 1, max_parts);
   if (parts == 1) {
     run_part(*k, p, 0, 1);
     return true;
   }
-  // One chunk per thread: each part packs its own blocks, so the split is fixed here, not by the pool.
   ctx.parallel->for_range(parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) run_part(*k, p, t, parts);
   });

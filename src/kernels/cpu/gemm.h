@@ -99,6 +99,9 @@ struct IsaKernels {
   void (*pack_b)(const Problem& p, float* dst);
 };
 inline constexpr int64_t kSmallM = 8;
+// A GEMV is cut into up to this many parts per thread, claimed by whichever thread is free: it is
+// bound by memory, and a thread slowed by its neighbours then does not hold the others up at the end.
+inline constexpr int64_t kGemvPartsPerThread = 4;
 
 const IsaKernels* avx2_kernels();         // nullptr when not compiled for x86-64
 const IsaKernels* avx512_kernels();

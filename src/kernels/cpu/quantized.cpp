@@ -192,11 +192,12 @@ void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
 
   if (gemv) {
     const quantized::Q8_0GemvFn fn = vnni ? quantized::avx512_vnni_q8_0_gemv() : portable_gemv;
-    // Each thread's share must be worth waking it for: >= 32 KiB of weights (~32K multiply-adds, the
-    // f32 GEMM's threshold), so a small model's 288 x 288 projections still use both cores.
-    for_each_thread_chunk(ctx, N, std::max<int64_t>(1, 32768 / row_bytes), [&](int64_t begin, int64_t end) {
-      fn(acts, wq, w_row, begin, end, y, N);
-    });
+    // A chunk must be worth waking a thread for: >= 32 KiB of weights (~32K multiply-adds, the f32
+    // GEMM's threshold), so a small model's 288 x 288 projections still use both cores; larger GEMVs
+    // are cut into gemm::kGemvPartsPerThread chunks per thread.
+    const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+    parallel_for(ctx, N, std::max<int64_t>({1, 32768 / row_bytes, N / (gemm::kGemvPartsPerThread * threads)}),
+                 [&](int64_t begin, int64_t end) { fn(acts, wq, w_row, begin, end, y, N); });
     return;
   }
   if (vnni) {
