@@ -1,6 +1,7 @@
 #include "engine/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
@@ -369,8 +370,38 @@ graph::SymbolBindings Executor::bind_inputs(const std::vector<Tensor>& inputs) c
   return bindings;
 }
 
+void Executor::start_profiling() {
+  profile_ = ModelProfile{};
+  for (size_t s = 0; s < plan_.steps.size(); ++s) {
+    const Step& step = plan_.steps[s];
+    profile_.steps.push_back(StepProfile{
+        steps_[s].custom ? steps_[s].custom->name() : std::string(graph::op_name(step.op)), step.node, 0, 0.0});
+  }
+  profiling_ = true;
+}
+
+void Executor::add_profiled_run(double seconds) const {
+  ++profile_.runs;
+  profile_.seconds += seconds;
+}
+
+ModelProfile Executor::profile() const { return profile_; }
+
 void Executor::launch(const Step& step, const StepInfo& info, const graph::Attrs& attrs,
                       const std::vector<kernels::TensorView>& views) const {
+  if (profiling_) {
+    const auto start = std::chrono::steady_clock::now();
+    launch_unprofiled(step, info, attrs, views);
+    StepProfile& entry = profile_.steps[static_cast<size_t>(&step - plan_.steps.data())];
+    ++entry.launches;
+    entry.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return;
+  }
+  launch_unprofiled(step, info, attrs, views);
+}
+
+void Executor::launch_unprofiled(const Step& step, const StepInfo& info, const graph::Attrs& attrs,
+                                 const std::vector<kernels::TensorView>& views) const {
   if (info.custom) return launch_custom(step, *info.custom, attrs, views);
   kernels::SerialParallel serial;
   kernels::KernelContext context{parallel_ ? parallel_ : &serial, team_, process_group_, info.prepared.get()};

@@ -48,6 +48,13 @@ class Executor {
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   const compiler::GraphPlan& plan() const { return plan_; }
 
+  // Profiling (Model::start_profiling): launches time themselves while on; the caller adds each run.
+  void start_profiling();
+  void stop_profiling() { profiling_ = false; }
+  bool profiling() const { return profiling_; }
+  void add_profiled_run(double seconds) const;
+  ModelProfile profile() const;
+
   // Records the launch list (see LaunchList) for inputs of these shapes, copying their data into its
   // input buffers; with `run`, also runs it once so its results are filled.
   LaunchList record(const std::vector<Tensor>& inputs, bool run = true);
@@ -88,6 +95,8 @@ class Executor {
   void evaluate_shape_into(size_t value, const graph::SymbolBindings& bindings, kernels::TensorView& view) const;
   void launch(const compiler::Step& step, const StepInfo& info, const graph::Attrs& attrs,
               const std::vector<kernels::TensorView>& views) const;
+  void launch_unprofiled(const compiler::Step& step, const StepInfo& info, const graph::Attrs& attrs,
+                         const std::vector<kernels::TensorView>& views) const;
   void launch_custom(const compiler::Step& step, const ext::CustomOp& op, const graph::Attrs& attrs,
                      const std::vector<kernels::TensorView>& views) const;
 
@@ -106,6 +115,10 @@ class Executor {
   std::vector<Tensor> inputs_;
   std::vector<std::vector<kernels::TensorView>> step_views_;  // per step: operands, then results
   std::vector<graph::Attrs> step_attrs_;                       // per step with symbolic attrs
+  // Profile totals: launches only read the flag and add to their own step's entry (runs are
+  // serialised by Model::Impl's mutex).
+  bool profiling_ = false;
+  mutable ModelProfile profile_;
 };
 
 // Checks a registry against the plan's weights: present, same dtype, shape equal to the weight's

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "../../tools/kiln/bench.h"
 #include "kiln/errors.h"
@@ -126,6 +127,42 @@ TEST(BenchModel, ReportsSpeedsAndTheirRooflineFraction) {
   EXPECT_DOUBLE_EQ(r.roofline_fraction, r.decode_tokens_per_s / r.roofline_tokens_per_s);
 }
 
+// The decode profile of stories15M (6 layers): per token one model run with one attention per layer
+// and two RMS norms per layer plus the final one, one greedy argmax; the parts add up to the step.
+TEST(BenchModel, ProfileSplitsTheDecodeStepByOp) {
+  const BandwidthResult bandwidth;
+  const ModelBenchResult r = bench_model({.model = "stories15M", .threads = 1, .prompt_tokens = 4,
+                                          .gen_tokens = 3, .repetitions = 1, .profile = true},
+                                         bandwidth);
+  auto find = [&](const std::string& graph, const std::string& op) -> const DecodeProfileEntry* {
+    for (const DecodeProfileEntry& e : r.decode_profile)
+      if (e.graph == graph && e.op == op) return &e;
+    return nullptr;
+  };
+  for (auto [graph, op, launches] : {std::tuple<const char*, const char*, double>{"model", "attention", 6},
+                                     {"model", "rms_norm", 13},
+                                     {"model", "(run)", 1},
+                                     {"greedy", "argmax", 1},
+                                     {"greedy", "(run)", 1}}) {
+    const DecodeProfileEntry* e = find(graph, op);
+    ASSERT_NE(e, nullptr) << graph << ": " << op;
+    EXPECT_DOUBLE_EQ(e->launches_per_token, launches) << graph << ": " << op;
+  }
+  EXPECT_EQ(find("sampler", "(run)"), nullptr) << "greedy decoding never runs the sampler graph";
+  ASSERT_NE(find("", "(pipeline)"), nullptr);
+  double fractions = 0;
+  for (size_t i = 0; i < r.decode_profile.size(); ++i) {
+    fractions += r.decode_profile[i].fraction;
+    if (i > 0) {
+      EXPECT_GE(r.decode_profile[i - 1].seconds_per_token, r.decode_profile[i].seconds_per_token);
+    }
+  }
+  EXPECT_NEAR(fractions, 1.0, 1e-9);
+  const std::string table = profile_table(r);
+  EXPECT_NE(table.find("model: attention"), std::string::npos) << table;
+  EXPECT_NE(table.find("ms per token"), std::string::npos) << table;
+}
+
 TEST(BenchModel, MoreTokensThanTheModelsPositionsIsAClearError) {
   const BandwidthResult bandwidth;
   expect_error<ValueError>(
@@ -209,6 +246,19 @@ TEST(BenchCommand, ModelJsonCarriesTheFiguresTheIssueAsksFor) {
   EXPECT_NEAR(j["roofline_fraction"].get<double>(),
               j["decode_tokens_per_s"].get<double>() * 60768000.0 / (j["read_gb_per_s"].get<double>() * 1e9),
               1e-9);
+  EXPECT_FALSE(j.contains("decode_profile")) << "only with --profile";
+}
+
+TEST(BenchCommand, ProfileJsonListsEachOpsShare) {
+  auto lines = json_lines(run_bench({"--model", "stories15M", "--threads", "1", "--prompt-tokens", "4",
+                                     "--gen-tokens", "2", "--repetitions", "1", "--profile", "--json"}));
+  ASSERT_EQ(lines.size(), 1u);
+  const nlohmann::json& profile = lines[0]["decode_profile"];
+  ASSERT_TRUE(profile.is_array());
+  ASSERT_FALSE(profile.empty());
+  for (const auto& e : profile)
+    for (const char* key : {"graph", "op", "launches_per_token", "seconds_per_token", "fraction"})
+      EXPECT_TRUE(e.contains(key)) << key << " in " << e.dump();
 }
 
 TEST(BenchCommand, TableRowsShowEachFigure) {

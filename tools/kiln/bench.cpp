@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -339,6 +340,48 @@ void set_bandwidth(ModelBenchResult& r, double read_bytes_per_s) {
   r.roofline_fraction = r.decode_tokens_per_s / r.roofline_tokens_per_s;
 }
 
+// One more generation, every graph profiled from its first new token on: each op's share of a
+// decode step, the graphs' own work outside their kernels, and the pipeline's between graphs.
+std::vector<DecodeProfileEntry> profile_decode(pipelines::TextGenerationPipeline& pipe,
+                                               const std::vector<int64_t>& prompt,
+                                               const pipelines::GenerationOptions& gen) {
+  const auto& models = pipe.models();
+  std::chrono::steady_clock::time_point decode_start;
+  int64_t tokens = 0;
+  pipe.generate_ids(prompt, gen, [&](int64_t) {
+    if (tokens++ == 0) {  // prefill has just sampled the first token
+      for (const auto& [name, model] : models) model.start_profiling();
+      decode_start = std::chrono::steady_clock::now();
+    }
+  });
+  const double decode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
+  const auto steps = static_cast<double>(std::max<int64_t>(1, tokens - 1));
+  std::vector<DecodeProfileEntry> entries;
+  double in_graphs = 0;
+  for (const auto& [name, model] : models) {
+    model.stop_profiling();
+    const engine::ModelProfile p = model.profile();
+    if (p.runs == 0) continue;
+    std::map<std::string, std::pair<int64_t, double>> by_op;  // launches, seconds
+    double in_kernels = 0;
+    for (const engine::StepProfile& step : p.steps) {
+      by_op[step.op].first += step.launches;
+      by_op[step.op].second += step.seconds;
+      in_kernels += step.seconds;
+    }
+    for (const auto& [op, totals] : by_op)
+      entries.push_back({name, op, static_cast<double>(totals.first) / steps, totals.second / steps, 0});
+    entries.push_back({name, "(run)", static_cast<double>(p.runs) / steps, (p.seconds - in_kernels) / steps, 0});
+    in_graphs += p.seconds;
+  }
+  entries.push_back({"", "(pipeline)", 0, (decode_seconds - in_graphs) / steps, 0});
+  for (DecodeProfileEntry& e : entries) e.fraction = e.seconds_per_token * steps / decode_seconds;
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.seconds_per_token > b.seconds_per_token; });
+  return entries;
+}
+
 }  // namespace
 
 ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& bandwidth) {
@@ -375,6 +418,7 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
     r.prefill_tokens_per_s = std::max(r.prefill_tokens_per_s, s.prefill_tokens_per_s);
     r.decode_tokens_per_s = std::max(r.decode_tokens_per_s, s.decode_tokens_per_s);
   }
+  if (o.profile) r.decode_profile = profile_decode(pipe, prompt, gen);
   r.model = o.model;
   r.format = o.format;
   r.threads = o.threads;
@@ -552,7 +596,7 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
 // ==================================================================================================
 
 nlohmann::json to_json(const ModelBenchResult& r) {
-  return {{"kind", "model"},
+  nlohmann::json json = {{"kind", "model"},
           {"model", r.model},
           {"dtype", nn::weight_format_name(r.format)},
           {"threads", r.threads},
@@ -566,6 +610,17 @@ nlohmann::json to_json(const ModelBenchResult& r) {
           {"read_gb_per_s", r.read_bytes_per_s * 1e-9},
           {"roofline_tokens_per_s", r.roofline_tokens_per_s},
           {"roofline_fraction", r.roofline_fraction}};
+  if (!r.decode_profile.empty()) {
+    nlohmann::json profile = nlohmann::json::array();
+    for (const DecodeProfileEntry& e : r.decode_profile)
+      profile.push_back({{"graph", e.graph},
+                         {"op", e.op},
+                         {"launches_per_token", e.launches_per_token},
+                         {"seconds_per_token", e.seconds_per_token},
+                         {"fraction", e.fraction}});
+    json["decode_profile"] = std::move(profile);
+  }
+  return json;
 }
 
 nlohmann::json to_json(const GemmBenchResult& r) {
@@ -606,6 +661,20 @@ std::string table_row(const ModelBenchResult& r) {
       nn::weight_format_name(r.format), r.threads, static_cast<double>(r.parameters) * 1e-6,
       r.weight_bytes_per_token * 1e-6, r.prefill_tokens_per_s, r.decode_tokens_per_s,
       r.read_bytes_per_s * 1e-9, r.roofline_tokens_per_s, 100.0 * r.roofline_fraction);
+}
+
+std::string profile_table(const ModelBenchResult& r) {
+  if (r.decode_profile.empty()) return "";
+  double step = 0;
+  for (const DecodeProfileEntry& e : r.decode_profile) step += e.seconds_per_token;
+  std::string out = fmt::format("  decode step profile ({} {}, {} threads): {:.3f} ms per token\n", r.model,
+                                nn::weight_format_name(r.format), r.threads, step * 1e3);
+  out += fmt::format("  {:<30} {:>14} {:>12} {:>8}\n", "graph: op", "launches/token", "us/token", "share");
+  for (const DecodeProfileEntry& e : r.decode_profile)
+    out += fmt::format("  {:<30} {:>14.1f} {:>12.1f} {:>7.1f}%\n",
+                       e.graph.empty() ? e.op : e.graph + ": " + e.op, e.launches_per_token,
+                       e.seconds_per_token * 1e6, 100.0 * e.fraction);
+  return out;
 }
 
 std::string gemm_table_header() {
@@ -671,6 +740,8 @@ BenchCommand::BenchCommand(CLI::App& app) {
   bench_->add_option("--repetitions", repetitions_, "timed runs; the best is reported")
       ->capture_default_str();
   bench_->add_option("--seed", seed_, "seed of the random weights and the prompt")->capture_default_str();
+  bench_->add_flag("--profile", profile_,
+                   "after the timed runs, profile one more generation's decode: each op's time per token");
 
   gemm_ = bench_->add_subcommand("gemm", "GFLOP/s of C = A[M, K] @ W[N, K]^T: kiln beside oneDNN");
   gemm_->add_option("--m", m_, "rows of A and C")->capture_default_str();
@@ -761,11 +832,13 @@ int BenchCommand::run() const {
                                           .prompt_tokens = prompt_tokens_,
                                           .gen_tokens = gen_tokens_,
                                           .repetitions = repetitions_,
-                                          .seed = seed_},
+                                          .seed = seed_,
+                                          .profile = profile_},
                                          before);
         const BandwidthResult after = measure_read_bandwidth(t);
         if (after.read_bytes_per_s > r.read_bytes_per_s) set_bandwidth(r, after.read_bytes_per_s);
         emit(to_json(r), table_row(r));
+        if (!json_ && !r.decode_profile.empty()) std::cout << profile_table(r) << std::flush;
       }
   return 0;
 }

@@ -69,6 +69,16 @@ struct ModelBenchOptions {
   int64_t gen_tokens = 64;
   int repetitions = 3;
   uint64_t seed = 0;
+  bool profile = false;  // after the timed runs, one more generation with its decode profiled
+};
+
+// One line of a decode profile: an op's kernel launches (or another part of a decode step) per token.
+struct DecodeProfileEntry {
+  std::string graph;  // "model", "greedy", ...; empty for the pipeline's own work between graphs
+  std::string op;     // op name, "(run)" for a graph run's work outside its kernels, "(pipeline)"
+  double launches_per_token = 0;
+  double seconds_per_token = 0;
+  double fraction = 0;  // of the decode step's wall-clock time
 };
 
 struct ModelBenchResult {
@@ -85,6 +95,7 @@ struct ModelBenchResult {
   double read_bytes_per_s = 0;      // measured just before, same threads
   double roofline_tokens_per_s = 0;
   double roofline_fraction = 0;  // decode_tokens_per_s / roofline_tokens_per_s
+  std::vector<DecodeProfileEntry> decode_profile;  // with ModelBenchOptions::profile, slowest first
 };
 
 // The model's config for a name or a directory; ValueError listing the known names otherwise.
@@ -137,6 +148,8 @@ nlohmann::json to_json(const BandwidthResult& r);
 // Table rows for people, and the header line each table starts with.
 std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens);
 std::string table_row(const ModelBenchResult& r);
+// The decode profile of r as an indented table (empty when r has none).
+std::string profile_table(const ModelBenchResult& r);
 std::string gemm_table_header();
 std::string table_row(const GemmBenchResult& r);
 std::string bandwidth_table_header();
@@ -163,6 +176,7 @@ class BenchCommand {
   int64_t gen_tokens_ = 64;
   int repetitions_ = 3;
   uint64_t seed_ = 0;
+  bool profile_ = false;
   int64_t m_ = 1024, n_ = 1024, k_ = 1024;
   double min_seconds_ = 0.5;
   int64_t buffer_mib_ = 1024;

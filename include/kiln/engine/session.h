@@ -22,6 +22,20 @@ using compiler::CompiledModel;
 
 class SessionState;  // private: devices, thread pool, kernel registry
 
+// Where a Model's runs spent their time while it was profiling (Model::start_profiling).
+struct StepProfile {
+  std::string op;         // the op's name ("matmul", "fused_elementwise"; a custom op's own name)
+  int64_t node = 0;       // its node in the compiled graph, as execute errors name it
+  int64_t launches = 0;   // kernel launches of this step
+  double seconds = 0;     // their wall-clock time, summed
+};
+struct ModelProfile {
+  int64_t runs = 0;       // execute() and replay() calls
+  double seconds = 0;     // their wall-clock time, summed: the launches plus each run's own work
+                          // (input checks, arena, results)
+  std::vector<StepProfile> steps;  // every kernel step, in run order (aliases launch nothing)
+};
+
 // A runnable graph: one submodel of an initialised CompiledModel. Copies share state (weights and the
 // scratch arena), so execute() calls on one Model or its copies run one at a time; use one Model per
 // thread (init the CompiledModel again) to run a graph concurrently. Weights are not copied: borrowed
@@ -48,6 +62,13 @@ class Model {
   std::vector<Tensor> replay(const std::string& key, const std::vector<Tensor>& inputs) const;
   void release(const std::string& key) const;  // frees one capture; ValueError for an unknown key
   bool is_device_graph() const;  // see InferenceSession::init(compiled, weights, device_graphs)
+
+  // Profiling: from start_profiling() on, every run times each kernel launch (two clock reads per
+  // step; nothing while off). start_profiling() also clears the totals; stop_profiling() keeps them
+  // for profile(). Copies of a Model share one profile.
+  void start_profiling() const;
+  void stop_profiling() const;
+  ModelProfile profile() const;
 
   struct Impl;
   explicit Model(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
