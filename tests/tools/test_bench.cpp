@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "../../tools/kiln/bench.h"
+#include "kernels/cpu/gemm.h"
 #include "kiln/errors.h"
 #include "kiln/pipelines/text_generation.h"
 #include "test_util.h"
@@ -108,6 +109,17 @@ TEST(BenchGemm, TimesACheckedProductBesideOneDNN) {
     if (r.onednn_gflops) {
       EXPECT_GT(*r.onednn_gflops, 0);
     }
+    // The vdpbf16ps peak: measured for bf16 wherever the CPU has the instruction, never for f32.
+    const bool has_dot = kernels::gemm::isa_supported(kernels::gemm::Isa::avx512_bf16);
+    EXPECT_EQ(r.bf16_dot_peak_gflops.has_value(), dtype == DType::bf16 && has_dot) << dtype_name(dtype);
+    if (r.bf16_dot_peak_gflops) {
+      EXPECT_GT(*r.bf16_dot_peak_gflops, 0);
+    }
+  }
+  if (kernels::gemm::isa_supported(kernels::gemm::Isa::avx512_bf16)) {
+    EXPECT_GT(measure_bf16_dot_peak_gflops(1, 3), 0);
+  } else {
+    expect_error<ValueError>([] { measure_bf16_dot_peak_gflops(1, 3); }, "no AVX512_BF16");
   }
   expect_error<ValueError>([] { bench_gemm({.m = 0}); }, "M, N, K must be >= 1, got 0 x 1024 x 1024");
   expect_error<ValueError>([] { bench_gemm({.dtype = DType::i32}); }, "dtype must be f32 or bf16, got i32");

@@ -3,6 +3,7 @@
 #include "bench.h"
 
 #include <fmt/format.h>
+#include <immintrin.h>
 #include <sys/mman.h>
 
 #include <CLI/CLI.hpp>
@@ -261,6 +262,24 @@ __attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) float fma_chai
 }
 float fma_chains_sse(int64_t n) { return fma_chains<f32x4>(n); }
 
+// vdpbf16ps chains: each lane adds two products of small bf16 values (2^-10 * 2^-10) per step, so
+// the sums stay far from overflow over a pass.
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_chains_avx512(int64_t iterations) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3a80), b = (__m512bh)_mm512_set1_epi16(0x3a80);  // 2^-10
+  for (int64_t i = 0; i < iterations; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  __m512 sum = _mm512_setzero_ps();
+  for (int c = 0; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  alignas(64) float lanes[16];  // not _mm512_reduce_add_ps: GCC 12 flags its own header at -O3
+  _mm512_store_ps(lanes, sum);
+  float total = 0;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
 // Runs the widest kernel; returns the flops it did per iteration count.
 double run_fma_chains(int64_t iterations, std::atomic<float>& sink) {
   static const auto kernel = __builtin_cpu_supports("avx512f")                                   ? fma_chains_avx512
@@ -273,12 +292,13 @@ double run_fma_chains(int64_t iterations, std::atomic<float>& sink) {
 
 }  // namespace
 
-double measure_peak_gflops(int threads, int passes, DType dtype) {
+namespace {
+
+enum class PeakUnit { fma, bf16_dot, amx_tiles };
+
+double measure_peak(int threads, int passes, PeakUnit unit) {
   if (threads < 1) throw ValueError(fmt::format("peak: threads must be >= 1, got {}", threads));
   if (passes < 1) throw ValueError(fmt::format("peak: passes must be >= 1, got {}", passes));
-  const bool tiles = dtype == DType::bf16 && kernels::amx::available();
-  const double per_fma =
-      dtype == DType::bf16 && !tiles && kernels::gemm::best_isa() == kernels::gemm::Isa::avx512_bf16 ? 2.0 : 1.0;
   std::vector<double> pass_seconds(static_cast<size_t>(passes));
   std::atomic<float> sink{0};
   double flop_per_thread = 0;
@@ -287,9 +307,16 @@ double measure_peak_gflops(int threads, int passes, DType dtype) {
     for (int p = 0; p < passes; ++p) {
       sync.arrive_and_wait();
       const auto start = Clock::now();
-      // About 1 ms a pass either way: a round of 4 tile products takes ~64 cycles.
-      const double flop = tiles ? kernels::amx::run_tile_chains(kPeakIterations / 16)
-                                : per_fma * run_fma_chains(kPeakIterations, sink);
+      // About 1 ms a pass on the tiles and FMAs (a round of 4 tile products takes ~64 cycles).
+      double flop = 0;
+      switch (unit) {
+        case PeakUnit::amx_tiles: flop = kernels::amx::run_tile_chains(kPeakIterations / 16); break;
+        case PeakUnit::bf16_dot:
+          sink.store(dpbf16_chains_avx512(kPeakIterations), std::memory_order_relaxed);
+          flop = 4.0 * 16 * kChains * static_cast<double>(kPeakIterations);
+          break;
+        case PeakUnit::fma: flop = run_fma_chains(kPeakIterations, sink); break;
+      }
       sync.arrive_and_wait();  // the pass ends when the slowest thread is done
       if (t == 0) {
         pass_seconds[static_cast<size_t>(p)] = seconds_since(start);
@@ -302,6 +329,21 @@ double measure_peak_gflops(int threads, int passes, DType dtype) {
   worker(0);
   for (auto& w : workers) w.join();
   return flop_per_thread * threads / *std::min_element(pass_seconds.begin(), pass_seconds.end()) * 1e-9;
+}
+
+}  // namespace
+
+double measure_peak_gflops(int threads, int passes, DType dtype) {
+  if (dtype == DType::bf16 && kernels::amx::available()) return measure_peak(threads, passes, PeakUnit::amx_tiles);
+  if (dtype == DType::bf16 && kernels::gemm::best_isa() == kernels::gemm::Isa::avx512_bf16)
+    return measure_peak(threads, passes, PeakUnit::bf16_dot);
+  return measure_peak(threads, passes, PeakUnit::fma);
+}
+
+double measure_bf16_dot_peak_gflops(int threads, int passes) {
+  if (!kernels::gemm::isa_supported(kernels::gemm::Isa::avx512_bf16))
+    throw ValueError("peak: this CPU has no AVX512_BF16 (vdpbf16ps)");
+  return measure_peak(threads, passes, PeakUnit::bf16_dot);
 }
 
 // ==== model benchmark ======================================================================================
@@ -589,6 +631,8 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
   r.onednn_gflops = flop / onednn_gemm_seconds(o, a, w, a_values, w_values) * 1e-9;
   r.peak_gflops = std::max(r.peak_gflops, measure_peak_gflops(o.threads, 200, o.dtype));
 #endif
+  if (o.dtype == DType::bf16 && kernels::gemm::isa_supported(kernels::gemm::Isa::avx512_bf16))
+    r.bf16_dot_peak_gflops = measure_bf16_dot_peak_gflops(o.threads);
   return r;
 }
 
@@ -637,7 +681,11 @@ nlohmann::json to_json(const GemmBenchResult& r) {
           {"peak_gflops", r.peak_gflops},
           {"peak_fraction", r.gflops / r.peak_gflops},
           {"onednn_peak_fraction",
-           r.onednn_gflops ? nlohmann::json(*r.onednn_gflops / r.peak_gflops) : nlohmann::json(nullptr)}};
+           r.onednn_gflops ? nlohmann::json(*r.onednn_gflops / r.peak_gflops) : nlohmann::json(nullptr)},
+          {"bf16_dot_peak_gflops",
+           r.bf16_dot_peak_gflops ? nlohmann::json(*r.bf16_dot_peak_gflops) : nlohmann::json(nullptr)},
+          {"bf16_dot_peak_fraction", r.bf16_dot_peak_gflops ? nlohmann::json(r.gflops / *r.bf16_dot_peak_gflops)
+                                                            : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json to_json(const BandwidthResult& r) {
@@ -678,9 +726,9 @@ std::string profile_table(const ModelBenchResult& r) {
 }
 
 std::string gemm_table_header() {
-  return fmt::format("{:<22} {:<5} {:>7} {:>13} {:>15} {:>12} {:>12} {:>10} {:>12}", "gemm M x N x K", "dtype",
-                     "threads", "kiln GFLOP/s", "oneDNN GFLOP/s", "kiln/oneDNN", "peak GFLOP/s", "kiln/peak",
-                     "oneDNN/peak");
+  return fmt::format("{:<22} {:<5} {:>7} {:>13} {:>15} {:>12} {:>12} {:>10} {:>12} {:>14} {:>9}", "gemm M x N x K",
+                     "dtype", "threads", "kiln GFLOP/s", "oneDNN GFLOP/s", "kiln/oneDNN", "peak GFLOP/s", "kiln/peak",
+                     "oneDNN/peak", "bf16 dot peak", "kiln/dot");
 }
 
 std::string table_row(const GemmBenchResult& r) {
@@ -688,9 +736,12 @@ std::string table_row(const GemmBenchResult& r) {
   const std::string ratio = r.onednn_gflops ? fmt::format("{:.2f}", r.gflops / *r.onednn_gflops) : "n/a";
   const std::string onednn_peak =
       r.onednn_gflops ? fmt::format("{:.1f}%", 100.0 * *r.onednn_gflops / r.peak_gflops) : "n/a";
-  return fmt::format("{:<22} {:<5} {:>7} {:>13.1f} {:>15} {:>12} {:>12.1f} {:>9.1f}% {:>12}",
+  const std::string dot_peak = r.bf16_dot_peak_gflops ? fmt::format("{:.1f}", *r.bf16_dot_peak_gflops) : "-";
+  const std::string dot_fraction =
+      r.bf16_dot_peak_gflops ? fmt::format("{:.1f}%", 100.0 * r.gflops / *r.bf16_dot_peak_gflops) : "-";
+  return fmt::format("{:<22} {:<5} {:>7} {:>13.1f} {:>15} {:>12} {:>12.1f} {:>9.1f}% {:>12} {:>14} {:>9}",
                      fmt::format("{} x {} x {}", r.m, r.n, r.k), dtype_name(r.dtype), r.threads, r.gflops, onednn,
-                     ratio, r.peak_gflops, 100.0 * r.gflops / r.peak_gflops, onednn_peak);
+                     ratio, r.peak_gflops, 100.0 * r.gflops / r.peak_gflops, onednn_peak, dot_peak, dot_fraction);
 }
 
 std::string bandwidth_table_header() {

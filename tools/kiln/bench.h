@@ -123,14 +123,21 @@ struct GemmBenchResult {
   double gflops = 0;                    // 2 m n k / seconds
   std::optional<double> onednn_gflops;  // nullopt: oneDNN not available in this build
   double peak_gflops = 0;               // measure_peak_gflops(threads, dtype) in the same run
+  // bf16 on a CPU with AVX512_BF16: the vdpbf16ps peak (measure_bf16_dot_peak_gflops) in the same run,
+  // ANCHORS.md's "bf16 dot peak". On AMX CPUs kiln's bf16 GEMM runs on the tiles, whose peak is
+  // peak_gflops; this one says what the vector bf16 unit could do.
+  std::optional<double> bf16_dot_peak_gflops;
 };
 
 // The machine's multiply-add peak on `threads` threads for `dtype`'s GEMM, timed in short passes;
 // the best pass, all threads together, in GFLOP/s. f32 (and bf16 on CPUs without a bf16 unit, where
 // kiln widens bf16 to f32): independent chains of the widest FMA (AVX-512, AVX2 or SSE), 2 FLOPs per
-// lane. bf16 with AMX: four independent tdpbf16ps tile chains. bf16 with AVX512_BF16 but no AMX:
-// twice the FMA peak (a vdpbf16ps does two multiply-adds per f32 lane). ValueError for threads < 1.
+// lane. bf16 with AMX: four independent tdpbf16ps tile chains. bf16 where kiln's GEMM uses
+// vdpbf16ps (AMD; measure_bf16_dot_peak_gflops). ValueError for threads < 1.
 double measure_peak_gflops(int threads, int passes = 200, DType dtype = DType::f32);
+// Independent vdpbf16ps chains (two multiply-adds per f32 lane, 4 FLOPs); ValueError on a CPU
+// without AVX512_BF16 or for threads < 1.
+double measure_bf16_dot_peak_gflops(int threads, int passes = 200);
 
 // C[M, N] = A[M, K] @ W[N, K]^T through a one-matmul graph compiled by an InferenceSession, then
 // through oneDNN's matmul primitive with the same layout and thread count. Both results are checked
