@@ -328,6 +328,7 @@ CompiledModel compile(const graph::Module& module, const CompileOptions& options
     ir = passes::cse(std::move(ir));
     ir = passes::dce(std::move(ir));
     ir = passes::fuse_elementwise(std::move(ir));
+    ir = passes::group_matmuls(std::move(ir));
   }
   passes::verify(ir);
   std::map<std::string, GraphPlan> plans;

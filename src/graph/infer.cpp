@@ -36,6 +36,7 @@ std::string operand_role(Op op, size_t i) {
     case Op::attention: return pick({"q", "k", "v", "masked"});
     case Op::rope: return pick({"x", "cos", "sin"});
     case Op::fused_elementwise: return fmt::format("%{}", i);
+    case Op::grouped_matmul: return i == 0 ? std::string("lhs") : fmt::format("rhs {}", i - 1);
     default: break;
   }
   if (is_elementwise_unary(op) || op == Op::cast || op == Op::transfer_to) return pick({"input"});
@@ -770,6 +771,32 @@ std::vector<Type> infer_rope(const Ctx& c) {
   return {x};
 }
 
+// grouped_matmul(lhs, rhs_0 .. rhs_{n-1}): each rhs checked as matmul (or qmatmul, with `encoding`)
+// would check it, the error naming the rhs by index.
+std::vector<Type> infer_grouped_matmul(const Ctx& c) {
+  c.expect_at_least(3);
+  const bool quantized = c.attrs.count("encoding") > 0;
+  if (quantized && c.attrs.count("transpose_b"))
+    c.fail("takes 'transpose_b' (as matmul) or 'encoding' (as qmatmul), not both");
+  for (const auto& [key, value] : c.attrs)
+    if (key != "encoding" && key != "transpose_b") c.fail("unknown attribute '{}'", key);
+  const Op single = quantized ? Op::qmatmul : Op::matmul;
+  std::vector<Type> out;
+  for (size_t i = 1; i < c.in.size(); ++i) {
+    const std::vector<Type> operands{c.in[0], c.in[i]};
+    try {
+      out.push_back(infer_types(single, operands, c.attrs, c.module).at(0));
+    } catch (const ShapeError& e) {
+      c.fail<ShapeError>("rhs {}: {}", i - 1, e.what());
+    } catch (const DTypeError& e) {
+      c.fail<DTypeError>("rhs {}: {}", i - 1, e.what());
+    } catch (const ValueError& e) {
+      c.fail("rhs {}: {}", i - 1, e.what());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attrs& attrs,
@@ -808,6 +835,7 @@ std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attr
     case Op::attention: return infer_attention(c);
     case Op::rope: return infer_rope(c);
     case Op::qmatmul: return infer_qmatmul(c);
+    case Op::grouped_matmul: return infer_grouped_matmul(c);
     case Op::dequantize: return infer_dequantize(c);
     default: break;
   }

@@ -135,6 +135,14 @@ Module build_every_op_module() {
   TensorValue wq = ops::constant(Bytes(102, 0), DType::u8, Shape{3, 34});
   outs.push_back(ops::qmatmul(QuantizationEncoding::q8_0, x32, wq));
   outs.push_back(ops::dequantize(QuantizationEncoding::q8_0, wq));
+  // Sibling products of one lhs (compiler-made, by the group_matmuls pass: no ops:: builder), f32
+  // with transpose_b and Q8_0 with its encoding.
+  TensorValue w2 = main.weight({"w2", DType::f32, Shape{4, 8}});  // read as [8, 4]
+  for (const Value& v : add_node(main.ir(), &m, Op::grouped_matmul, {x, w, w2}, {{"transpose_b", int64_t{1}}}))
+    outs.push_back(v);
+  for (const Value& v : add_node(main.ir(), &m, Op::grouped_matmul, {x32, wq, wq},
+                                 {{"encoding", std::string("q8_0")}}))
+    outs.push_back(v);
   main.output(outs);
   return m;
 }

@@ -20,5 +20,9 @@ graph::Module dce(graph::Module);
 // Replaces each maximal tree of elementwise ops of one shape, whose intermediates have no other use,
 // by one fused_elementwise node (docs/fusion.md).
 graph::Module fuse_elementwise(graph::Module);
+// Replaces >= 2 matmuls (or qmatmuls) on the CPU that read the same lhs value, with equal attributes
+// and each rhs a rank-2 weight of one dtype (a Llama layer's q/k/v, its MLP's gate/up), by one
+// grouped_matmul node with one result per weight, at the first one's place (docs/fusion.md).
+graph::Module group_matmuls(graph::Module);
 
 }  // namespace kiln::compiler::passes

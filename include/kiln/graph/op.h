@@ -53,6 +53,7 @@ namespace kiln::graph {
   X(allreduce_sum, "allreduce_sum") X(allgather, "allgather")                               \
   /* fused (built by compiler passes and nn layers; docs/fusion.md) */                       \
   X(fused_elementwise, "fused_elementwise") X(attention, "attention") X(rope, "rope")       \
+  X(grouped_matmul, "grouped_matmul")                                                       \
   /* quantized weights (kiln/graph/quantization.h, docs/quantization.md) */                 \
   X(qmatmul, "qmatmul") X(dequantize, "dequantize")
 
@@ -99,12 +100,17 @@ bool is_collective(Op);          // allreduce_sum, allgather
 //   fused_elementwise  program: string (an ElementwiseProgram's text, elementwise_program.h)
 //   attention       scale: double (multiplies q . k before the softmax)
 //   qmatmul dequantize  encoding: string (quantization.h's encoding_name, "q8_0")
+//   grouped_matmul  transpose_b: int64 (optional), as matmul; or encoding: string, as qmatmul. One op
+//                   for both (not a grouped_qmatmul beside it): the attribute picks which op each
+//                   result is, so inference, text, the pass and the kernel each have one entry.
 // Operand order: where(cond, x, y), rms_norm(x, weight), layer_norm(x, gamma, beta),
 // gather(input, indices), scatter(input, updates, indices), buffer_store(buffer, value),
 // allreduce_sum / allgather(input_0 .. input_{n-1}, signal_buffer_0 .. signal_buffer_{n-1}): one
 // input per device, then one signal buffer per device (none when n == 1); result i is on device i.
 // fused_elementwise(register_0 .. register_{n-1}), attention(q, k, v, masked), rope(x, cos, sin),
-// qmatmul(lhs, rhs) with rhs the encoded weight u8[N, row_bytes], dequantize(input).
+// qmatmul(lhs, rhs) with rhs the encoded weight u8[N, row_bytes], dequantize(input),
+// grouped_matmul(lhs, rhs_0 .. rhs_{n-1}), n >= 2, with n results: result i is matmul(lhs, rhs_i) (or
+// qmatmul(lhs, rhs_i) with `encoding`), built by the group_matmuls pass (docs/fusion.md).
 //
 // Attribute values. Bytes hold constant data (little-endian elements). Shape holds Dims, so slice
 // bounds and reshape targets can be symbolic.

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "kernels/cpu/strided.h"
 
@@ -184,6 +185,48 @@ bool run(const KernelContext& ctx, const Problem& p) {
   }
   ctx.parallel->for_range(parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) run_part(*k, p, t, parts);
+  });
+  return true;
+}
+
+bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
+  const IsaKernels* k = kernels_of(active_isa());
+  if (!k) return false;
+  for (const Problem& p : problems)
+    if (!supported(p) || !small_m_applies(p)) return false;
+  // unit_end[i]: the end of problem i's vectors of 16 columns in the concatenated list.
+  std::vector<int64_t> unit_end;
+  int64_t units = 0, macs = 0;
+  for (const Problem& p : problems) {
+    if (!trivial(p)) {
+      units += (p.N + 15) / 16;
+      macs += p.M * p.N * p.K;
+    }
+    unit_end.push_back(units);
+  }
+  if (units == 0) return true;
+  const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  const int64_t parts = std::clamp<int64_t>(macs / kMinMacsPerThread, 1, threads * kGemvPartsPerThread);
+  // Part t: units [t * units / parts, (t + 1) * units / parts), which may span problems. Column
+  // ranges start on a vector of 16 within each problem, as run_part's do.
+  auto run_units = [&](int64_t u0, int64_t u1) {
+    int64_t first = 0;
+    for (size_t i = 0; i < problems.size() && u0 < u1; first = unit_end[i++]) {
+      if (u0 >= unit_end[i]) continue;
+      const Problem& p = problems[i];
+      const int64_t end = std::min(u1, unit_end[i]);
+      const int64_t n0 = (u0 - first) * 16, n1 = std::min(p.N, (end - first) * 16);
+      Workspace ws{t_scratch.a.get(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
+      k->small_m(p, n0, n1, ws);
+      u0 = end;
+    }
+  };
+  if (parts == 1) {
+    run_units(0, units);
+    return true;
+  }
+  ctx.parallel->for_range(parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) run_units(t * units / parts, (t + 1) * units / parts);
   });
   return true;
 }

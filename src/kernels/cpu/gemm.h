@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "kernels/cpu/kernels.h"
 #include "kiln/errors.h"
@@ -110,6 +111,12 @@ const IsaKernels* avx512_bf16_kernels();
 // Runs one 2-D problem (the caller loops over batches), threaded over ctx.parallel. False when the
 // active level is `generic` or the dtype is not f32/f16/bf16: the caller computes it another way.
 bool run(const KernelContext& ctx, const Problem& p);
+// Several small-M problems (grouped_matmul's decode: q, k and v reading one activation) as ONE
+// parallel job: their columns, in whole vectors of 16, are concatenated and cut into up to
+// kGemvPartsPerThread parts per thread, claimed dynamically as run() does for one GEMV. Each result is
+// bit-identical to run() on its problem alone. False (nothing computed) unless every problem is
+// supported and takes the small-M path (M <= kSmallM, B not Q8_0, a unit stride in B).
+bool run_group(const KernelContext& ctx, std::span<const Problem> problems);
 // Many independent problems of one shape (attention's per-head products): one per thread at a time.
 bool run_batched(const KernelContext& ctx, int64_t count, const std::function<Problem(int64_t)>& problem);
 

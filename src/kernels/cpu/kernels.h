@@ -125,5 +125,6 @@ void register_cpu_collectives(KernelRegistry&);
 void register_cpu_fused(KernelRegistry&);
 void register_cpu_attention(KernelRegistry&);
 void register_cpu_rope(KernelRegistry&);
+void register_cpu_grouped_matmul(KernelRegistry&);  // looks matmul / qmatmul up in the registry
 
 }  // namespace kiln::kernels

@@ -10,6 +10,7 @@
 // 8 rows run on the tiles of gemm_amx.h (docs/amx.md).
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quantized.h"
 #include "kernels/cpu/strided.h"
 
@@ -430,20 +432,24 @@ void matmul_float(const KernelContext& ctx, MatmulProblem p, const T* A, const T
 
 // False when no SIMD level applies (the portable path then runs). `b_dtype` differs from `dtype`
 // only for f32 activations with f16/bf16 weights.
-bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b_dtype, const void* A, const void* Bm,
-                 void* C, const gemm::PackedB* packed_b = nullptr) {
-  if (gemm::active_isa() == gemm::Isa::generic) return false;
-  fold_batch_into_rows(p);
+// Batch `bi` of p as a problem of the SIMD GEMM.
+gemm::Problem gemm_problem(const MatmulProblem& p, DType dtype, DType b_dtype, const void* A, const void* Bm, void* C,
+                           int64_t bi) {
   const int64_t size = static_cast<int64_t>(dtype_size(dtype)), b_size = static_cast<int64_t>(dtype_size(b_dtype));
   const gemm::BStorage b_storage = b_dtype == dtype         ? gemm::BStorage::same
                                    : b_dtype == DType::f16 ? gemm::BStorage::f16
                                                            : gemm::BStorage::bf16;
-  auto problem = [&](int64_t bi) {
-    auto [ao, bo] = p.batch_offsets(bi);
-    return gemm::Problem{dtype, static_cast<const char*>(A) + ao * size, p.a_row, p.a_col,
-                         static_cast<const char*>(Bm) + bo * b_size, p.b_row, p.b_col,
-                         static_cast<char*>(C) + bi * p.M * p.N * size, p.N, p.M, p.N, p.K, b_storage};
-  };
+  auto [ao, bo] = p.batch_offsets(bi);
+  return gemm::Problem{dtype, static_cast<const char*>(A) + ao * size, p.a_row, p.a_col,
+                       static_cast<const char*>(Bm) + bo * b_size, p.b_row, p.b_col,
+                       static_cast<char*>(C) + bi * p.M * p.N * size, p.N, p.M, p.N, p.K, b_storage};
+}
+
+bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b_dtype, const void* A, const void* Bm,
+                 void* C, const gemm::PackedB* packed_b = nullptr) {
+  if (gemm::active_isa() == gemm::Isa::generic) return false;
+  fold_batch_into_rows(p);
+  auto problem = [&](int64_t bi) { return gemm_problem(p, dtype, b_dtype, A, Bm, C, bi); };
   if (p.batch == 1) {
     gemm::Problem one = problem(0);
     if (packed_b && packed_b->isa == gemm::active_isa() && packed_b->K == p.K && packed_b->N == p.N)
@@ -661,6 +667,17 @@ void matmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::spa
 }
 
 }  // namespace
+
+std::optional<gemm::Problem> matmul_gemv_problem(const graph::Attrs& attrs, const TensorView& a, const TensorView& rhs,
+                                                 const TensorView& out) {
+  const TensorView b = rhs_view(attrs, rhs);
+  MatmulProblem p = plan_matmul(a, b, out);
+  if (gemm::active_isa() == gemm::Isa::generic || (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16))
+    return std::nullopt;
+  fold_batch_into_rows(p);
+  if (p.batch != 1 || p.M > gemm::kSmallM) return std::nullopt;
+  return gemm_problem(p, a.dtype, b.dtype, a.data, b.data, out.data, 0);
+}
 
 void register_cpu_matmul(KernelRegistry& r) {
   r.add(Op::matmul, DeviceKind::CPU,

@@ -156,12 +156,50 @@ QuantizationEncoding encoding_of(const graph::Attrs& attrs, Op op) {
   return graph::parse_encoding(graph::get_attr<std::string>(attrs, "encoding", op));
 }
 
-void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
-                    std::span<const TensorView> outputs) {
-  if (inputs.size() != 2 || outputs.size() != 1)
-    throw ValueError("qmatmul: expected 2 operands and 1 result");
+}  // namespace
+
+void quantized::q8_0_gemv_group(const KernelContext& ctx, const TensorView& lhs, std::span<const Q8_0GemvTarget> targets) {
+  const int64_t K = lhs.shape.back(), M = K == 0 ? 0 : lhs.numel() / K;
+  int64_t rows = 0;  // weight rows of all targets: the concatenated N
+  for (const Q8_0GemvTarget& t : targets) rows += t.N;
+  if (M == 0 || rows == 0) return;
+  const float* x = lhs.as<float>();  // [M, K]
+  if (!lhs.is_contiguous()) {
+    float* copy = grow(t_scratch.lhs, M * K);
+    copy_strided(ctx, lhs.dtype, lhs.shape, lhs.data, lhs.strides, copy);
+    x = copy;
+  }
+  uint8_t* xq = grow(t_scratch.q, M * K);
+  float* xd = grow(t_scratch.d, M * K / 32);
+  quantize_rows(x, M, K, /*offset=*/true, xq, xd, nullptr);
+  const Q8Activations acts{xq, xd, nullptr, M, K};
+  const quantized::Q8_0GemvFn fn = use_vnni() ? quantized::avx512_vnni_q8_0_gemv() : portable_gemv;
+  // A chunk must be worth waking a thread for: >= 32 KiB of weights (~32K multiply-adds, the f32
+  // GEMM's threshold), so a small model's 288 x 288 projections still use both cores; larger GEMVs
+  // are cut into gemm::kGemvPartsPerThread chunks per thread. A chunk of the concatenated rows may
+  // span targets: each row's sum is the same however the rows are cut.
+  const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  const int64_t row_bytes = graph::q8_0_row_bytes(K);
+  parallel_for(ctx, rows, std::max<int64_t>({1, 32768 / row_bytes, rows / (gemm::kGemvPartsPerThread * threads)}),
+               [&](int64_t begin, int64_t end) {
+                 int64_t first = 0;  // the target's first row in the concatenation
+                 for (const Q8_0GemvTarget& t : targets) {
+                   const int64_t n0 = std::max(begin, first) - first, n1 = std::min(end, first + t.N) - first;
+                   if (n0 < n1) fn(acts, t.w, t.row_stride, n0, n1, t.y, t.N);
+                   first += t.N;
+                 }
+               });
+}
+
+namespace {
+
+struct QmatmulShape {
+  int64_t M = 0, K = 0, N = 0;
+};
+
+// qmatmul's operands checked: lhs f32 [..., K], rhs u8 [N, row_bytes of K], result f32 [..., N].
+QmatmulShape check_qmatmul(const graph::Attrs& attrs, const TensorView& a, const TensorView& w, const TensorView& out) {
   encoding_of(attrs, Op::qmatmul);  // q8_0 is the only encoding; this rejects anything else
-  const TensorView &a = inputs[0], &w = inputs[1], &out = outputs[0];
   const auto operands = [&] { return " (lhs " + describe(a) + ", rhs " + describe(w) + ")"; };
   if (a.dtype != DType::f32 || w.dtype != DType::u8 || out.dtype != DType::f32)
     throw DTypeError("qmatmul: expected lhs f32, rhs u8 and an f32 result" + operands());
@@ -170,36 +208,50 @@ void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
   if (graph::quantized_row_bytes(QuantizationEncoding::q8_0, K, "qmatmul: lhs inner dim") != row_bytes)
     throw ShapeError("qmatmul: rhs rows must be " + std::to_string(graph::q8_0_row_bytes(K)) + " bytes" + operands());
   if (w.strides[1] != 1) throw ValueError("qmatmul: rhs rows must be contiguous" + operands());
-  if (!out.is_contiguous() || out.shape.back() != N) throw ShapeError("qmatmul: bad result " + describe(out));
   const int64_t M = K == 0 ? 0 : a.numel() / K;
-  if (M == 0 || N == 0) return;
+  if (!out.is_contiguous() || out.shape.back() != N || out.numel() != M * N)
+    throw ShapeError("qmatmul: bad result " + describe(out) + operands());
+  return {M, K, N};
+}
+
+}  // namespace
+
+std::optional<quantized::Q8_0GemvTarget> quantized::qmatmul_gemv_target(const graph::Attrs& attrs, const TensorView& a,
+                                                                          const TensorView& w, const TensorView& out) {
+  const QmatmulShape s = check_qmatmul(attrs, a, w, out);
+  if (s.M > gemm::kSmallM) return std::nullopt;
+  return Q8_0GemvTarget{w.as<uint8_t>(), w.strides[0], s.N, out.as<float>()};
+}
+
+namespace {
+
+void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+                    std::span<const TensorView> outputs) {
+  if (inputs.size() != 2 || outputs.size() != 1)
+    throw ValueError("qmatmul: expected 2 operands and 1 result");
+  const TensorView &a = inputs[0], &w = inputs[1], &out = outputs[0];
+  if (const auto target = quantized::qmatmul_gemv_target(attrs, a, w, out)) {
+    quantized::q8_0_gemv_group(ctx, a, std::span(&*target, 1));
+    return;
+  }
+  const auto [M, K, N] = check_qmatmul(attrs, a, w, out);
+  if (N == 0) return;
+  const uint8_t* wq = w.as<uint8_t>();
+  const int64_t w_row = w.strides[0];
+  float* y = out.as<float>();  // [M, N]
   const float* x = a.as<float>();  // [M, K]
   if (!a.is_contiguous()) {
     float* copy = grow(t_scratch.lhs, M * K);
     copy_strided(ctx, a.dtype, a.shape, a.data, a.strides, copy);
     x = copy;
   }
-  const uint8_t* wq = w.as<uint8_t>();
-  const int64_t w_row = w.strides[0];
-  float* y = out.as<float>();  // [M, N]
   const bool vnni = use_vnni();
-  const bool gemv = M <= gemm::kSmallM;
   uint8_t* xq = grow(t_scratch.q, M * K);
   float* xd = grow(t_scratch.d, M * K / 32);
-  int32_t* xsum = gemv ? nullptr : grow(t_scratch.sum, M * K / 32);
-  quantize_rows(x, M, K, gemv, xq, xd, xsum);
+  int32_t* xsum = grow(t_scratch.sum, M * K / 32);
+  quantize_rows(x, M, K, /*offset=*/false, xq, xd, xsum);
   const Q8Activations acts{xq, xd, xsum, M, K};
 
-  if (gemv) {
-    const quantized::Q8_0GemvFn fn = vnni ? quantized::avx512_vnni_q8_0_gemv() : portable_gemv;
-    // A chunk must be worth waking a thread for: >= 32 KiB of weights (~32K multiply-adds, the f32
-    // GEMM's threshold), so a small model's 288 x 288 projections still use both cores; larger GEMVs
-    // are cut into gemm::kGemvPartsPerThread chunks per thread.
-    const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
-    parallel_for(ctx, N, std::max<int64_t>({1, 32768 / row_bytes, N / (gemm::kGemvPartsPerThread * threads)}),
-                 [&](int64_t begin, int64_t end) { fn(acts, wq, w_row, begin, end, y, N); });
-    return;
-  }
   if (vnni) {
     const quantized::Q8_0GemmFn fn = quantized::avx512_vnni_q8_0_gemm();
     const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;

@@ -16,6 +16,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
+
+#include "kernels/cpu/kernels.h"
 
 namespace kiln::kernels::quantized {
 
@@ -54,6 +58,23 @@ Q8_0GemvFn avx512_vnni_q8_0_gemv();
 Q8_0GemmFn avx512_vnni_q8_0_gemm();
 Q8_0PackFn avx512_vnni_q8_0_pack();
 QuantizeRowsFn avx512_quantize_rows();
+
+// One Q8_0 weight of a GEMV: rows [0, N) of `w`, `row_stride` bytes apart, into y [M][N].
+struct Q8_0GemvTarget {
+  const uint8_t* w = nullptr;
+  int64_t row_stride = 0;
+  int64_t N = 0;
+  float* y = nullptr;
+};
+// qmatmul's decode path (lhs [..., K] f32, any strides, of M <= gemm::kSmallM rows): the activations
+// quantized once, then the rows of every target (all of row length K) cut into chunks as ONE parallel
+// job, so grouped_matmul's q, k and v cost one pool round trip. Each result has the bits qmatmul
+// gives for its target alone.
+void q8_0_gemv_group(const KernelContext& ctx, const TensorView& lhs, std::span<const Q8_0GemvTarget> targets);
+// qmatmul(lhs, w) -> out checked as qmatmul checks it (its errors); its GEMV target when lhs has at
+// most gemm::kSmallM rows, nullopt when qmatmul runs its GEMM instead.
+std::optional<Q8_0GemvTarget> qmatmul_gemv_target(const graph::Attrs& attrs, const TensorView& lhs,
+                                                  const TensorView& w, const TensorView& out);
 
 }  // namespace kiln::kernels::quantized
 

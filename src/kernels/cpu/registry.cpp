@@ -35,6 +35,7 @@ const KernelRegistry& builtin_kernels() {
     register_cpu_fused(r);
     register_cpu_attention(r);
     register_cpu_rope(r);
+    register_cpu_grouped_matmul(r);
     return r;
   }();
   return registry;
