@@ -2,8 +2,6 @@
 // objects may be freed after it would have been.
 #include "kiln/engine/device_memory.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -13,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/cpu/scratch.h"
 #include "kiln/errors.h"
 
 namespace kiln::engine {
@@ -21,7 +20,6 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 constexpr size_t kCachedMin = size_t{64} << 10;    // smaller blocks: malloc's own free lists serve them
-constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kCacheLimit = size_t{1} << 30;    // per device; beyond it freed blocks go back
 
 // The block size an allocation of nbytes gets: small ones rounded to the alignment; cached ones to
@@ -33,13 +31,6 @@ size_t block_size(size_t nbytes) {
   size_t power = size_t{1} << (63 - __builtin_clzll(aligned));
   size_t step = std::max<size_t>(power / 8, kAlignment);
   return (aligned + step - 1) / step * step;
-}
-
-void* system_allocate(size_t size) {
-  const size_t alignment = size >= kHugePage ? kHugePage : kAlignment;
-  void* p = std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
-  if (p && size >= kHugePage) madvise(p, size, MADV_HUGEPAGE);  // a hint: failure is harmless
-  return p;
 }
 
 struct DeviceAllocator {
@@ -64,7 +55,7 @@ struct DeviceAllocator {
       }
     }
     system_allocations.fetch_add(1, std::memory_order_relaxed);
-    return system_allocate(size);
+    return kernels::allocate_aligned(size);
   }
   void give_back(void* p, size_t size) {
     if (size >= kCachedMin) {

@@ -164,7 +164,7 @@ std::optional<PackedB> pack_b(const Problem& p) {
   if (!k || p.dtype != DType::f32 || p.b_storage == BStorage::q8_0 || p.K <= 0 || p.N <= 0) return std::nullopt;
   const int64_t panels = (p.N + k->blocking.nr - 1) / k->blocking.nr;
   const size_t bytes = static_cast<size_t>(panels * k->blocking.nr * p.K) * sizeof(float);
-  void* data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  void* data = allocate_aligned(bytes);
   if (!data) throw std::bad_alloc();
   std::shared_ptr<float> panels_data(static_cast<float*>(data), [](float* f) { std::free(f); });
   k->pack_b(p, panels_data.get());

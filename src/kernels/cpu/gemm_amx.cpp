@@ -497,7 +497,7 @@ PackedB PackedB::pack(const KernelContext& ctx, const uint16_t* b, int64_t b_row
   packed.K_ = K;
   packed.N_ = N;
   const size_t bytes = std::max<size_t>(64, packed.bytes());
-  void* memory = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  void* memory = allocate_aligned(bytes);
   if (!memory) throw std::bad_alloc();
   packed.data_.reset(static_cast<uint16_t*>(memory));
   const int64_t k_tiles = packed.k_tiles();
