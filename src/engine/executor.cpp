@@ -217,9 +217,23 @@ Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, kernels::Para
   const size_t num_values = plan_.values.size();
   bound_.resize(num_values);
   static_shapes_.resize(num_values);
+  symbolic_shapes_.resize(num_values);
+  std::map<std::string, int32_t> interned;  // a symbolic dim's text -> its index in symbolic_dims_
   for (size_t v = 0; v < num_values; ++v) {
     const graph::Shape& shape = graph::shape_of(plan_.values[v].type);
-    if (shape.is_static()) static_shapes_[v] = shape.static_dims();
+    if (shape.is_static()) {
+      static_shapes_[v] = shape.static_dims();
+      continue;
+    }
+    for (const graph::Dim& dim : shape) {
+      if (auto size = dim.try_static()) {
+        symbolic_shapes_[v].push_back({-1, *size});
+        continue;
+      }
+      auto [it, fresh] = interned.emplace(dim.to_string(), static_cast<int32_t>(symbolic_dims_.size()));
+      if (fresh) symbolic_dims_.push_back(dim);
+      symbolic_shapes_[v].push_back({it->second, 0});
+    }
   }
   for (size_t v = 0; v < num_values; ++v)
     if (plan_.values[v].kind == ValueKind::weight) bound_[v] = weights.at(plan_.values[v].weight);
@@ -485,6 +499,8 @@ Executor::Frame Executor::new_frame() const {
   frame.tensors.resize(num_values);
   frame.views.resize(num_values);
   frame.slot_bytes.resize(static_cast<size_t>(plan_.num_slots));
+  frame.dim_values.resize(symbolic_dims_.size());
+  frame.dim_known.resize(symbolic_dims_.size());
   for (size_t v = 0; v < num_values; ++v) {
     kernels::TensorView& view = frame.views[v];
     if (bound_[v].defined()) {
@@ -499,8 +515,37 @@ Executor::Frame Executor::new_frame() const {
   return frame;
 }
 
-void Executor::evaluate_shape_into(size_t value, const graph::SymbolBindings& bindings,
-                                   kernels::TensorView& view) const {
+void Executor::evaluate_symbolic_dims(Frame& frame) const {
+  for (size_t i = 0; i < symbolic_dims_.size(); ++i) {
+    try {
+      frame.dim_values[i] = symbolic_dims_[i].evaluate(frame.bindings);
+      frame.dim_known[i] = 1;
+    } catch (const std::exception&) {
+      frame.dim_known[i] = 0;  // a value that needs it reports the error (evaluate_shape_checked)
+    }
+  }
+}
+
+void Executor::evaluate_shape_into(size_t value, const Frame& frame, kernels::TensorView& view) const {
+  if (static_shapes_[value]) return evaluate_shape_checked(value, frame.bindings, view);
+  const std::vector<ShapeDim>& dims = symbolic_shapes_[value];
+  view.dtype = graph::dtype_of(plan_.values[value].type);
+  view.shape.resize(dims.size());
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const ShapeDim& dim = dims[d];
+    if (dim.symbolic < 0) {
+      view.shape[d] = dim.size;
+    } else if (frame.dim_known[static_cast<size_t>(dim.symbolic)]) {
+      view.shape[d] = frame.dim_values[static_cast<size_t>(dim.symbolic)];
+    } else {
+      return evaluate_shape_checked(value, frame.bindings, view);
+    }
+  }
+  set_contiguous_strides(view);
+}
+
+void Executor::evaluate_shape_checked(size_t value, const graph::SymbolBindings& bindings,
+                                      kernels::TensorView& view) const {
   view.dtype = graph::dtype_of(plan_.values[value].type);
   if (static_shapes_[value]) {
     if (view.shape != *static_shapes_[value]) view.shape = *static_shapes_[value];
@@ -527,6 +572,7 @@ void Executor::evaluate_shape_into(size_t value, const graph::SymbolBindings& bi
 void Executor::prepare(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots, Frame& frame) const {
   const GraphPlan& plan = plan_;
   frame.bindings = bind_inputs(inputs);
+  evaluate_symbolic_dims(frame);
 
   // Memory for every value: the caller's inputs, bound weights and constants (set in new_frame),
   // fresh outputs, intermediates in arena slots sized for this run, then aliases into those.
@@ -541,12 +587,12 @@ void Executor::prepare(const std::vector<Tensor>& inputs, std::vector<Tensor>& s
       case ValueKind::constant:
       case ValueKind::alias: break;
       case ValueKind::output:
-        evaluate_shape_into(v, frame.bindings, views[v]);
+        evaluate_shape_into(v, frame, views[v]);
         frame.tensors[v] = Tensor::empty(views[v].dtype, views[v].shape, graph::device_of(value.type));
         views[v].data = frame.tensors[v].data();
         break;
       case ValueKind::slot: {
-        if (!static_shapes_[v]) evaluate_shape_into(v, frame.bindings, views[v]);
+        if (!static_shapes_[v]) evaluate_shape_into(v, frame, views[v]);
         auto bytes = static_cast<size_t>(views[v].numel()) * dtype_size(views[v].dtype);
         auto& needed = frame.slot_bytes.at(static_cast<size_t>(value.slot));
         needed = std::max(needed, bytes);
@@ -572,7 +618,7 @@ void Executor::resolve_alias(size_t alias, Frame& frame) const {
   const kernels::TensorView& source = frame.views[static_cast<size_t>(step.inputs[0])];
   kernels::TensorView& view = frame.views[v];
   int64_t offset = alias_offsets_[alias];
-  if (!static_shapes_[v]) evaluate_shape_into(v, frame.bindings, view);
+  if (!static_shapes_[v]) evaluate_shape_into(v, frame, view);
   if (offset < 0) {
     try {
       offset = alias_element_offset(step, source.shape, view.shape, frame.bindings) *

@@ -71,6 +71,8 @@ class Executor {
     std::vector<Tensor> tensors;                 // per value: weights, constants, this run's outputs
     std::vector<kernels::TensorView> views;      // per value
     std::vector<size_t> slot_bytes;              // per slot: what this run needs
+    std::vector<int64_t> dim_values;             // per symbolic_dims_ entry, for this run's bindings
+    std::vector<uint8_t> dim_known;              // 0 where it did not evaluate (the slow path reports why)
   };
   void check_inputs(const std::vector<Tensor>& given, std::vector<Tensor>& inputs) const;
   Frame new_frame() const;  // views of weights, constants and static shapes filled in
@@ -92,7 +94,11 @@ class Executor {
   void bind_static_aliases();  // aliases of weights and constants with static windows: bound_ at init
 
   graph::SymbolBindings bind_inputs(const std::vector<Tensor>& inputs) const;
-  void evaluate_shape_into(size_t value, const graph::SymbolBindings& bindings, kernels::TensorView& view) const;
+  void evaluate_symbolic_dims(Frame& frame) const;  // fills frame.dim_values from frame.bindings
+  // A value's shape for this run into view (with contiguous strides), from frame.dim_values.
+  void evaluate_shape_into(size_t value, const Frame& frame, kernels::TensorView& view) const;
+  // The same through the Dim expressions themselves, throwing an error naming the value.
+  void evaluate_shape_checked(size_t value, const graph::SymbolBindings& bindings, kernels::TensorView& view) const;
   void launch(const compiler::Step& step, const StepInfo& info, const graph::Attrs& attrs,
               const std::vector<kernels::TensorView>& views) const;
   void launch_unprofiled(const compiler::Step& step, const StepInfo& info, const graph::Attrs& attrs,
@@ -107,6 +113,16 @@ class Executor {
   std::vector<StepInfo> steps_;
   std::vector<Tensor> bound_;                           // per value: weights, constants, their aliases
   std::vector<std::optional<std::vector<int64_t>>> static_shapes_;  // per value, when static
+  // Symbolic shapes compiled at init: each distinct symbolic dim (by its text) is evaluated once per
+  // run instead of once per value that has it (a decode step has ~300 such dims and a handful of
+  // distinct ones: `seq`, `total`, ...). Per value with a symbolic shape, per dim: an index into
+  // symbolic_dims_, or -1 and the static size.
+  struct ShapeDim {
+    int32_t symbolic = -1;
+    int64_t size = 0;
+  };
+  std::vector<graph::Dim> symbolic_dims_;
+  std::vector<std::vector<ShapeDim>> symbolic_shapes_;
   std::vector<int64_t> alias_offsets_;                   // per alias: byte offset when static, else -1
   std::vector<uint8_t> fresh_outputs_;                   // per output: returned as is (not copied)
   std::vector<Tensor> slots_;                            // arena: u8 buffers, grown on demand
