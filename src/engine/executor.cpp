@@ -500,7 +500,6 @@ Executor::Frame Executor::new_frame() const {
   frame.views.resize(num_values);
   frame.slot_bytes.resize(static_cast<size_t>(plan_.num_slots));
   frame.dim_values.resize(symbolic_dims_.size());
-  frame.dim_known.resize(symbolic_dims_.size());
   for (size_t v = 0; v < num_values; ++v) {
     kernels::TensorView& view = frame.views[v];
     if (bound_[v].defined()) {
@@ -519,9 +518,8 @@ void Executor::evaluate_symbolic_dims(Frame& frame) const {
   for (size_t i = 0; i < symbolic_dims_.size(); ++i) {
     try {
       frame.dim_values[i] = symbolic_dims_[i].evaluate(frame.bindings);
-      frame.dim_known[i] = 1;
     } catch (const std::exception&) {
-      frame.dim_known[i] = 0;  // a value that needs it reports the error (evaluate_shape_checked)
+      frame.dim_values[i].reset();  // a value that needs it reports the error (evaluate_shape_checked)
     }
   }
 }
@@ -535,8 +533,8 @@ void Executor::evaluate_shape_into(size_t value, const Frame& frame, kernels::Te
     const ShapeDim& dim = dims[d];
     if (dim.symbolic < 0) {
       view.shape[d] = dim.size;
-    } else if (frame.dim_known[static_cast<size_t>(dim.symbolic)]) {
-      view.shape[d] = frame.dim_values[static_cast<size_t>(dim.symbolic)];
+    } else if (const std::optional<int64_t>& size = frame.dim_values[static_cast<size_t>(dim.symbolic)]) {
+      view.shape[d] = *size;
     } else {
       return evaluate_shape_checked(value, frame.bindings, view);
     }

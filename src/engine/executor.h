@@ -71,8 +71,9 @@ class Executor {
     std::vector<Tensor> tensors;                 // per value: weights, constants, this run's outputs
     std::vector<kernels::TensorView> views;      // per value
     std::vector<size_t> slot_bytes;              // per slot: what this run needs
-    std::vector<int64_t> dim_values;             // per symbolic_dims_ entry, for this run's bindings
-    std::vector<uint8_t> dim_known;              // 0 where it did not evaluate (the slow path reports why)
+    // Per symbolic_dims_ entry, for this run's bindings; empty where it did not evaluate (the slow
+    // path, evaluate_shape_checked, reports why).
+    std::vector<std::optional<int64_t>> dim_values;
   };
   void check_inputs(const std::vector<Tensor>& given, std::vector<Tensor>& inputs) const;
   Frame new_frame() const;  // views of weights, constants and static shapes filled in

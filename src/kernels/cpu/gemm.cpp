@@ -63,17 +63,17 @@ bool small_m_applies(const Problem& p) {
   return p.M <= kSmallM && p.b_storage != BStorage::q8_0 && (p.b_row == 1 || p.b_col == 1);
 }
 
-// Part `t` of `parts` of problem p, on the calling thread: column ranges for small M; for GEMM,
-// panels of columns when there are enough of them, else groups of rows.
+// Columns [n0, n1) of a small-M problem, on the calling thread.
+void run_small_m(const IsaKernels& k, const Problem& p, int64_t n0, int64_t n1) {
+  Workspace ws{t_scratch.a.get(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
+  k.small_m(p, n0, n1, ws);
+}
+
+// Part `t` of `parts` of problem p, on the calling thread: panels of columns when there are enough
+// of them, else groups of rows. A small-M problem (run_group splits those) runs whole.
 void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
   const Blocking& b = k.blocking;
-  if (small_m_applies(p)) {
-    const int64_t units = (p.N + 15) / 16;  // whole vectors of columns per part
-    const int64_t n0 = std::min(p.N, t * units / parts * 16), n1 = std::min(p.N, (t + 1) * units / parts * 16);
-    Workspace ws{t_scratch.a.get(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
-    k.small_m(p, n0, n1, ws);
-    return;
-  }
+  if (small_m_applies(p)) return run_small_m(k, p, 0, p.N);
   const int64_t panels = (p.N + b.nr - 1) / b.nr, row_tiles = (p.M + b.mr - 1) / b.mr;
   int64_t m0 = 0, m1 = p.M, n0 = 0, n1 = p.N;
   // Columns, when there are enough of them: each thread packs only its own B panels, but all of A.
@@ -171,24 +171,6 @@ std::optional<PackedB> pack_b(const Problem& p) {
   return PackedB{k->isa, p.K, p.N, std::move(panels_data)};
 }
 
-bool run(const KernelContext& ctx, const Problem& p) {
-  const IsaKernels* k = kernels_of(active_isa());
-  if (!k || !supported(p)) return false;
-  if (trivial(p)) return true;
-  const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
-  // A GEMM packs blocks per part, so it keeps one part per thread.
-  const int64_t max_parts = small_m_applies(p) ? threads * kGemvPartsPerThread : threads;
-  const int64_t parts = std::clamp<int64_t>(p.M * p.N * p.K / kMinMacsPerThread, 1, max_parts);
-  if (parts == 1) {
-    run_part(*k, p, 0, 1);
-    return true;
-  }
-  ctx.parallel->for_range(parts, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) run_part(*k, p, t, parts);
-  });
-  return true;
-}
-
 bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
   const IsaKernels* k = kernels_of(active_isa());
   if (!k) return false;
@@ -215,9 +197,7 @@ bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
       if (u0 >= unit_end[i]) continue;
       const Problem& p = problems[i];
       const int64_t end = std::min(u1, unit_end[i]);
-      const int64_t n0 = (u0 - first) * 16, n1 = std::min(p.N, (end - first) * 16);
-      Workspace ws{t_scratch.a.get(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
-      k->small_m(p, n0, n1, ws);
+      run_small_m(*k, p, (u0 - first) * 16, std::min(p.N, (end - first) * 16));
       u0 = end;
     }
   };
@@ -227,6 +207,24 @@ bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
   }
   ctx.parallel->for_range(parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) run_units(t * units / parts, (t + 1) * units / parts);
+  });
+  return true;
+}
+
+bool run(const KernelContext& ctx, const Problem& p) {
+  const IsaKernels* k = kernels_of(active_isa());
+  if (!k || !supported(p)) return false;
+  if (small_m_applies(p)) return run_group(ctx, std::span(&p, 1));
+  if (trivial(p)) return true;
+  const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  // One part per thread: each packs its own blocks.
+  const int64_t parts = std::clamp<int64_t>(p.M * p.N * p.K / kMinMacsPerThread, 1, threads);
+  if (parts == 1) {
+    run_part(*k, p, 0, 1);
+    return true;
+  }
+  ctx.parallel->for_range(parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) run_part(*k, p, t, parts);
   });
   return true;
 }

@@ -113,8 +113,8 @@ const IsaKernels* avx512_bf16_kernels();
 bool run(const KernelContext& ctx, const Problem& p);
 // Several small-M problems (grouped_matmul's decode: q, k and v reading one activation) as ONE
 // parallel job: their columns, in whole vectors of 16, are concatenated and cut into up to
-// kGemvPartsPerThread parts per thread, claimed dynamically as run() does for one GEMV. Each result is
-// bit-identical to run() on its problem alone. False (nothing computed) unless every problem is
+// kGemvPartsPerThread parts per thread, claimed dynamically (run() sends one small-M problem here
+// too). Each result is bit-identical to run() on its problem alone. False (nothing computed) unless every problem is
 // supported and takes the small-M path (M <= kSmallM, B not Q8_0, a unit stride in B).
 bool run_group(const KernelContext& ctx, std::span<const Problem> problems);
 // Many independent problems of one shape (attention's per-head products): one per thread at a time.

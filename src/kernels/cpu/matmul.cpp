@@ -10,8 +10,8 @@
 // 8 rows run on the tiles of gemm_amx.h (docs/amx.md).
 #include <algorithm>
 #include <array>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -430,9 +430,8 @@ void matmul_float(const KernelContext& ctx, MatmulProblem p, const T* A, const T
 
 // ---- f32 / f16 / bf16 on the SIMD GEMM -------------------------------------------------------------
 
-// False when no SIMD level applies (the portable path then runs). `b_dtype` differs from `dtype`
-// only for f32 activations with f16/bf16 weights.
-// Batch `bi` of p as a problem of the SIMD GEMM.
+// Batch `bi` of p as a problem of the SIMD GEMM. `b_dtype` differs from `dtype` only for f32
+// activations with f16/bf16 weights.
 gemm::Problem gemm_problem(const MatmulProblem& p, DType dtype, DType b_dtype, const void* A, const void* Bm, void* C,
                            int64_t bi) {
   const int64_t size = static_cast<int64_t>(dtype_size(dtype)), b_size = static_cast<int64_t>(dtype_size(b_dtype));
@@ -445,6 +444,7 @@ gemm::Problem gemm_problem(const MatmulProblem& p, DType dtype, DType b_dtype, c
                        static_cast<char*>(C) + bi * p.M * p.N * size, p.N, p.M, p.N, p.K, b_storage};
 }
 
+// False when no SIMD level applies (the portable path then runs).
 bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b_dtype, const void* A, const void* Bm,
                  void* C, const gemm::PackedB* packed_b = nullptr) {
   if (gemm::active_isa() == gemm::Isa::generic) return false;

@@ -156,6 +156,14 @@ QuantizationEncoding encoding_of(const graph::Attrs& attrs, Op op) {
   return graph::parse_encoding(graph::get_attr<std::string>(attrs, "encoding", op));
 }
 
+// The f32 lhs as `elements` contiguous values: its own memory, or a copy in this thread's scratch.
+const float* lhs_rows(const KernelContext& ctx, const TensorView& a, int64_t elements) {
+  if (a.is_contiguous()) return a.as<float>();
+  float* copy = grow(t_scratch.lhs, elements);
+  copy_strided(ctx, a.dtype, a.shape, a.data, a.strides, copy);
+  return copy;
+}
+
 }  // namespace
 
 void quantized::q8_0_gemv_group(const KernelContext& ctx, const TensorView& lhs, std::span<const Q8_0GemvTarget> targets) {
@@ -163,12 +171,7 @@ void quantized::q8_0_gemv_group(const KernelContext& ctx, const TensorView& lhs,
   int64_t rows = 0;  // weight rows of all targets: the concatenated N
   for (const Q8_0GemvTarget& t : targets) rows += t.N;
   if (M == 0 || rows == 0) return;
-  const float* x = lhs.as<float>();  // [M, K]
-  if (!lhs.is_contiguous()) {
-    float* copy = grow(t_scratch.lhs, M * K);
-    copy_strided(ctx, lhs.dtype, lhs.shape, lhs.data, lhs.strides, copy);
-    x = copy;
-  }
+  const float* x = lhs_rows(ctx, lhs, M * K);  // [M, K]
   uint8_t* xq = grow(t_scratch.q, M * K);
   float* xd = grow(t_scratch.d, M * K / 32);
   quantize_rows(x, M, K, /*offset=*/true, xq, xd, nullptr);
@@ -230,21 +233,17 @@ void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
   if (inputs.size() != 2 || outputs.size() != 1)
     throw ValueError("qmatmul: expected 2 operands and 1 result");
   const TensorView &a = inputs[0], &w = inputs[1], &out = outputs[0];
-  if (const auto target = quantized::qmatmul_gemv_target(attrs, a, w, out)) {
-    quantized::q8_0_gemv_group(ctx, a, std::span(&*target, 1));
-    return;
-  }
   const auto [M, K, N] = check_qmatmul(attrs, a, w, out);
-  if (N == 0) return;
   const uint8_t* wq = w.as<uint8_t>();
   const int64_t w_row = w.strides[0];
   float* y = out.as<float>();  // [M, N]
-  const float* x = a.as<float>();  // [M, K]
-  if (!a.is_contiguous()) {
-    float* copy = grow(t_scratch.lhs, M * K);
-    copy_strided(ctx, a.dtype, a.shape, a.data, a.strides, copy);
-    x = copy;
+  if (M <= gemm::kSmallM) {
+    const quantized::Q8_0GemvTarget target{wq, w_row, N, y};
+    quantized::q8_0_gemv_group(ctx, a, std::span(&target, 1));
+    return;
   }
+  if (N == 0) return;
+  const float* x = lhs_rows(ctx, a, M * K);  // [M, K]
   const bool vnni = use_vnni();
   uint8_t* xq = grow(t_scratch.q, M * K);
   float* xd = grow(t_scratch.d, M * K / 32);

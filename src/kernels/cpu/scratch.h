@@ -1,6 +1,7 @@
-// Private: a growable, 64-byte aligned buffer for one thread's kernel scratch (packed panels, tile
-// blocks), kept between calls: the hot path allocates only when a call needs more than any before
-// it on this thread.
+// Private: aligned memory for kernels and the engine: allocate_aligned for large long-lived buffers,
+// and AlignedScratch, a growable buffer for one thread's kernel scratch (packed panels, tile blocks)
+// kept between calls, so the hot path allocates only when a call needs more than any before it on
+// this thread.
 #pragma once
 
 #include <sys/mman.h>
