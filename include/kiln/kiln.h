@@ -40,6 +40,6 @@
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/compiler/passes.h"
 #include "kiln/engine/session.h"
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 #include "kiln/nn/module.h"
 #include "kiln/pipelines/graph_spec.h"

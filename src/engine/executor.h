@@ -14,7 +14,7 @@
 #include "kiln/ext/extensions.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/engine/session.h"
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::engine {
 

@@ -6,7 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
 
 namespace kiln::nn::detail {

@@ -11,7 +11,7 @@
 #include "test_util.h"
 
 #include "engine/device_team.h"
-#include "kiln/engine/device_memory.h"
+#include "kiln/tensor/device_memory.h"
 #include "kiln/engine/signals.h"
 #include "kiln/kiln.h"
 
@@ -26,21 +26,21 @@ using graph::TensorType;
 
 TEST(DeviceMemory, ATensorCountsAgainstItsOwnDeviceUntilDestroyed) {
   const DeviceRef cpu0 = DeviceRef::CPU(0), cpu1 = DeviceRef::CPU(1);
-  const engine::DeviceMemoryStats before0 = engine::memory_stats(cpu0);
-  const engine::DeviceMemoryStats before1 = engine::memory_stats(cpu1);
+  const DeviceMemoryStats before0 = memory_stats(cpu0);
+  const DeviceMemoryStats before1 = memory_stats(cpu1);
   {
     Tensor t = Tensor::zeros(DType::f32, {1000}, cpu1);
-    const engine::DeviceMemoryStats during1 = engine::memory_stats(cpu1);
+    const DeviceMemoryStats during1 = memory_stats(cpu1);
     EXPECT_EQ(during1.bytes_in_use - before1.bytes_in_use, 4000);
     EXPECT_EQ(during1.live_allocations - before1.live_allocations, 1);
     EXPECT_EQ(during1.total_allocations - before1.total_allocations, 1);
     EXPECT_GE(during1.peak_bytes_in_use, during1.bytes_in_use);
-    const engine::DeviceMemoryStats during0 = engine::memory_stats(cpu0);
+    const DeviceMemoryStats during0 = memory_stats(cpu0);
     EXPECT_EQ(during0.bytes_in_use, before0.bytes_in_use);
     EXPECT_EQ(during0.total_allocations, before0.total_allocations);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);
   }
-  const engine::DeviceMemoryStats after1 = engine::memory_stats(cpu1);
+  const DeviceMemoryStats after1 = memory_stats(cpu1);
   EXPECT_EQ(after1.bytes_in_use, before1.bytes_in_use);
   EXPECT_EQ(after1.live_allocations, before1.live_allocations);
   EXPECT_EQ(after1.total_allocations - before1.total_allocations, 1);
@@ -48,20 +48,20 @@ TEST(DeviceMemory, ATensorCountsAgainstItsOwnDeviceUntilDestroyed) {
 
 TEST(DeviceMemory, PeakRecordsTheMostHeldSinceAReset) {
   const DeviceRef cpu = DeviceRef::CPU(7);
-  engine::reset_peak_memory(cpu);
-  const int64_t base = engine::memory_stats(cpu).bytes_in_use;
+  reset_peak_memory(cpu);
+  const int64_t base = memory_stats(cpu).bytes_in_use;
   {
     Tensor a = Tensor::empty(DType::u8, {5000}, cpu);
     Tensor b = Tensor::empty(DType::u8, {3000}, cpu);
   }
   Tensor c = Tensor::empty(DType::u8, {100}, cpu);
-  EXPECT_EQ(engine::memory_stats(cpu).peak_bytes_in_use, base + 8000);
-  engine::reset_peak_memory(cpu);
-  EXPECT_EQ(engine::memory_stats(cpu).peak_bytes_in_use, base + 100);
+  EXPECT_EQ(memory_stats(cpu).peak_bytes_in_use, base + 8000);
+  reset_peak_memory(cpu);
+  EXPECT_EQ(memory_stats(cpu).peak_bytes_in_use, base + 100);
 }
 
 TEST(DeviceMemory, ADeviceNeverUsedReadsAsZero) {
-  const engine::DeviceMemoryStats stats = engine::memory_stats(DeviceRef::CPU(4000));
+  const DeviceMemoryStats stats = memory_stats(DeviceRef::CPU(4000));
   EXPECT_EQ(stats.bytes_in_use, 0);
   EXPECT_EQ(stats.peak_bytes_in_use, 0);
   EXPECT_EQ(stats.total_allocations, 0);
@@ -70,10 +70,10 @@ TEST(DeviceMemory, ADeviceNeverUsedReadsAsZero) {
 TEST(DeviceMemory, CopiesStayOnTheSourceDevice) {
   const DeviceRef cpu = DeviceRef::CPU(2);
   Tensor t = Tensor::zeros(DType::f32, {4, 4}, cpu);
-  const int64_t before = engine::memory_stats(cpu).bytes_in_use;
+  const int64_t before = memory_stats(cpu).bytes_in_use;
   Tensor copy = t.clone();
   EXPECT_EQ(copy.device(), cpu);
-  EXPECT_EQ(engine::memory_stats(cpu).bytes_in_use - before, 64);
+  EXPECT_EQ(memory_stats(cpu).bytes_in_use - before, 64);
 }
 
 TEST(DeviceMemory, ACollectivesResultsAreAllocatedOnTheirDevices) {
@@ -87,31 +87,31 @@ TEST(DeviceMemory, ACollectivesResultsAreAllocatedOnTheirDevices) {
   engine::Model model = session.load(g);
   Tensor x0 = Tensor::zeros(DType::f32, {256}, DeviceRef::CPU(0));
   Tensor x1 = Tensor::zeros(DType::f32, {256}, DeviceRef::CPU(1));
-  const int64_t before1 = engine::memory_stats(DeviceRef::CPU(1)).bytes_in_use;
+  const int64_t before1 = memory_stats(DeviceRef::CPU(1)).bytes_in_use;
   {
     auto out = model.execute({x0, x1, signals.buffers()[0], signals.buffers()[1]});
     EXPECT_EQ(out[1].device(), DeviceRef::CPU(1));
-    EXPECT_EQ(engine::memory_stats(DeviceRef::CPU(1)).bytes_in_use - before1, 256 * 4);
+    EXPECT_EQ(memory_stats(DeviceRef::CPU(1)).bytes_in_use - before1, 256 * 4);
   }
-  EXPECT_EQ(engine::memory_stats(DeviceRef::CPU(1)).bytes_in_use, before1);
+  EXPECT_EQ(memory_stats(DeviceRef::CPU(1)).bytes_in_use, before1);
 }
 
 TEST(DeviceMemory, AFreedLargeBlockIsReusedWithoutAskingTheSystem) {
   const DeviceRef cpu = DeviceRef::CPU(11);  // used by no other test
   { auto warm = Tensor::empty(DType::f32, {300000}, cpu); }
-  const engine::DeviceMemoryStats cached = engine::memory_stats(cpu);
+  const DeviceMemoryStats cached = memory_stats(cpu);
   EXPECT_GE(cached.cached_bytes, 1200000);
   EXPECT_EQ(cached.bytes_in_use, 0);
   for (int i = 0; i < 5; ++i) {
     // A slightly smaller request falls in the same size class.
     auto again = Tensor::empty(DType::f32, {299000 + i}, cpu);
-    EXPECT_EQ(engine::memory_stats(cpu).bytes_in_use, (299000 + i) * 4);
+    EXPECT_EQ(memory_stats(cpu).bytes_in_use, (299000 + i) * 4);
   }
-  EXPECT_EQ(engine::memory_stats(cpu).system_allocations, cached.system_allocations);
-  engine::empty_cache(cpu);
-  EXPECT_EQ(engine::memory_stats(cpu).cached_bytes, 0);
+  EXPECT_EQ(memory_stats(cpu).system_allocations, cached.system_allocations);
+  empty_cache(cpu);
+  EXPECT_EQ(memory_stats(cpu).cached_bytes, 0);
   { auto fresh = Tensor::empty(DType::f32, {300000}, cpu); }
-  EXPECT_EQ(engine::memory_stats(cpu).system_allocations, cached.system_allocations + 1);
+  EXPECT_EQ(memory_stats(cpu).system_allocations, cached.system_allocations + 1);
 }
 
 TEST(DeviceMemory, RepeatedExecutesAskTheSystemForNoMemoryAfterTheFirst) {
@@ -127,13 +127,13 @@ TEST(DeviceMemory, RepeatedExecutesAskTheSystemForNoMemoryAfterTheFirst) {
   auto x = Tensor::zeros(DType::f32, {1, 512});
   auto w = Tensor::zeros(DType::f32, {512, 40000});
   model.execute({x, w});
-  const int64_t before = engine::memory_stats(DeviceRef::CPU(0)).system_allocations;
+  const int64_t before = memory_stats(DeviceRef::CPU(0)).system_allocations;
   for (int i = 0; i < 10; ++i) model.execute({x, w});
-  EXPECT_EQ(engine::memory_stats(DeviceRef::CPU(0)).system_allocations, before);
+  EXPECT_EQ(memory_stats(DeviceRef::CPU(0)).system_allocations, before);
 }
 
 TEST(DeviceMemory, OnlyCpuMemoryIsAllocated) {
-  expect_error<ValueError>([] { engine::allocate(DeviceRef::GPU(0), 16); }, {"allocate", "gpu:0", "not supported"});
+  expect_error<ValueError>([] { allocate(DeviceRef::GPU(0), 16); }, {"allocate", "gpu:0", "not supported"});
 }
 
 // ---- execute() and devices -------------------------------------------------------------------------

@@ -9,7 +9,7 @@
 #include <new>
 #include <vector>
 
-#include "kiln/engine/device_memory.h"
+#include "kiln/tensor/device_memory.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
 
@@ -212,10 +212,10 @@ TEST(Views, ReadingAWholeBufferTakesNoArenaMemory) {
   auto model = session.load(g);
   auto buffer = Tensor::zeros(DType::f32, {kRows, kCols});
   buffer.data_as<float>()[7] = 3;
-  auto before = engine::memory_stats(DeviceRef::CPU());
-  engine::reset_peak_memory(DeviceRef::CPU());
+  auto before = memory_stats(DeviceRef::CPU());
+  reset_peak_memory(DeviceRef::CPU());
   auto out = model.execute({buffer});
-  auto after = engine::memory_stats(DeviceRef::CPU());
+  auto after = memory_stats(DeviceRef::CPU());
   EXPECT_EQ(out[0].to_vector<float>(), std::vector<float>{3});
   // A copy would have needed an arena slot of the buffer's size; the sum's result is 4 bytes.
   EXPECT_LT(after.peak_bytes_in_use - before.bytes_in_use, 4096);
@@ -244,9 +244,9 @@ TEST(Views, AWarmRunAllocatesTheSameWhateverItsNumberOfSteps) {
   auto short_chain = chain_model(session, 2), long_chain = chain_model(session, 40);
   // Per run: the inputs' check and the result, not a vector or view per step.
   EXPECT_EQ(heap_allocations_of_one_run(long_chain, x), heap_allocations_of_one_run(short_chain, x));
-  auto device_before = engine::memory_stats(DeviceRef::CPU()).total_allocations;
+  auto device_before = memory_stats(DeviceRef::CPU()).total_allocations;
   long_chain.execute({x});
-  EXPECT_EQ(engine::memory_stats(DeviceRef::CPU()).total_allocations - device_before, 1);  // the output
+  EXPECT_EQ(memory_stats(DeviceRef::CPU()).total_allocations - device_before, 1);  // the output
 }
 
 }  // namespace

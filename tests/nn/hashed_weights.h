@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::nn::hashed_weights {
 

@@ -13,7 +13,7 @@
 
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/distributed.h"
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
 
 namespace kiln::engine {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 #include "kiln/graph/signals.h"
 #include "kiln/graph/types.h"
 

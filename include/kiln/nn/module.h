@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
 #include "kiln/graph/tree.h"
 

@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
 #include "kiln/graph/tree.h"
 // nn/module.h names kiln::Tensor unqualified inside namespace kiln::nn; it must be seen before

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::pipelines {
 

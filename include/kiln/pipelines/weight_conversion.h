@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
 
 namespace kiln::pipelines {

@@ -4,11 +4,11 @@
 // iN <-> kDLInt N, uN <-> kDLUInt N, bool <-> code 6 bits 8 (kDLBool of DLPack 1.0; Debian's 0.6
 // header has no name for it, and no other code fits). On import, kDLUInt bits 8 is always u8, never
 // bool. Only kDLCPU memory is imported; lanes must be 1.
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 
 #include <string>
 
-#include "kiln/engine/device_memory.h"
+#include "kiln/tensor/device_memory.h"
 
 namespace kiln {
 
@@ -234,7 +234,7 @@ Tensor Tensor::empty(DType dtype, const std::vector<int64_t>& shape, DeviceRef d
     throw ValueError("Tensor::empty: byte size of " + std::string(dtype_name(dtype)) + shape_text(shape) +
                      " overflows int64");
   Tensor t;
-  t.storage_ = engine::allocate(device, static_cast<size_t>(nbytes));  // counted against the device
+  t.storage_ = allocate(device, static_cast<size_t>(nbytes));  // counted against the device
   t.data_ = t.storage_.get();
   t.dtype_ = dtype;
   t.shape_ = shape;

@@ -1,6 +1,6 @@
 // One counting, caching allocator per device. The table is never destroyed: tensors held by static
 // objects may be freed after it would have been.
-#include "kiln/engine/device_memory.h"
+#include "kiln/tensor/device_memory.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +14,7 @@
 #include "kernels/cpu/scratch.h"
 #include "kiln/errors.h"
 
-namespace kiln::engine {
+namespace kiln {
 
 namespace {
 
@@ -146,4 +146,4 @@ void reset_peak_memory(DeviceRef device) {
     a->peak_bytes_in_use.store(a->bytes_in_use.load());
 }
 
-}  // namespace kiln::engine
+}  // namespace kiln

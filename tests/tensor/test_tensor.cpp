@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <numeric>
 
-#include "kiln/engine/tensor.h"
+#include "kiln/tensor/tensor.h"
 
 using namespace kiln;
 using kiln::testing::error_message;

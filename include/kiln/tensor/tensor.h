@@ -54,7 +54,7 @@ class Tensor {
   Tensor() = default;  // undefined: defined() is false
 
   // New contiguous, 64-byte aligned memory (uninitialised / zeroed) from the device's allocator, which
-  // counts it (engine::memory_stats in kiln/engine/device_memory.h).
+  // counts it (memory_stats in kiln/tensor/device_memory.h).
   static Tensor empty(DType, const std::vector<int64_t>& shape, DeviceRef = DeviceRef::CPU());
   static Tensor zeros(DType, const std::vector<int64_t>& shape, DeviceRef = DeviceRef::CPU());
   template <class T>

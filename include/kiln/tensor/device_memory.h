@@ -5,7 +5,7 @@
 // slower than the kernel that fills it, and a decode step allocates the same sizes every time. Blocks
 // of 2 MiB and more ask for transparent huge pages.
 //
-//   auto before = kiln::engine::memory_stats(kiln::DeviceRef::CPU(1));
+//   auto before = kiln::memory_stats(kiln::DeviceRef::CPU(1));
 //   auto t = kiln::Tensor::zeros(kiln::DType::f32, {1024}, kiln::DeviceRef::CPU(1));
 //   // memory_stats(CPU(1)).bytes_in_use == before.bytes_in_use + 4096, until t is destroyed
 #pragma once
@@ -16,7 +16,7 @@
 
 #include "kiln/graph/device.h"
 
-namespace kiln::engine {
+namespace kiln {
 
 // Counters of one device's allocator since the process started. Bytes are the sizes asked for (not
 // rounded up to the alignment).
@@ -41,4 +41,4 @@ void empty_cache(DeviceRef device);
 // non-cpu device (kiln allocates only cpu memory).
 std::shared_ptr<void> allocate(DeviceRef device, size_t nbytes);
 
-}  // namespace kiln::engine
+}  // namespace kiln
