@@ -39,7 +39,7 @@ void check_kernel_exists(const GraphIR& g, size_t node_index, const Node& node) 
   for (auto v : node.outputs) output_dtypes.push_back(graph::dtype_of(g.type(v)));
   DType dtype = kernels::kernel_dtype(node.op, input_dtypes, output_dtypes);
   DeviceKind device = step_device(g, node);
-  if (!kernels::builtin_kernels().find(node.op, device, dtype))
+  if (!kernels::cpu_kernels().find(node.op, device, dtype))
     throw Error(fmt::format("compile: graph '{}' node {}: no {} kernel for {} on {}", g.name,
                             node_index, device_kind_name(device), graph::op_name(node.op),
                             dtype_name(dtype)));

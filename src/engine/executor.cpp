@@ -41,7 +41,7 @@ KernelKey kernel_key(const GraphPlan& plan, const Step& step) {
 
 kernels::KernelFn resolve_kernel(const GraphPlan& plan, const Step& step) {
   const KernelKey key = kernel_key(plan, step);
-  kernels::KernelFn fn = kernels::builtin_kernels().find(step.op, key.device, key.dtype);
+  kernels::KernelFn fn = kernels::cpu_kernels().find(step.op, key.device, key.dtype);
   if (!fn)
     throw Error(fmt::format("init: graph '{}' node {}: no {} kernel for {} on {}", plan.name, step.node,
                             key.device == DeviceKind::CPU ? "cpu" : "gpu", graph::op_name(step.op),
@@ -306,7 +306,7 @@ void Executor::prepare_steps() {
     const Step& step = plan_.steps[s];
     if (steps_[s].custom) continue;
     const KernelKey key = kernel_key(plan_, step);
-    kernels::PrepareFn prepare = kernels::builtin_kernels().find_prepare(step.op, key.device, key.dtype);
+    kernels::PrepareFn prepare = kernels::cpu_kernels().find_prepare(step.op, key.device, key.dtype);
     if (!prepare) continue;
     std::vector<kernels::TensorView> views;
     auto fixed = std::make_unique<bool[]>(step.inputs.size());

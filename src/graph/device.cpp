@@ -6,8 +6,10 @@
 
 namespace kiln {
 
+std::string_view device_kind_name(DeviceKind kind) { return kind == DeviceKind::CPU ? "cpu" : "gpu"; }
+
 std::string DeviceRef::to_string() const {
-  return std::string(kind == DeviceKind::CPU ? "cpu" : "gpu") + ":" + std::to_string(id);
+  return std::string(device_kind_name(kind)) + ":" + std::to_string(id);
 }
 
 DeviceRef DeviceRef::parse(std::string_view text) {

@@ -504,7 +504,7 @@ TEST(CollectiveErrors, OneSignalBufferForTwoDevicesIsReported) {
 
 TEST(CollectiveErrors, SeveralDevicesWithoutADeviceTeamIsAnError) {
   // The kernel itself, called without the engine's team.
-  kernels::KernelFn allreduce = kernels::builtin_kernels().find(graph::Op::allreduce_sum, DeviceKind::CPU, DType::f32);
+  kernels::KernelFn allreduce = kernels::cpu_kernels().find(graph::Op::allreduce_sum, DeviceKind::CPU, DType::f32);
   ASSERT_NE(allreduce, nullptr);
   engine::Signals signals(cpus(2));
   std::vector<float> a{1, 2}, b{3, 4}, out0(2), out1(2);

@@ -109,21 +109,31 @@ inline TensorView permuted(const TensorView& v, const std::vector<int64_t>& perm
   return out;
 }
 
-// Runs the registered CPU kernel for `op` (keyed by kernel_dtype), on the calling thread unless a
-// `parallel` is given. A missing kernel throws std::logic_error naming the op and dtype.
-inline void run_kernel(graph::Op op, const graph::Attrs& attrs, const std::vector<TensorView>& inputs,
-                       const std::vector<TensorView>& outputs, Parallel* parallel = nullptr) {
-  std::vector<DType> in_dtypes, out_dtypes;
-  for (const TensorView& v : inputs) in_dtypes.push_back(v.dtype);
-  for (const TensorView& v : outputs) out_dtypes.push_back(v.dtype);
-  DType key = kernel_dtype(op, in_dtypes, out_dtypes);
-  KernelFn fn = builtin_kernels().find(op, DeviceKind::CPU, key);
-  if (!fn)
+// Builds the registered CPU kernel for `op` (keyed as graph::kernel_key keys it: the first operand's
+// dtype, else the first result's) from `attrs` and these operands (none of them fixed). A missing
+// kernel throws std::logic_error naming the op and dtype.
+inline std::unique_ptr<const Kernel> build_kernel(graph::Op op, const graph::Attrs& attrs,
+                                                  const std::vector<TensorView>& inputs,
+                                                  const std::vector<TensorView>& outputs,
+                                                  std::span<const bool> fixed = {}) {
+  DType key = !inputs.empty() ? inputs.front().dtype : !outputs.empty() ? outputs.front().dtype : DType::f32;
+  KernelInit init{op, &attrs, inputs, fixed, nullptr};
+  std::unique_ptr<const Kernel> kernel = cpu_kernels().build({op, DeviceKind::CPU, key}, init);
+  if (!kernel)
     throw std::logic_error("no CPU kernel for " + std::string(graph::op_name(op)) + " on " +
                            std::string(dtype_name(key)));
+  return kernel;
+}
+
+// Runs the registered CPU kernel for `op` (see build_kernel), on the calling thread unless a
+// `parallel` is given.
+inline void run_kernel(graph::Op op, const graph::Attrs& attrs, const std::vector<TensorView>& inputs,
+                       const std::vector<TensorView>& outputs, Parallel* parallel = nullptr) {
+  std::unique_ptr<const Kernel> kernel = build_kernel(op, attrs, inputs, outputs);
   SerialParallel serial;
-  KernelContext ctx{parallel ? parallel : &serial};
-  fn(ctx, attrs, inputs, outputs);
+  KernelContext ctx;
+  ctx.parallel = parallel ? parallel : &serial;
+  kernel->run(ctx, inputs, outputs);
 }
 
 // Runs a single-result op and returns its (contiguous) result.

@@ -236,7 +236,7 @@ TEST(Gemm, TwoThreadsGiveTheSameBitsAsOne) {
 // The f32 weight packed at init (the matmul kernel's prepare function) against packing per call:
 // the same bits, on every ISA level, both rhs layouts, 1 and 2 threads, shapes around the blocks.
 TEST(Gemm, PreparedWeightGivesTheSameBitsAsPackingPerCall) {
-  const PrepareFn prepare = builtin_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
+  const PrepareFn prepare = cpu_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
   ASSERT_NE(prepare, nullptr);
   ThreadedParallel two(2);
   SerialParallel serial;
@@ -265,7 +265,7 @@ TEST(Gemm, PreparedWeightGivesTheSameBitsAsPackingPerCall) {
         for (Parallel* parallel : {static_cast<Parallel*>(&serial), static_cast<Parallel*>(&two)}) {
           const HostTensor unprepared = run(o, {s.M, s.N}, parallel);
           HostTensor with(DType::f32, {s.M, s.N});
-          const KernelFn fn = builtin_kernels().find(Op::matmul, DeviceKind::CPU, DType::f32);
+          const KernelFn fn = cpu_kernels().find(Op::matmul, DeviceKind::CPU, DType::f32);
           const TensorView inputs[] = {o.a_view, o.b_view};
           const TensorView outputs[] = {with.view()};
           fn(KernelContext{parallel, nullptr, nullptr, prepared.get()}, o.attrs, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
@@ -281,8 +281,8 @@ TEST(Gemm, PreparedWeightGivesTheSameBitsAsPackingPerCall) {
 // with the state of another rhs, the launch reads the rhs it is given.
 TEST(Gemm, PreparedLaunchReadsThePanelsPackedAtInit) {
   if (gemm::best_isa() == Isa::generic) GTEST_SKIP() << "no SIMD level on this CPU";
-  const PrepareFn prepare = builtin_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
-  const KernelFn fn = builtin_kernels().find(Op::matmul, DeviceKind::CPU, DType::f32);
+  const PrepareFn prepare = cpu_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
+  const KernelFn fn = cpu_kernels().find(Op::matmul, DeviceKind::CPU, DType::f32);
   const int64_t M = 20, N = 70, K = 40;
   Operands o = make_operands(DType::f32, 0, 0, M, N, K, Rhs::transposed, 11);
   const Operands other = make_operands(DType::f32, 0, 0, M, N, K, Rhs::transposed, 12);
@@ -311,7 +311,7 @@ TEST(Gemm, PreparedLaunchReadsThePanelsPackedAtInit) {
 // Only a GEMM reads the panels: a lhs whose rows are statically <= 8 (decode) gets no packed copy.
 TEST(Gemm, PrepareSkipsWeightsOnlyEverUsedForSmallM) {
   if (gemm::best_isa() == Isa::generic) GTEST_SKIP() << "no SIMD level on this CPU";
-  const PrepareFn prepare = builtin_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
+  const PrepareFn prepare = cpu_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
   const Operands o = make_operands(DType::f32, 0, 0, 8, 70, 40, Rhs::transposed, 13);
   const bool fixed[] = {false, true}, none_fixed[] = {false, false};
   EXPECT_EQ(prepare(o.attrs, std::vector<TensorView>{o.a_view, o.b_view}, std::span<const bool>(fixed)), nullptr);

@@ -123,7 +123,7 @@ graph::Attrs attrs_of(const C& c) {
 template <class C>
 std::shared_ptr<const Prepared> prepare(const C& c, bool lhs_shape_known = false) {
   constexpr DType lhs_dtype = std::is_same_v<typename decltype(c.a)::value_type, float> ? DType::f32 : DType::bf16;
-  const PrepareFn fn = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, lhs_dtype);
+  const PrepareFn fn = cpu_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, lhs_dtype);
   if (!fn) return nullptr;
   TensorView lhs{nullptr, lhs_dtype, {}, {}};
   if (lhs_shape_known) {
@@ -142,7 +142,7 @@ std::vector<uint16_t> run_matmul(const Case& c, const Prepared* prepared, Parall
   std::vector<uint16_t> out(static_cast<size_t>(c.M * c.N), 0xFFFF);
   const TensorView inputs[] = {lhs_view(c), weight_view(c)};
   const TensorView outputs[] = {TensorView{out.data(), DType::bf16, {c.M, c.N}, {c.N, 1}}};
-  builtin_kernels().find(graph::Op::matmul, DeviceKind::CPU, DType::bf16)(
+  cpu_kernels().find(graph::Op::matmul, DeviceKind::CPU, DType::bf16)(
       ctx, attrs_of(c), std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
   return out;
 }
@@ -306,7 +306,7 @@ TEST(AmxMatmul, PrepareSkipsDecodeOnlyStepsAndOperandsThatChange) {
   EXPECT_EQ(prepare(make_case(8, 64, 64, true, 5), true), nullptr) << "M = 8 keeps the GEMV";
   EXPECT_NE(prepare(prefill, true), nullptr);
   EXPECT_NE(prepare(decode, /*lhs_shape_known=*/false), nullptr) << "a symbolic M may be prefill";
-  const PrepareFn fn = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::bf16);
+  const PrepareFn fn = cpu_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::bf16);
   const TensorView inputs[] = {lhs_view(prefill), weight_view(prefill)};
   const bool not_fixed[] = {true, false};
   EXPECT_EQ(fn(attrs_of(prefill), std::span<const TensorView>(inputs), std::span<const bool>(not_fixed)),
@@ -430,7 +430,7 @@ std::vector<float> run_matmul(const MixedCase& c, const Prepared* prepared, Para
   const TensorView inputs[] = {TensorView{const_cast<float*>(c.a.data()), DType::f32, {c.M, c.K}, {c.K, 1}},
                                weight_view(c)};
   const TensorView outputs[] = {TensorView{out.data(), DType::f32, {c.M, c.N}, {c.N, 1}}};
-  builtin_kernels().find(graph::Op::matmul, DeviceKind::CPU, DType::f32)(
+  cpu_kernels().find(graph::Op::matmul, DeviceKind::CPU, DType::f32)(
       ctx, attrs_of(c), std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
   return out;
 }
@@ -523,7 +523,7 @@ TEST(AmxMixedMatmul, DecodeRowsAndF32WeightsKeepTheExactPaths) {
   const TensorView inputs[] = {TensorView{nullptr, DType::f32, {}, {}},
                                TensorView{const_cast<float*>(w.data()), DType::f32, {64, 64}, {64, 1}}};
   const bool fixed[] = {false, true};
-  const auto prepared = builtin_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::f32)(
+  const auto prepared = cpu_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::f32)(
       {}, std::span<const TensorView>(inputs), std::span<const bool>(fixed));
   EXPECT_NE(prepared, nullptr);
   EXPECT_EQ(dynamic_cast<const amx::PreparedMatmul*>(prepared.get()), nullptr);

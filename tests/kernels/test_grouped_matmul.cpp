@@ -49,7 +49,7 @@ class CountingParallel final : public Parallel {
 // Runs `op`'s registered CPU kernel with an explicit context.
 void launch(Op op, const KernelContext& ctx, const graph::Attrs& attrs, const std::vector<TensorView>& inputs,
             const std::vector<TensorView>& outputs) {
-  const KernelFn fn = builtin_kernels().find(op, DeviceKind::CPU, inputs.at(0).dtype);
+  const KernelFn fn = cpu_kernels().find(op, DeviceKind::CPU, inputs.at(0).dtype);
   ASSERT_NE(fn, nullptr) << graph::op_name(op);
   fn(ctx, attrs, inputs, outputs);
 }
@@ -58,7 +58,7 @@ void launch(Op op, const KernelContext& ctx, const graph::Attrs& attrs, const st
 // known by its static shape only.
 std::shared_ptr<const Prepared> prepare_group(const graph::Attrs& attrs, const TensorView& lhs,
                                               const std::vector<HostTensor>& weights) {
-  const PrepareFn prepare = builtin_kernels().find_prepare(Op::grouped_matmul, DeviceKind::CPU, lhs.dtype);
+  const PrepareFn prepare = cpu_kernels().find_prepare(Op::grouped_matmul, DeviceKind::CPU, lhs.dtype);
   if (!prepare) return nullptr;
   TensorView lhs_at_init = lhs;
   lhs_at_init.data = nullptr;

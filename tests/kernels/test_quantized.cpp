@@ -255,7 +255,7 @@ TEST(QMatmul, OneAndTwoThreadsGiveIdenticalBitsOnEveryIsa) {
 // same bits on 1 and 2 threads, for row counts that are not a multiple of the 32-row panel, a
 // symbolic lhs (empty shape at init) and a static one; decode-sized lhs shapes prepare nothing.
 TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
-  const PrepareFn prepare = builtin_kernels().find_prepare(Op::qmatmul, DeviceKind::CPU, DType::f32);
+  const PrepareFn prepare = cpu_kernels().find_prepare(Op::qmatmul, DeviceKind::CPU, DType::f32);
   ASSERT_NE(prepare, nullptr);
   for (Isa isa : supported_isas()) {
     ForcedIsa forced(isa);
@@ -283,7 +283,7 @@ TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
           ThreadedParallel pool(threads);
           KernelContext ctx{&pool};
           ctx.prepared = prepared.get();
-          const KernelFn fn = builtin_kernels().find(Op::qmatmul, DeviceKind::CPU, DType::f32);
+          const KernelFn fn = cpu_kernels().find(Op::qmatmul, DeviceKind::CPU, DType::f32);
           const std::vector<TensorView> in{xt.view(), w.view()}, out{got.view()};
           fn(ctx, kQ8Attrs, in, out);
           EXPECT_EQ(got.bytes, want.bytes) << what << " threads " << threads;

@@ -8,6 +8,8 @@ namespace kiln {
 
 enum class DeviceKind : uint8_t { CPU, GPU };
 
+std::string_view device_kind_name(DeviceKind kind);  // "cpu", "gpu"
+
 struct DeviceRef {
   DeviceKind kind = DeviceKind::CPU;
   int id = 0;

@@ -88,7 +88,7 @@ std::optional<std::vector<graph::Bytes>> evaluate(const graph::GraphIR& g, const
   }
 
   DType dtype = kernels::kernel_dtype(n.op, input_dtypes, output_dtypes);
-  kernels::KernelFn kernel = kernels::builtin_kernels().find(n.op, DeviceKind::CPU, dtype);
+  kernels::KernelFn kernel = kernels::cpu_kernels().find(n.op, DeviceKind::CPU, dtype);
   if (!kernel) return std::nullopt;
 
   auto view = [&](graph::Bytes& storage, ValueId v) {

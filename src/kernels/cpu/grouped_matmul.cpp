@@ -76,7 +76,7 @@ bool run_quantized_group(const KernelContext& ctx, const graph::Attrs& attrs, st
 void run_each(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
               std::span<const TensorView> outputs) {
   const Op op = single_op(attrs);
-  const KernelFn fn = builtin_kernels().find(op, DeviceKind::CPU, inputs[0].dtype);
+  const KernelFn fn = cpu_kernels().find(op, DeviceKind::CPU, inputs[0].dtype);
   if (!fn)
     throw DTypeError(fmt::format("grouped_matmul: no CPU {} kernel for lhs {}", graph::op_name(op), describe(inputs[0])));
   const auto* prepared = dynamic_cast<const GroupPrepared*>(ctx.prepared);
@@ -103,7 +103,7 @@ void grouped_matmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, 
 std::shared_ptr<const Prepared> prepare_grouped_matmul(const graph::Attrs& attrs, std::span<const TensorView> inputs,
                                                        std::span<const bool> fixed) {
   if (inputs.size() < 3) return nullptr;  // the launch reports it
-  const PrepareFn prepare = builtin_kernels().find_prepare(single_op(attrs), DeviceKind::CPU, inputs[0].dtype);
+  const PrepareFn prepare = cpu_kernels().find_prepare(single_op(attrs), DeviceKind::CPU, inputs[0].dtype);
   if (!prepare) return nullptr;
   auto group = std::make_shared<GroupPrepared>();
   bool any = false;

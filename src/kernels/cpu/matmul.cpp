@@ -687,7 +687,6 @@ void register_cpu_matmul(KernelRegistry& r) {
   // f32 weights packed for the GEMM, bf16 weights under f32 activations for AMX
   r.add_prepare(Op::matmul, DeviceKind::CPU, {DType::f32}, prepare_matmul_f32_lhs);
   r.add_prepare(Op::matmul, DeviceKind::CPU, {DType::bf16}, amx::prepare_matmul);  // weights packed for AMX
-  register_cpu_quantized(r);  // qmatmul and dequantize live beside matmul (quantized.cpp)
 }
 
 }  // namespace kiln::kernels

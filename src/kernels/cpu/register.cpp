@@ -1,0 +1,32 @@
+// The CPU backend's one registration list.
+#include "kernels/cpu/kernels.h"
+
+namespace kiln::kernels {
+
+const KernelRegistry& cpu_kernels() {
+  static const KernelRegistry registry = [] {
+    KernelRegistry r;
+    register_cpu_sources(r);
+    register_cpu_collectives(r);
+    register_cpu_elementwise(r);
+    register_cpu_reductions(r);
+    register_cpu_matmul(r);
+    register_cpu_quantized(r);
+    register_cpu_normalization(r);
+    register_cpu_data_movement(r);
+    register_cpu_fused(r);
+    register_cpu_attention(r);
+    register_cpu_rope(r);
+    register_cpu_grouped_matmul(r);
+    return r;
+  }();
+  return registry;
+}
+
+DType kernel_dtype(graph::Op, const std::vector<DType>& input_dtypes, const std::vector<DType>& output_dtypes) {
+  if (!input_dtypes.empty()) return input_dtypes.front();
+  if (!output_dtypes.empty()) return output_dtypes.front();
+  return DType::f32;
+}
+
+}  // namespace kiln::kernels
