@@ -33,13 +33,15 @@ static int64_t offset_of(const DLTensor* t, int64_t flat) {
   return offset;
 }
 
-/* At run time dynamic dims are concrete: a kernel checks what its output-type function could not. */
+/* At run time dynamic dims are concrete: a kernel checks what its output-type function could not.
+ * Operands an op does not accept are the caller's mistake: KILN_EXT_ERROR_INVALID_ARGUMENT, which
+ * kiln raises as a ValueError. */
 static KilnExtStatus check_same_shape(const DLTensor* a, const DLTensor* b, char* message, size_t size) {
   for (int32_t d = 0; d < a->ndim; ++d)
     if (a->shape[d] != b->shape[d]) {
       snprintf(message, size, "operand dims %d differ at run time: %lld vs %lld", d, (long long)a->shape[d],
                (long long)b->shape[d]);
-      return KILN_EXT_ERROR;
+      return KILN_EXT_ERROR_INVALID_ARGUMENT;
     }
   return KILN_EXT_OK;
 }
@@ -49,18 +51,18 @@ static KilnExtStatus check_same_f32(const KilnExtTypeDesc* a, const KilnExtTypeD
                                     size_t size) {
   if (!is_f32(a->dtype) || !is_f32(b->dtype)) {
     snprintf(message, size, "operands must be f32");
-    return KILN_EXT_ERROR;
+    return KILN_EXT_ERROR_INVALID_ARGUMENT;
   }
   if (a->ndim != b->ndim) {
     snprintf(message, size, "operands must have the same rank, got %d and %d", a->ndim, b->ndim);
-    return KILN_EXT_ERROR;
+    return KILN_EXT_ERROR_INVALID_ARGUMENT;
   }
   for (int32_t d = 0; d < a->ndim; ++d)
     if (a->shape[d] != b->shape[d] && a->shape[d] != KILN_EXT_DYNAMIC_DIM &&
         b->shape[d] != KILN_EXT_DYNAMIC_DIM) {
       snprintf(message, size, "operand dims %d differ: %lld vs %lld", d, (long long)a->shape[d],
                (long long)b->shape[d]);
-      return KILN_EXT_ERROR;
+      return KILN_EXT_ERROR_INVALID_ARGUMENT;
     }
   return KILN_EXT_OK;
 }
@@ -71,10 +73,11 @@ static KilnExtStatus scale_add_types(const KilnExtOutputTypesArgs* args) {
   if (args->num_inputs != 2) {
     snprintf(args->error_message, args->error_message_size, "expected 2 operands (x, y), got %zu",
              args->num_inputs);
-    return KILN_EXT_ERROR;
+    return KILN_EXT_ERROR_INVALID_ARGUMENT;
   }
-  if (check_same_f32(&args->inputs[0], &args->inputs[1], args->error_message, args->error_message_size))
-    return KILN_EXT_ERROR;
+  KilnExtStatus status =
+      check_same_f32(&args->inputs[0], &args->inputs[1], args->error_message, args->error_message_size);
+  if (status != KILN_EXT_OK) return status;
   KilnExtOutputDesc* out = &args->outputs[0];
   out->dtype = args->inputs[0].dtype;
   out->ndim = args->inputs[0].ndim;
@@ -89,7 +92,8 @@ static KilnExtStatus scale_add_cpu(const KilnExtKernelArgs* args) {
   const DLTensor* x = &args->inputs[0]; /* [...] */
   const DLTensor* y = &args->inputs[1]; /* [...] */
   const DLTensor* out = &args->outputs[0]; /* [...], contiguous */
-  if (check_same_shape(x, y, args->error_message, args->error_message_size)) return KILN_EXT_ERROR;
+  KilnExtStatus status = check_same_shape(x, y, args->error_message, args->error_message_size);
+  if (status != KILN_EXT_OK) return status;
   const float scale = (float)args->params[0].float64_value;
   const float* xd = (const float*)x->data;
   const float* yd = (const float*)y->data;
@@ -105,7 +109,7 @@ static KilnExtStatus scale_add_cpu(const KilnExtKernelArgs* args) {
 static KilnExtStatus accumulate_types(const KilnExtOutputTypesArgs* args) {
   if (args->num_inputs != 2 || !args->inputs[0].is_buffer) {
     snprintf(args->error_message, args->error_message_size, "expected operands (buffer, x)");
-    return KILN_EXT_ERROR;
+    return KILN_EXT_ERROR_INVALID_ARGUMENT;
   }
   return check_same_f32(&args->inputs[0], &args->inputs[1], args->error_message, args->error_message_size);
 }
@@ -113,7 +117,8 @@ static KilnExtStatus accumulate_types(const KilnExtOutputTypesArgs* args) {
 static KilnExtStatus accumulate_cpu(const KilnExtKernelArgs* args) {
   const DLTensor* buffer = &args->inputs[0]; /* [...], contiguous, written in place */
   const DLTensor* x = &args->inputs[1];      /* [...] */
-  if (check_same_shape(buffer, x, args->error_message, args->error_message_size)) return KILN_EXT_ERROR;
+  KilnExtStatus status = check_same_shape(buffer, x, args->error_message, args->error_message_size);
+  if (status != KILN_EXT_OK) return status;
   float* bd = (float*)buffer->data;
   const float* xd = (const float*)x->data;
   const int64_t n = num_elements(buffer);
@@ -124,12 +129,13 @@ static KilnExtStatus accumulate_cpu(const KilnExtKernelArgs* args) {
 /* ---- registration ------------------------------------------------------------------------------- */
 
 KILN_EXT_EXPORT KilnExtStatus kiln_extension_init(KilnExtInitArgs* args) {
+  /* Declared first: kiln reads every def below as this version's layout. */
   args->library_abi_major = KILN_EXT_ABI_MAJOR;
   args->library_abi_minor = KILN_EXT_ABI_MINOR;
   if (args->host_abi_major != KILN_EXT_ABI_MAJOR) {
     snprintf(args->error_message, args->error_message_size, "built for kiln extension ABI %d",
              KILN_EXT_ABI_MAJOR);
-    return KILN_EXT_ERROR;
+    return KILN_EXT_ERROR_UNSUPPORTED;
   }
 
   /* Defs are copied by register_op, so locals are fine; the functions must stay (they do). */
@@ -144,7 +150,8 @@ KILN_EXT_EXPORT KilnExtStatus kiln_extension_init(KilnExtInitArgs* args) {
                             .num_params = 1,
                             .output_types = scale_add_types,
                             .kernels = &scale_add_kernel,
-                            .num_kernels = 1};
+                            .num_kernels = 1,
+                            .description = "x * scale + y, elementwise (f32)"};
   if (args->register_op(args->registrar, &scale_add) != KILN_EXT_OK) return KILN_EXT_ERROR;
 
   KilnExtKernelDef accumulate_kernel = {.struct_size = sizeof(KilnExtKernelDef), .device_type = kDLCPU,
@@ -154,6 +161,7 @@ KILN_EXT_EXPORT KilnExtStatus kiln_extension_init(KilnExtInitArgs* args) {
                              .inplace = 1,
                              .output_types = accumulate_types,
                              .kernels = &accumulate_kernel,
-                             .num_kernels = 1};
+                             .num_kernels = 1,
+                             .description = "buffer += x, in place (f32)"};
   return args->register_op(args->registrar, &accumulate);
 }

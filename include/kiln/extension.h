@@ -10,29 +10,44 @@
  *   int32_t kiln_extension_init(KilnExtInitArgs* args) {
  *     args->library_abi_major = KILN_EXT_ABI_MAJOR;   // what this library was built against
  *     args->library_abi_minor = KILN_EXT_ABI_MINOR;
- *     if (args->host_abi_major != KILN_EXT_ABI_MAJOR) return KILN_EXT_ERROR;
+ *     if (args->host_abi_major != KILN_EXT_ABI_MAJOR) return KILN_EXT_ERROR_UNSUPPORTED;
  *     KilnExtOpDef def = {.struct_size = sizeof(KilnExtOpDef), .name = "scale_add", ...};
  *     return args->register_op(args->registrar, &def);
  *   }
  *
  * Conventions (after the PJRT C API):
- * - Every struct starts with `size_t struct_size`, set by whoever fills the struct to
- *   sizeof(the struct) as that party compiled it. A reader touches only fields that lie within
- *   struct_size; fields past it read as zero. This is what lets minor versions add fields.
- * - Errors are a returned status (KILN_EXT_OK or KILN_EXT_ERROR) plus a message the callee writes,
- *   NUL-terminated and truncated to fit, into a buffer the caller owns (error_message,
- *   error_message_size). kiln turns a failure into a C++ exception naming the library and op.
+ * - Every struct but KilnExtDim starts with `size_t struct_size`, set by whoever fills the struct to
+ *   sizeof(the struct) as that party compiled it. KILN_EXT_<STRUCT>_STRUCT_SIZE_V<major>_<minor> is a
+ *   struct's size in each version (offsetof its last field in that version + that field's size).
+ * - Errors are a returned status: KILN_EXT_OK, or a KilnExtErrorCode saying what kind of failure it
+ *   is, plus a message the callee writes, NUL-terminated and truncated to fit, into a buffer the caller
+ *   owns (error_message, error_message_size). kiln turns a failure into a C++ exception naming the
+ *   library, the op and the code; the code picks the exception (see KilnExtErrorCode).
  * - Lifetimes are written on each field. In short: everything kiln passes in is valid only for the
  *   duration of the call; everything a library registers is copied by kiln during register_op,
  *   except function pointers and user_data, which must stay valid while the library is loaded.
  *   kiln never unloads a library before the process exits.
  *
- * Versioning: KILN_EXT_ABI_MAJOR.KILN_EXT_ABI_MINOR.
+ * Versioning: KILN_EXT_ABI_MAJOR.KILN_EXT_ABI_MINOR, now 1.1 (1.1 added the KILN_EXT_ERROR_* codes
+ * and KilnExtOpDef::description).
  * - MAJOR bumps on any incompatible change: a field removed, reordered or retyped, a changed
  *   meaning, a changed signature. kiln refuses a library whose major differs from its own.
- * - MINOR bumps on compatible additions only: new fields at the end of a struct, new enum values,
- *   new function pointers at the end of KilnExtInitArgs. kiln loads a library of any minor of its
- *   major; each side checks struct_size before reading a field newer than the oldest minor.
+ * - MINOR bumps on compatible additions only: new fields at the end of a struct, new enum values.
+ *   kiln loads a library of any minor of its major, older or newer than its own:
+ *   - kiln reads a struct the library fills (KilnExtOpDef, KilnExtParamDef, KilnExtKernelDef) as the
+ *     version the library declares, capped at kiln's own: its struct_size must be at least that
+ *     version's KILN_EXT_*_STRUCT_SIZE_V1_<minor>, kiln reads only the fields of that version, and
+ *     newer fields take the defaults written on them (zero, NULL). kiln never compares a
+ *     struct_size with its own sizeof, so a newer library's larger structs load.
+ *   - Arrays a library hands over (KilnExtOpDef::params, ::kernels) are walked by the stride the
+ *     library declares: element 0's struct_size, which every element must repeat.
+ *   - Arrays kiln hands over (KilnExtTypeDesc, KilnExtParamValue, KilnExtOutputDesc) and KilnExtDim
+ *     never grow within a major, so a library of any minor indexes them as plain C arrays; new
+ *     per-element data would come as a new array at the end of the args struct.
+ *   - Structs kiln fills (the *Args) may grow: kiln sets struct_size to its own size, and a library
+ *     newer than kiln checks struct_size (or host_abi_minor) before reading a field newer than 1.0.
+ *   - A library may return an error code newer than kiln knows; kiln reports it as an
+ *     ExtensionError with the number.
  */
 #ifndef KILN_EXTENSION_H_
 #define KILN_EXTENSION_H_
@@ -47,7 +62,7 @@ extern "C" {
 #endif
 
 #define KILN_EXT_ABI_MAJOR 1
-#define KILN_EXT_ABI_MINOR 0
+#define KILN_EXT_ABI_MINOR 1
 
 /* The exported entry point's name, for dlsym. */
 #define KILN_EXT_INIT_SYMBOL "kiln_extension_init"
@@ -58,9 +73,25 @@ extern "C" {
 #define KILN_EXT_EXPORT __attribute__((visibility("default")))
 #endif
 
+/* A struct's size up to and including `last_field`: what a version of the struct must at least have. */
+#define KILN_EXT_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+
+/* What every function of the ABI returns: KILN_EXT_OK, or one of the codes below. int32_t rather
+ * than the enum, whose size C leaves to the compiler. */
 typedef int32_t KilnExtStatus;
-#define KILN_EXT_OK 0
-#define KILN_EXT_ERROR 1
+
+/* The kind of a failure; kiln maps it to the exception it throws (kiln/errors.h). Init failures are
+ * always ExtensionError: a library that cannot load is an extension problem, whatever the cause. */
+typedef enum KilnExtErrorCode {
+  KILN_EXT_OK = 0,
+  KILN_EXT_ERROR = 1,                  /* unspecified: all a 1.0 library can say. ExtensionError */
+  KILN_EXT_ERROR_INVALID_ARGUMENT = 2, /* 1.1: operands, parameters or values the op does not accept
+                                          (a caller's mistake). ValueError */
+  KILN_EXT_ERROR_UNSUPPORTED = 3,      /* 1.1: a valid request the library does not implement (a dtype,
+                                          a device, a layout). ExtensionError */
+  KILN_EXT_ERROR_OUT_OF_MEMORY = 4,    /* 1.1: an allocation of the library failed. ExtensionError */
+  KILN_EXT_ERROR_INTERNAL = 5,         /* 1.1: a bug or broken invariant in the library. ExtensionError */
+} KilnExtErrorCode;
 
 /* DLDataType code of kiln's bool dtype (8 bits): kDLBool in DLPack >= 0.8, absent from older headers. */
 #define KILN_EXT_DL_BOOL 6
@@ -86,6 +117,8 @@ typedef struct KilnExtParamDef {
   KilnExtParamKind kind;
   int32_t required;      /* nonzero: a graph must set it; zero: `present` says whether it did */
 } KilnExtParamDef;
+#define KILN_EXT_PARAM_DEF_STRUCT_SIZE_V1_0 KILN_EXT_STRUCT_SIZE(KilnExtParamDef, required)
+#define KILN_EXT_PARAM_DEF_STRUCT_SIZE KILN_EXT_PARAM_DEF_STRUCT_SIZE_V1_0
 
 typedef struct KilnExtParamValue {
   size_t struct_size;
@@ -98,6 +131,9 @@ typedef struct KilnExtParamValue {
   const int64_t* int64_array;   /* KILN_EXT_PARAM_INT64_ARRAY */
   size_t int64_array_size;
 } KilnExtParamValue; /* every pointer valid for the duration of the call it is passed to */
+/* Frozen within the major (kiln passes an array of them). */
+#define KILN_EXT_PARAM_VALUE_STRUCT_SIZE_V1_0 KILN_EXT_STRUCT_SIZE(KilnExtParamValue, int64_array_size)
+#define KILN_EXT_PARAM_VALUE_STRUCT_SIZE KILN_EXT_PARAM_VALUE_STRUCT_SIZE_V1_0
 
 /* ---- output types ------------------------------------------------------------------------------ */
 
@@ -110,9 +146,13 @@ typedef struct KilnExtTypeDesc {
   DLDeviceType device_type; /* kDLCPU or kDLCUDA */
   int32_t is_buffer;        /* nonzero for a mutable buffer operand */
 } KilnExtTypeDesc;
+/* Frozen within the major (kiln passes an array of them). */
+#define KILN_EXT_TYPE_DESC_STRUCT_SIZE_V1_0 KILN_EXT_STRUCT_SIZE(KilnExtTypeDesc, is_buffer)
+#define KILN_EXT_TYPE_DESC_STRUCT_SIZE KILN_EXT_TYPE_DESC_STRUCT_SIZE_V1_0
 
 /* One result dim: a copy of an operand's dim (input >= 0, symbolic dims stay symbolic), or a static
- * size (input < 0). */
+ * size (input < 0). A fixed array of them sits inside KilnExtOutputDesc, so it has no struct_size and
+ * never changes within a major. */
 typedef struct KilnExtDim {
   int64_t size;
   int32_t input;
@@ -126,6 +166,9 @@ typedef struct KilnExtOutputDesc {
   int32_t ndim; /* at most KILN_EXT_MAX_RANK */
   KilnExtDim dims[KILN_EXT_MAX_RANK];
 } KilnExtOutputDesc;
+/* Frozen within the major (kiln passes an array of them), like KilnExtDim inside it. */
+#define KILN_EXT_OUTPUT_DESC_STRUCT_SIZE_V1_0 KILN_EXT_STRUCT_SIZE(KilnExtOutputDesc, dims)
+#define KILN_EXT_OUTPUT_DESC_STRUCT_SIZE KILN_EXT_OUTPUT_DESC_STRUCT_SIZE_V1_0
 
 typedef struct KilnExtOutputTypesArgs {
   size_t struct_size;
@@ -136,9 +179,13 @@ typedef struct KilnExtOutputTypesArgs {
   KilnExtOutputDesc* outputs; /* the op's num_outputs results, struct_size preset; fill them */
   size_t num_outputs;
   void* user_data;     /* the op's KilnExtOpDef::user_data */
-  char* error_message; /* on failure, say what was expected (e.g. "operand 1 must be f32") */
+  char* error_message; /* on failure, say what was expected (e.g. "operand 1 must be f32") and
+                          return KILN_EXT_ERROR_INVALID_ARGUMENT */
   size_t error_message_size;
 } KilnExtOutputTypesArgs;
+#define KILN_EXT_OUTPUT_TYPES_ARGS_STRUCT_SIZE_V1_0 \
+  KILN_EXT_STRUCT_SIZE(KilnExtOutputTypesArgs, error_message_size)
+#define KILN_EXT_OUTPUT_TYPES_ARGS_STRUCT_SIZE KILN_EXT_OUTPUT_TYPES_ARGS_STRUCT_SIZE_V1_0
 
 /* Checks the operands and parameters and fills the result types. Called when a graph is built (if
  * the library is already loaded) and when it is compiled; must be pure. */
@@ -155,9 +202,11 @@ typedef struct KilnExtKernelArgs {
   const KilnExtParamValue* params; /* every declared parameter, in declared order */
   size_t num_params;
   void* user_data;
-  char* error_message; /* on failure, say what went wrong; kiln adds the op and node */
+  char* error_message; /* on failure, say what went wrong and return a code; kiln adds the op and node */
   size_t error_message_size;
 } KilnExtKernelArgs; /* every pointer valid for the duration of the call only */
+#define KILN_EXT_KERNEL_ARGS_STRUCT_SIZE_V1_0 KILN_EXT_STRUCT_SIZE(KilnExtKernelArgs, error_message_size)
+#define KILN_EXT_KERNEL_ARGS_STRUCT_SIZE KILN_EXT_KERNEL_ARGS_STRUCT_SIZE_V1_0
 /* DLTensor views: strides are in elements (set whenever ndim > 0); byte_offset is 0. Operands may be
  * strided (buffers are contiguous); results are contiguous. Shapes are concrete. */
 
@@ -168,6 +217,8 @@ typedef struct KilnExtKernelDef {
   DLDeviceType device_type; /* kDLCPU, kDLCUDA */
   KilnExtKernelFn fn;       /* valid while the library is loaded */
 } KilnExtKernelDef;
+#define KILN_EXT_KERNEL_DEF_STRUCT_SIZE_V1_0 KILN_EXT_STRUCT_SIZE(KilnExtKernelDef, fn)
+#define KILN_EXT_KERNEL_DEF_STRUCT_SIZE KILN_EXT_KERNEL_DEF_STRUCT_SIZE_V1_0
 
 /* ---- ops --------------------------------------------------------------------------------------- */
 
@@ -182,7 +233,12 @@ typedef struct KilnExtOpDef {
   const KilnExtKernelDef* kernels;   /* one per device kind, copied */
   size_t num_kernels;
   void* user_data; /* passed back to output_types and kernels; kiln never frees it */
+  /* 1.1 */
+  const char* description; /* one line saying what the op computes, copied; NULL (the default): none */
 } KilnExtOpDef;
+#define KILN_EXT_OP_DEF_STRUCT_SIZE_V1_0 KILN_EXT_STRUCT_SIZE(KilnExtOpDef, user_data)
+#define KILN_EXT_OP_DEF_STRUCT_SIZE_V1_1 KILN_EXT_STRUCT_SIZE(KilnExtOpDef, description)
+#define KILN_EXT_OP_DEF_STRUCT_SIZE KILN_EXT_OP_DEF_STRUCT_SIZE_V1_1
 
 /* ---- the entry point ---------------------------------------------------------------------------- */
 
@@ -192,15 +248,20 @@ typedef struct KilnExtInitArgs {
   size_t struct_size;
   uint32_t host_abi_major; /* kiln's KILN_EXT_ABI_MAJOR / MINOR */
   uint32_t host_abi_minor;
-  uint32_t library_abi_major; /* out: set to the library's KILN_EXT_ABI_MAJOR / MINOR */
+  /* out: set to the library's KILN_EXT_ABI_MAJOR / MINOR before calling register_op: kiln reads each
+   * def as the version declared when it is registered (1.0 if none is declared yet). */
+  uint32_t library_abi_major;
   uint32_t library_abi_minor;
   KilnExtRegistrar* registrar; /* valid during kiln_extension_init only */
-  /* Registers one op (the def is copied). KILN_EXT_ERROR for a malformed def or a name registered
-   * twice; kiln keeps the reason and reports it with the library's path, so just return it. */
+  /* Registers one op (the def is copied). KILN_EXT_ERROR for a malformed def (a struct_size too small
+   * for the declared version, say) or a name registered twice; kiln keeps the reason and reports it
+   * with the library's path, so just return it. */
   KilnExtStatus (*register_op)(KilnExtRegistrar* registrar, const KilnExtOpDef* def);
   char* error_message; /* on failure of init itself */
   size_t error_message_size;
 } KilnExtInitArgs;
+#define KILN_EXT_INIT_ARGS_STRUCT_SIZE_V1_0 KILN_EXT_STRUCT_SIZE(KilnExtInitArgs, error_message_size)
+#define KILN_EXT_INIT_ARGS_STRUCT_SIZE KILN_EXT_INIT_ARGS_STRUCT_SIZE_V1_0
 
 typedef KilnExtStatus (*KilnExtInitFn)(KilnExtInitArgs* args);
 

@@ -21,7 +21,32 @@ DLDataType dl_dtype(DType d) {
   return t;
 }
 
+std::string status_name(KilnExtStatus status) {
+  switch (status) {
+    case KILN_EXT_OK: return "KILN_EXT_OK";
+    case KILN_EXT_ERROR: return "KILN_EXT_ERROR";
+    case KILN_EXT_ERROR_INVALID_ARGUMENT: return "KILN_EXT_ERROR_INVALID_ARGUMENT";
+    case KILN_EXT_ERROR_UNSUPPORTED: return "KILN_EXT_ERROR_UNSUPPORTED";
+    case KILN_EXT_ERROR_OUT_OF_MEMORY: return "KILN_EXT_ERROR_OUT_OF_MEMORY";
+    case KILN_EXT_ERROR_INTERNAL: return "KILN_EXT_ERROR_INTERNAL";
+  }
+  return fmt::format("unknown error code {}", status);
+}
+
+void throw_library_error(KilnExtStatus status, const std::string& message) {
+  // Only a caller's mistake is a ValueError (as MAX raises for bad operands); everything else is the
+  // library's, including codes of a newer minor than this kiln knows.
+  if (status == KILN_EXT_ERROR_INVALID_ARGUMENT) throw ValueError(message);
+  throw ExtensionError(message);
+}
+
 namespace {
+
+// Arrays kiln hands a library are indexed as plain C arrays by every minor, so their layout is frozen.
+static_assert(sizeof(KilnExtTypeDesc) == KILN_EXT_TYPE_DESC_STRUCT_SIZE_V1_0 &&
+              sizeof(KilnExtParamValue) == KILN_EXT_PARAM_VALUE_STRUCT_SIZE_V1_0 &&
+              sizeof(KilnExtOutputDesc) == KILN_EXT_OUTPUT_DESC_STRUCT_SIZE_V1_0,
+              "an array element struct kiln passes changed: that needs a new ABI major");
 
 using graph::Attrs;
 using graph::Type;
@@ -92,7 +117,7 @@ std::vector<KilnExtParamValue> marshal_params(const CustomOp& op, const Attrs& a
   std::vector<KilnExtParamValue> values;
   for (const CustomOp::Param& p : op.params()) {
     KilnExtParamValue v{};
-    v.struct_size = sizeof(KilnExtParamValue);
+    v.struct_size = KILN_EXT_PARAM_VALUE_STRUCT_SIZE;
     v.name = p.name.c_str();
     v.kind = p.kind;
     auto it = attrs.find("param." + p.name);
@@ -145,19 +170,19 @@ std::vector<Type> CustomOp::output_types(const std::vector<Type>& inputs, const 
   for (size_t i = 0; i < inputs.size(); ++i) {
     const graph::Shape& shape = graph::shape_of(inputs[i]);
     for (const graph::Dim& d : shape) shapes[i].push_back(d.try_static().value_or(KILN_EXT_DYNAMIC_DIM));
-    descs[i] = {sizeof(KilnExtTypeDesc), dl_dtype(graph::dtype_of(inputs[i])),
+    descs[i] = {KILN_EXT_TYPE_DESC_STRUCT_SIZE, dl_dtype(graph::dtype_of(inputs[i])),
                 static_cast<int32_t>(shape.rank()), shapes[i].data(),
                 to_dl_device(graph::device_of(inputs[i]).kind), graph::is_buffer(inputs[i]) ? 1 : 0};
   }
   std::vector<KilnExtOutputDesc> outs(num_outputs_);
-  for (auto& o : outs) o.struct_size = sizeof(KilnExtOutputDesc);
+  for (auto& o : outs) o.struct_size = KILN_EXT_OUTPUT_DESC_STRUCT_SIZE;
   std::array<char, kMessageSize> message{};
-  KilnExtOutputTypesArgs args{sizeof(KilnExtOutputTypesArgs), descs.data(), descs.size(), params.data(),
+  KilnExtOutputTypesArgs args{KILN_EXT_OUTPUT_TYPES_ARGS_STRUCT_SIZE, descs.data(), descs.size(), params.data(),
                               params.size(), outs.data(), outs.size(), user_data_, message.data(),
                               message.size()};
-  if (output_types_fn_(&args) != KILN_EXT_OK)
-    throw ExtensionError(fmt::format("{}: rejects operands {}: {}", who, types_text(inputs),
-                                     library_message(message)));
+  if (KilnExtStatus status = output_types_fn_(&args); status != KILN_EXT_OK)
+    throw_library_error(status, fmt::format("{}: rejects operands {} ({}): {}", who, types_text(inputs),
+                                            status_name(status), library_message(message)));
 
   // The library's answer is checked like any other untrusted input.
   const DeviceRef device = inputs.empty() ? DeviceRef::CPU() : graph::device_of(inputs[0]);
@@ -204,6 +229,8 @@ void CustomOp::check_call(graph::Op op, const std::vector<Type>& inputs, const A
   std::vector<Type> computed;
   try {
     computed = output_types(inputs, attrs);
+  } catch (const ValueError& e) {  // the same kind of error, placed in the graph
+    throw ValueError(fmt::format("{}: {}", where, e.what()));
   } catch (const ExtensionError& e) {
     throw ExtensionError(fmt::format("{}: {}", where, e.what()));
   }
@@ -224,11 +251,13 @@ void CustomOp::run(DeviceKind device, const std::vector<DLTensor>& inputs, const
                                      device == DeviceKind::CPU ? "cpu" : "gpu"));
   std::vector<KilnExtParamValue> params = marshal_params(*this, attrs);
   std::array<char, kMessageSize> message{};
-  KilnExtKernelArgs args{sizeof(KilnExtKernelArgs), inputs.data(), inputs.size(), outputs.data(),
+  KilnExtKernelArgs args{KILN_EXT_KERNEL_ARGS_STRUCT_SIZE, inputs.data(), inputs.size(), outputs.data(),
                          outputs.size(), params.data(), params.size(), user_data_, message.data(),
                          message.size()};
-  if (kernel->second(&args) != KILN_EXT_OK)
-    throw ExtensionError(fmt::format("kernel of {} failed: {}", library_path().string(), library_message(message)));
+  if (KilnExtStatus status = kernel->second(&args); status != KILN_EXT_OK)
+    throw_library_error(status, fmt::format("custom op '{}' of {}: kernel failed with {}: {}", name_,
+                                            library_path().string(), status_name(status),
+                                            library_message(message)));
 }
 
 }  // namespace kiln::ext

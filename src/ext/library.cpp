@@ -22,7 +22,8 @@
 // The registrar a library registers through during kiln_extension_init (opaque to it).
 struct KilnExtRegistrar {
   kiln::ext::Library* library;
-  std::string error;  // the first rejected def, reported with the library's path
+  const KilnExtInitArgs* args;  // where the library declares its version, which says how to read its defs
+  std::string error;            // the first rejected def, reported with the library's path
 };
 
 namespace kiln::ext {
@@ -97,6 +98,86 @@ void check_loaded_custom_op(graph::Op op, const std::string& symbol, const std::
   found->check_call(op, inputs, attrs, std::string(graph::op_name(op)));
 }
 
+// A struct a library fills, with its size in each minor of this major (index: minor). kiln checks a
+// struct_size against these and reads only the fields of the library's version, never its own sizeof:
+// an older library's struct is shorter, a newer one's longer.
+struct AbiStruct {
+  const char* name;
+  std::array<size_t, KILN_EXT_ABI_MINOR + 1> size_by_minor;
+  // What kiln reads of a library declaring `minor`: a newer minor reads as kiln's own (its prefix).
+  size_t size(uint32_t minor) const { return size_by_minor[std::min<uint32_t>(minor, KILN_EXT_ABI_MINOR)]; }
+};
+constexpr AbiStruct kOpDef{"KilnExtOpDef", {KILN_EXT_OP_DEF_STRUCT_SIZE_V1_0, KILN_EXT_OP_DEF_STRUCT_SIZE_V1_1}};
+constexpr AbiStruct kParamDef{"KilnExtParamDef",
+                              {KILN_EXT_PARAM_DEF_STRUCT_SIZE_V1_0, KILN_EXT_PARAM_DEF_STRUCT_SIZE_V1_0}};
+constexpr AbiStruct kKernelDef{"KilnExtKernelDef",
+                               {KILN_EXT_KERNEL_DEF_STRUCT_SIZE_V1_0, KILN_EXT_KERNEL_DEF_STRUCT_SIZE_V1_0}};
+// A minor bump must extend each table (a missing entry would be zero and accept anything).
+static_assert(kOpDef.size_by_minor.back() == KILN_EXT_OP_DEF_STRUCT_SIZE &&
+              kParamDef.size_by_minor.back() == KILN_EXT_PARAM_DEF_STRUCT_SIZE &&
+              kKernelDef.size_by_minor.back() == KILN_EXT_KERNEL_DEF_STRUCT_SIZE);
+
+// Bounds on what a hostile library can make kiln walk.
+constexpr size_t kMaxStructSize = 1 << 16;
+constexpr size_t kMaxParams = 256;
+
+std::string abi_version(uint32_t minor) { return fmt::format("{}.{}", KILN_EXT_ABI_MAJOR, minor); }
+
+// A struct the library filled at `from`, read as version `minor`: its struct_size must hold that
+// version, and only that version's fields are copied, so later fields keep T's zero defaults (and
+// padding an older version's struct_size may cover is never read as a field).
+template <class T>
+T read_def(const AbiStruct& layout, const void* from, uint32_t minor, const std::string& what) {
+  size_t given;
+  std::memcpy(&given, from, sizeof given);
+  const size_t expected = layout.size(minor);
+  if (given < expected)
+    throw ExtensionError(fmt::format(
+        "{} struct_size {} is smaller than {}, the size of {} in ABI {} ({}; set struct_size to sizeof({}))",
+        what, given, expected, layout.name, abi_version(std::min<uint32_t>(minor, KILN_EXT_ABI_MINOR)),
+        minor <= KILN_EXT_ABI_MINOR ? "the version the library declares"
+                                    : fmt::format("the newest this kiln reads; the library declares {}",
+                                                  abi_version(minor)),
+        layout.name));
+  if (given > kMaxStructSize)
+    throw ExtensionError(fmt::format("{} struct_size {} is more than {} bytes (expected sizeof({}))", what, given,
+                                     kMaxStructSize, layout.name));
+  T def{};
+  std::memcpy(&def, from, expected);
+  return def;
+}
+
+// The `count` elements of an array the library hands over, walked by the stride it declares:
+// element 0's struct_size, which every element must repeat (a C array has one element size).
+template <class T>
+std::vector<T> read_def_array(const AbiStruct& layout, const T* array, size_t count, uint32_t minor,
+                              const std::string& who, const char* element) {
+  std::vector<T> defs;
+  if (!count) return defs;
+  const auto* base = reinterpret_cast<const std::byte*>(array);
+  size_t stride = 0;
+  for (size_t i = 0; i < count; ++i) {
+    T def = read_def<T>(layout, base + i * stride, minor, fmt::format("{}: {} {} ({})", who, element, i, layout.name));
+    if (i == 0) stride = def.struct_size;
+    else if (def.struct_size != stride)
+      throw ExtensionError(fmt::format("{}: {} {} ({}) has struct_size {} but {} 0 has {} (kiln walks the array "
+                                       "by element 0's struct_size, so every element must repeat it)",
+                                       who, element, i, layout.name, def.struct_size, element, stride));
+    defs.push_back(def);
+  }
+  return defs;
+}
+
+// The minor a library's defs are read as: the version it has declared so far (1.0 if none yet).
+uint32_t declared_minor(const KilnExtInitArgs& args) {
+  if (args.library_abi_major == 0) return 0;
+  if (args.library_abi_major != KILN_EXT_ABI_MAJOR)
+    throw ExtensionError(fmt::format("register_op: the library declares ABI {}.{}, whose defs this kiln "
+                                     "cannot read (expected major version {})",
+                                     args.library_abi_major, args.library_abi_minor, KILN_EXT_ABI_MAJOR));
+  return args.library_abi_minor;
+}
+
 }  // namespace
 
 // Turns a library's KilnExtOpDef into a CustomOp, or records why not.
@@ -104,7 +185,7 @@ struct Registration {
   static KilnExtStatus register_op(KilnExtRegistrar* registrar, const KilnExtOpDef* def) {
     if (!registrar) return KILN_EXT_ERROR;
     try {
-      registrar->library->ops_.push_back(make_op(*registrar->library, def));
+      registrar->library->ops_.push_back(make_op(*registrar->library, def, declared_minor(*registrar->args)));
       return KILN_EXT_OK;
     } catch (const ExtensionError& e) {
       if (registrar->error.empty()) registrar->error = e.what();
@@ -112,37 +193,35 @@ struct Registration {
     }
   }
 
-  static std::unique_ptr<CustomOp> make_op(const Library& library, const KilnExtOpDef* def) {
-    if (!def) throw ExtensionError("register_op: got a null KilnExtOpDef");
-    if (def->struct_size < offsetof(KilnExtOpDef, user_data) + sizeof(def->user_data))
-      throw ExtensionError(fmt::format("register_op: KilnExtOpDef struct_size {} is smaller than ABI {}.0's {}",
-                                       def->struct_size, KILN_EXT_ABI_MAJOR, sizeof(KilnExtOpDef)));
-    if (!valid_op_name(def->name))
+  static std::unique_ptr<CustomOp> make_op(const Library& library, const KilnExtOpDef* given, uint32_t minor) {
+    if (!given) throw ExtensionError("register_op: got a null KilnExtOpDef");
+    const KilnExtOpDef def = read_def<KilnExtOpDef>(kOpDef, given, minor, "register_op: KilnExtOpDef");
+    if (!valid_op_name(def.name))
       throw ExtensionError(fmt::format("register_op: op name '{}' is not a non-empty identifier "
-                                       "([A-Za-z0-9_.]+)", def->name ? def->name : "(null)"));
+                                       "([A-Za-z0-9_.]+)", def.name ? def.name : "(null)"));
     auto op = std::make_unique<CustomOp>();
     op->library_ = &library;
-    op->name_ = def->name;
+    op->name_ = def.name;
     const std::string who = fmt::format("register_op '{}'", op->name_);
     if (library.find(op->name_)) throw ExtensionError(fmt::format("{}: the library registers it twice", who));
-    op->inplace_ = def->inplace != 0;
-    op->num_outputs_ = def->num_outputs;
-    if (op->inplace_ && def->num_outputs != 0)
+    if (def.description) op->description_.assign(def.description, strnlen(def.description, 1024));
+    op->inplace_ = def.inplace != 0;
+    op->num_outputs_ = def.num_outputs;
+    if (op->inplace_ && def.num_outputs != 0)
       throw ExtensionError(fmt::format("{}: an in-place op has no results, got num_outputs {}", who,
-                                       def->num_outputs));
-    if (def->num_outputs > 64)
-      throw ExtensionError(fmt::format("{}: num_outputs {} is more than 64", who, def->num_outputs));
-    if (!def->output_types) throw ExtensionError(fmt::format("{}: output_types function is null", who));
-    op->output_types_fn_ = def->output_types;
-    op->user_data_ = def->user_data;
+                                       def.num_outputs));
+    if (def.num_outputs > 64)
+      throw ExtensionError(fmt::format("{}: num_outputs {} is more than 64", who, def.num_outputs));
+    if (!def.output_types) throw ExtensionError(fmt::format("{}: output_types function is null", who));
+    op->output_types_fn_ = def.output_types;
+    op->user_data_ = def.user_data;
 
-    if (def->num_params && !def->params)
-      throw ExtensionError(fmt::format("{}: num_params is {} but params is null", who, def->num_params));
-    for (size_t i = 0; i < def->num_params; ++i) {
-      const KilnExtParamDef& p = def->params[i];
-      if (p.struct_size < sizeof(KilnExtParamDef))
-        throw ExtensionError(fmt::format("{}: param {} struct_size {} is smaller than {}", who, i,
-                                         p.struct_size, sizeof(KilnExtParamDef)));
+    if (def.num_params && !def.params)
+      throw ExtensionError(fmt::format("{}: num_params is {} but params is null", who, def.num_params));
+    if (def.num_params > kMaxParams)
+      throw ExtensionError(fmt::format("{}: num_params {} is more than {}", who, def.num_params, kMaxParams));
+    for (const KilnExtParamDef& p : read_def_array(kParamDef, def.params, def.num_params, minor, who, "param")) {
+      const size_t i = op->params_.size();
       if (!valid_op_name(p.name))
         throw ExtensionError(fmt::format("{}: param {} has no valid name", who, i));
       if (p.kind < KILN_EXT_PARAM_INT64 || p.kind > KILN_EXT_PARAM_INT64_ARRAY)
@@ -153,13 +232,13 @@ struct Registration {
       op->params_.push_back({p.name, p.kind, p.required != 0});
     }
 
-    if (!def->num_kernels || !def->kernels)
+    if (!def.num_kernels || !def.kernels)
       throw ExtensionError(fmt::format("{}: registers no kernels (expected one per device kind)", who));
-    for (size_t i = 0; i < def->num_kernels; ++i) {
-      const KilnExtKernelDef& k = def->kernels[i];
-      if (k.struct_size < sizeof(KilnExtKernelDef) || !k.fn)
-        throw ExtensionError(fmt::format("{}: kernel {} is malformed (struct_size {}, fn {})", who, i,
-                                         k.struct_size, k.fn ? "set" : "null"));
+    // Two device kinds exist and each may have one kernel, so a longer array fails within 3 elements.
+    const size_t num_kernels = std::min<size_t>(def.num_kernels, 3);
+    for (const KilnExtKernelDef& k : read_def_array(kKernelDef, def.kernels, num_kernels, minor, who, "kernel")) {
+      const size_t i = op->kernels_.size();
+      if (!k.fn) throw ExtensionError(fmt::format("{}: kernel {} (KilnExtKernelDef) has a null fn", who, i));
       if (k.device_type != kDLCPU && k.device_type != kDLCUDA)
         throw ExtensionError(fmt::format("{}: kernel {} has device type {}, expected kDLCPU or kDLCUDA", who,
                                          i, static_cast<int>(k.device_type)));
@@ -227,10 +306,10 @@ std::shared_ptr<const Library> load_library(const fs::path& path) {
                                      path.string(), KILN_EXT_INIT_SYMBOL));
 
   auto library = std::make_shared<Library>(path, hash);
-  KilnExtRegistrar registrar{library.get(), {}};
   std::array<char, 1024> message{};
   KilnExtInitArgs args{};
-  args.struct_size = sizeof(KilnExtInitArgs);
+  KilnExtRegistrar registrar{library.get(), &args, {}};
+  args.struct_size = KILN_EXT_INIT_ARGS_STRUCT_SIZE;
   args.host_abi_major = KILN_EXT_ABI_MAJOR;
   args.host_abi_minor = KILN_EXT_ABI_MINOR;
   args.registrar = &registrar;
@@ -249,9 +328,10 @@ std::shared_ptr<const Library> load_library(const fs::path& path) {
     throw ExtensionError(fmt::format("extension '{}': {}", path.string(), registrar.error));
   if (status != KILN_EXT_OK) {
     std::string text(message.data(), strnlen(message.data(), message.size()));
-    throw ExtensionError(fmt::format("extension '{}': {} failed: {}", path.string(), KILN_EXT_INIT_SYMBOL,
-                                     text.empty() ? "(the library gave no message)" : text));
+    throw ExtensionError(fmt::format("extension '{}': {} failed with {}: {}", path.string(), KILN_EXT_INIT_SYMBOL,
+                                     status_name(status), text.empty() ? "(the library gave no message)" : text));
   }
+  library->abi_minor_ = args.library_abi_minor;
   if (library->ops().empty())
     throw ExtensionError(fmt::format("extension '{}': registers no ops (expected at least one register_op "
                                      "call in {})", path.string(), KILN_EXT_INIT_SYMBOL));

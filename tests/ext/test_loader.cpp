@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "ext/float_vec.h"
 #include "test_util.h"
 
 #include <kiln/ext/extensions.h>
@@ -18,6 +19,7 @@ using graph::TensorType;
 using graph::BufferType;
 using kiln::testing::error_message;
 using kiln::testing::expect_error;
+using kiln::testing::FloatVec;
 namespace ops = kiln::graph::ops;
 
 namespace {
@@ -26,31 +28,15 @@ const std::string kExample = KILN_EXAMPLE_EXTENSION;
 const std::string kExampleB = KILN_EXAMPLE_EXTENSION_B;
 const std::string kTestOps = KILN_TEST_EXTENSION_OPS;
 
-// A DLTensor over a contiguous float vector of shape [n].
-struct FloatVec {
-  std::vector<float> data;
-  int64_t shape[1];
-  int64_t strides[1] = {1};
-  explicit FloatVec(std::vector<float> values) : data(std::move(values)), shape{static_cast<int64_t>(data.size())} {}
-  DLTensor tensor() {
-    DLTensor t{};
-    t.data = data.data();
-    t.device = {kDLCPU, 0};
-    t.ndim = 1;
-    t.dtype = {kDLFloat, 32, 1};
-    t.shape = shape;
-    t.strides = strides;
-    return t;
-  }
-};
-
 }  // namespace
 
 TEST(Extension, ExampleLibraryRegistersItsOps) {
   auto lib = ext::load_library(kExample);
   ASSERT_EQ(lib->ops().size(), 2u);
+  EXPECT_EQ(lib->abi_minor(), static_cast<uint32_t>(KILN_EXT_ABI_MINOR));
   const ext::CustomOp* scale_add = lib->find("scale_add");
   ASSERT_NE(scale_add, nullptr);
+  EXPECT_EQ(scale_add->description(), "x * scale + y, elementwise (f32)");
   EXPECT_FALSE(scale_add->inplace());
   EXPECT_EQ(scale_add->num_outputs(), 1u);
   ASSERT_EQ(scale_add->params().size(), 1u);
@@ -126,11 +112,12 @@ TEST(Extension, OutputTypesKeepSymbolicDims) {
   EXPECT_EQ(graph::to_string(types[0]), "f32[batch, 4]");
 }
 
-TEST(Extension, RejectedOperandsCarryTheLibrarysMessage) {
+TEST(Extension, RejectedOperandsCarryTheLibrarysMessageAndCode) {
   const ext::CustomOp* op = ext::load_library(kExample)->find("scale_add");
-  expect_error<ExtensionError>(
+  // The example says KILN_EXT_ERROR_INVALID_ARGUMENT: the caller's mistake, a ValueError.
+  expect_error<ValueError>(
       [&] { op->output_types({TensorType{DType::f32, {4}}, TensorType{DType::i32, {4}}}, {{"param.scale", 2.0}}); },
-      {"'scale_add'", kExample, "operands must be f32", "i32[4]"});
+      {"'scale_add'", kExample, "KILN_EXT_ERROR_INVALID_ARGUMENT", "operands must be f32", "i32[4]"});
 }
 
 TEST(Extension, ParametersAreCheckedByName) {
@@ -153,11 +140,12 @@ TEST(Extension, KernelRunsOnDLTensorViews) {
   EXPECT_EQ(out.data, (std::vector<float>{1 * 0.5f + 10, 2 * 0.5f + 20, 3 * 0.5f + 30}));
 }
 
-TEST(Extension, KernelFailureIsAnErrorWithTheLibrarysMessage) {
+TEST(Extension, KernelFailureIsAnErrorWithTheLibrarysMessageAndCode) {
   const ext::CustomOp* op = ext::load_library(kTestOps)->find("checked_sqrt");
   FloatVec x({4, -4}), out({0, 0});
-  expect_error<ExtensionError>([&] { op->run(DeviceKind::CPU, {x.tensor()}, {out.tensor()}, {}); },
-                               {kTestOps, "element 1 is -4, expected >= 0"});
+  expect_error<ValueError>([&] { op->run(DeviceKind::CPU, {x.tensor()}, {out.tensor()}, {}); },
+                           {"custom op 'checked_sqrt' of " + kTestOps,
+                            "kernel failed with KILN_EXT_ERROR_INVALID_ARGUMENT: element 1 is -4, expected >= 0"});
 }
 
 // ---- graph-build-time check ------------------------------------------------------------------------
@@ -172,8 +160,10 @@ TEST(Extension, LoadedOpIsCheckedWhenTheGraphIsBuilt) {
   expect_error<ExtensionError>([&] { ops::custom("checked_sqrt", {x}, {TensorType{DType::f32, {3}}}); },
                                {"custom", "'checked_sqrt'", kTestOps, "declared output types (f32[3])",
                                 "gives (f32[n])"});
-  expect_error<ExtensionError>([&] { ops::custom("checked_sqrt", {x, x}, {TensorType{DType::f32, {"n"}}}); },
-                               {"'checked_sqrt'", kTestOps, "expected 1 operand, got 2"});
+  // The library rejects the operands with KILN_EXT_ERROR_INVALID_ARGUMENT, so the graph gets a ValueError.
+  expect_error<ValueError>([&] { ops::custom("checked_sqrt", {x, x}, {TensorType{DType::f32, {"n"}}}); },
+                           {"custom", "'checked_sqrt'", kTestOps, "KILN_EXT_ERROR_INVALID_ARGUMENT",
+                            "expected 1 operand, got 2"});
 }
 
 TEST(Extension, InplaceOpCalledAsCustomIsAnError) {

@@ -29,6 +29,7 @@ class CustomOp {
   };
 
   const std::string& name() const { return name_; }
+  const std::string& description() const { return description_; }  // "" when the library gives none
   const Library& library() const { return *library_; }
   const std::filesystem::path& library_path() const;
   bool inplace() const { return inplace_; }
@@ -38,8 +39,8 @@ class CustomOp {
 
   // The result types the library's output-type function gives for these operands and the
   // node's attributes (parameters are "param.<name>"). ExtensionError naming the library, the op
-  // and what was expected: a parameter missing, unknown or of the wrong kind, or the library's own
-  // message when it rejects the operands.
+  // and what was expected for a parameter missing, unknown or of the wrong kind; when the library
+  // rejects the operands, the exception its code maps to (see library_error) with its message.
   std::vector<graph::Type> output_types(const std::vector<graph::Type>& inputs,
                                         const graph::Attrs& attrs) const;
   // Checks a whole call as a graph makes it (`op` is custom or inplace_custom; for custom, attrs
@@ -48,7 +49,8 @@ class CustomOp {
   void check_call(graph::Op op, const std::vector<graph::Type>& inputs, const graph::Attrs& attrs,
                   const std::string& where) const;
   // Runs the kernel for `device` on DLTensor views (concrete shapes, strides in elements).
-  // ExtensionError with the library's message when the kernel reports failure.
+  // When the kernel reports failure: the exception its code maps to (see library_error), naming the
+  // library, the op and the code, with the library's message.
   void run(DeviceKind device, const std::vector<DLTensor>& inputs, const std::vector<DLTensor>& outputs,
            const graph::Attrs& attrs) const;
 
@@ -57,6 +59,7 @@ class CustomOp {
   friend struct Registration;
   const Library* library_ = nullptr;
   std::string name_;
+  std::string description_;
   bool inplace_ = false;
   size_t num_outputs_ = 0;
   std::vector<Param> params_;
@@ -72,6 +75,8 @@ class Library {
   const std::filesystem::path& path() const { return path_; }  // as the user gave it
   uint64_t content_hash() const { return content_hash_; }      // FNV-1a 64 of the file's bytes
   std::string content_hash_hex() const;                        // 16 hex digits
+  // The ABI minor the library declares (it may be older or newer than KILN_EXT_ABI_MINOR).
+  uint32_t abi_minor() const { return abi_minor_; }
   const std::vector<std::unique_ptr<CustomOp>>& ops() const { return ops_; }
   const CustomOp* find(const std::string& op) const;  // nullptr if it does not define `op`
 
@@ -80,10 +85,18 @@ class Library {
 
  private:
   friend struct Registration;
+  friend std::shared_ptr<const Library> load_library(const std::filesystem::path& path);
   std::filesystem::path path_;
   uint64_t content_hash_;
+  uint32_t abi_minor_ = 0;
   std::vector<std::unique_ptr<CustomOp>> ops_;
 };
+
+// "KILN_EXT_ERROR_INVALID_ARGUMENT", ..., or "unknown error code 42" for one this kiln does not know.
+std::string status_name(KilnExtStatus status);
+// The exception a library's failure `status` maps to (KilnExtErrorCode): ValueError for
+// KILN_EXT_ERROR_INVALID_ARGUMENT, ExtensionError for every other code, known or not.
+[[noreturn]] void throw_library_error(KilnExtStatus status, const std::string& message);
 
 // The DLPack dtype of a kiln dtype (kernels of extensions see DLTensor views).
 DLDataType dl_dtype(DType dtype);
@@ -95,7 +108,9 @@ uint64_t content_hash(const std::filesystem::path& path);
 // content. A changed file (new content hash) loads as new code: the file is copied to a fresh temp
 // path first, because dlopen returns the already-mapped library for a path (or inode) it has seen.
 // ExtensionError naming the path for a missing file, a missing kiln_extension_init, an ABI major
-// other than KILN_EXT_ABI_MAJOR, a failed init, a malformed op or an op registered twice.
+// other than KILN_EXT_ABI_MAJOR, a failed init, a malformed op (a struct_size too small for the
+// declared version names the struct and both sizes) or an op registered twice. Any minor of the
+// major loads: defs are read as the declared version, capped at this kiln's (see kiln/extension.h).
 // Loaded ops become known process-wide, so ops::custom checks a call as it is built when exactly
 // one loaded library defines the op.
 std::shared_ptr<const Library> load_library(const std::filesystem::path& path);
