@@ -27,7 +27,7 @@ namespace {
 constexpr std::string_view kMagic{"KILNART\0", 8};
 // 2: alias values and GraphPlan::aliases; 3: the rope op; 4: grouped_matmul, inserted among the fused
 // ops, which renumbers qmatmul and dequantize (plans store op codes).
-constexpr uint32_t kFormatVersion = 4;
+constexpr uint32_t kFormatVersion = 5;
 #define KILN_COUNT_OP(e, s) +1
 constexpr uint32_t kNumOps = 0 KILN_OPS(KILN_COUNT_OP);
 #undef KILN_COUNT_OP
@@ -113,6 +113,9 @@ void write_steps(Writer& w, const std::vector<Step>& steps) {
     write_attrs(w, step.attrs);
     w.pod(step.node);
     w.pod(step.extension);
+    // The kernel key's op is the step's own (select_kernels).
+    w.pod(static_cast<uint8_t>(step.kernel.device));
+    w.pod(static_cast<uint8_t>(step.kernel.dtype));
   }
 }
 
@@ -311,6 +314,11 @@ std::vector<Step> read_steps(Reader& r, size_t num_values) {
     step.attrs = read_attrs(r);
     step.node = r.pod<int32_t>("step node");
     step.extension = r.pod<int32_t>("step extension");
+    auto kind = r.pod<uint8_t>("step kernel device kind");
+    if (kind > static_cast<uint8_t>(DeviceKind::GPU)) r.fail(fmt::format("step kernel device kind {} is unknown", kind));
+    auto dtype = r.pod<uint8_t>("step kernel dtype");
+    if (dtype >= kNumDTypes) r.fail(fmt::format("step kernel dtype code {} is not a dtype", dtype));
+    step.kernel = {step.op, static_cast<DeviceKind>(kind), static_cast<DType>(dtype)};
   }
   return steps;
 }

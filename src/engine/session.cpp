@@ -5,9 +5,9 @@
 
 #include <fmt/format.h>
 
-#include "engine/device_team.h"
+#include "engine/cpu/device_team.h"
 #include "engine/executor.h"
-#include "engine/thread_pool.h"
+#include "engine/cpu/thread_pool.h"
 #include "kiln/engine/compile_cache.h"
 #include "kiln/engine/session.h"
 #include "kiln/errors.h"

@@ -52,7 +52,7 @@ class SerialParallel final : public Parallel {
 
 // Runs fn(0) .. fn(n - 1) at the same time, one thread each, and returns when all are done: the
 // participants of a collective wait for each other, so they cannot share threads. The engine keeps
-// one persistent thread per device for this (engine/device_team.h).
+// one persistent thread per device for this (engine/cpu/device_team.h).
 class DeviceTeam {
  public:
   virtual ~DeviceTeam() = default;

@@ -10,7 +10,7 @@
 
 #include "test_util.h"
 
-#include "engine/device_team.h"
+#include "engine/cpu/device_team.h"
 #include "kiln/tensor/device_memory.h"
 #include "kiln/engine/signals.h"
 #include "kiln/kiln.h"

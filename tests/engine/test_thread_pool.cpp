@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/thread_pool.h"
+#include "engine/cpu/thread_pool.h"
 
 namespace kiln::engine {
 namespace {

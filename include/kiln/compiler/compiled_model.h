@@ -12,7 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/compiler/kernel_catalog.h"
 #include "kiln/graph/graph.h"
+#include "kiln/graph/kernel_key.h"
 
 namespace kiln::ext {
 class ExtensionRegistry;  // kiln/ext/extensions.h
@@ -28,6 +30,7 @@ struct Step {
   graph::Attrs attrs;
   int32_t node = -1;  // index of the node in the compiled (post-pass) graph, for error messages
   int32_t extension = -1;  // custom ops: index into GraphPlan::extensions of the library defining it
+  graph::KernelKey kernel;  // the kernel that runs it, chosen by select_kernels
 };
 
 // A custom-kernel library a plan calls, by path and the content hash it was compiled against.
@@ -123,13 +126,19 @@ class CompiledModel {
 };
 
 struct CompileOptions {
-  bool optimize = true;  // run canonicalize, constant-fold, CSE, DCE; verify always runs
+  bool optimize = true;  // run canonicalize, constant-fold, CSE, DCE, fusion; verify always runs
   // The libraries custom ops resolve against (must outlive the compile call); nullptr: none.
   const ext::ExtensionRegistry* extensions = nullptr;
+  // The kernels the model will run with (InferenceSession::kernel_catalog(); must outlive the call):
+  // select_kernels checks every step has one, constant folding runs them, fusion and matmul grouping
+  // make only nodes they have. nullptr: none of that (no folding, fusion or grouping; the engine
+  // finds a missing kernel at init).
+  const KernelCatalog* kernels = nullptr;
 };
 
 // Verifies, optimizes and plans every graph in the module. VerifyError/ShapeError/DTypeError name
-// the graph, node and operand at fault; an (op, device, dtype) without a kernel is an Error naming it.
+// the graph, node and operand at fault; an (op, device, dtype) without a kernel in options.kernels
+// is an Error naming it.
 // Every custom op must be defined by a library of options.extensions, called the way it was
 // registered (in place or not), with the parameters it declares and the output types its
 // output-type function gives; else an ExtensionError naming the graph, node, op and loaded paths.

@@ -1,12 +1,11 @@
-// Constant folding: a pure node whose operands are all `constant`s, with static shapes on the CPU and
-// small results, is evaluated now with the CPU kernels and becomes constants. Nodes without operands
+// Constant folding: a pure node whose operands are all `constant`s, with static shapes and small
+// results, is evaluated now with the catalog's kernels and becomes constants. Nodes without operands
 // (range) are left alone: they are already cheap sources and their constants would only bloat the IR.
 #include <map>
 #include <optional>
 #include <span>
 
 #include "compiler/passes/rewrite.h"
-#include "kernels/cpu/kernels.h"
 #include "kiln/compiler/passes.h"
 
 namespace kiln::compiler::passes {
@@ -35,10 +34,10 @@ bool never_folded(Op op) {
   }
 }
 
-// A static CPU tensor type, or null.
+// A static tensor type, or null.
 const graph::TensorType* foldable_type(const graph::Type& t) {
   const auto* tensor = std::get_if<graph::TensorType>(&t);
-  if (!tensor || !tensor->shape.is_static() || tensor->device.kind != DeviceKind::CPU) return nullptr;
+  if (!tensor || !tensor->shape.is_static()) return nullptr;
   return tensor;
 }
 
@@ -53,13 +52,12 @@ graph::Node constant_node(graph::Bytes bytes, const graph::TensorType& type, Val
 // The folded results of node i, or nothing when it cannot be folded.
 // `extra` holds the values of constants inserted by this pass that are not (yet) in g.nodes.
 std::optional<std::vector<graph::Bytes>> evaluate(const graph::GraphIR& g, const GraphRewrite& rewrite,
+                                                  const KernelCatalog& kernels,
                                                   const std::map<ValueId, graph::Bytes>& extra,
                                                   const Node& n) {
   if (never_folded(n.op) || n.inputs.empty() || n.outputs.empty()) return std::nullopt;
   // Operands: copies of the constants' bytes, so the kernel gets mutable storage of its own.
   std::vector<graph::Bytes> input_storage;
-  std::vector<kernels::TensorView> inputs;
-  std::vector<DType> input_dtypes;
   for (ValueId v : n.inputs) {
     const graph::TensorType* type = foldable_type(g.type(v));
     if (!type) return std::nullopt;
@@ -72,10 +70,8 @@ std::optional<std::vector<graph::Bytes>> evaluate(const graph::GraphIR& g, const
       if (producer.op != Op::constant) return std::nullopt;
       input_storage.push_back(graph::get_attr<graph::Bytes>(producer.attrs, "value", Op::constant));
     }
-    input_dtypes.push_back(type->dtype);
   }
   std::vector<graph::Bytes> output_storage;
-  std::vector<DType> output_dtypes;
   size_t total_bytes = 0;
   for (ValueId v : n.outputs) {
     const graph::TensorType* type = foldable_type(g.type(v));
@@ -84,49 +80,31 @@ std::optional<std::vector<graph::Bytes>> evaluate(const graph::GraphIR& g, const
     total_bytes += bytes;
     if (total_bytes > kMaxFoldedBytes) return std::nullopt;
     output_storage.emplace_back(bytes);
-    output_dtypes.push_back(type->dtype);
   }
 
-  DType dtype = kernels::kernel_dtype(n.op, input_dtypes, output_dtypes);
-  kernels::KernelFn kernel = kernels::cpu_kernels().find(n.op, DeviceKind::CPU, dtype);
-  if (!kernel) return std::nullopt;
-
-  auto view = [&](graph::Bytes& storage, ValueId v) {
+  std::vector<graph::Type> input_types, output_types;
+  for (ValueId v : n.inputs) input_types.push_back(g.type(v));
+  for (ValueId v : n.outputs) output_types.push_back(g.type(v));
+  const graph::KernelKey key = graph::kernel_key(n.op, input_types, output_types);
+  auto array = [&](graph::Bytes& storage, ValueId v) {
     const auto& type = std::get<graph::TensorType>(g.type(v));
-    std::vector<int64_t> shape = type.shape.static_dims();
-    std::vector<int64_t> strides(shape.size());
-    int64_t stride = 1;
-    for (size_t k = shape.size(); k-- > 0;) {
-      strides[k] = stride;
-      stride *= shape[k];
-    }
-    return kernels::TensorView{storage.data(), type.dtype, std::move(shape), std::move(strides)};
+    return HostArray{storage.data(), type.dtype, type.shape.static_dims()};
   };
-  for (size_t k = 0; k < n.inputs.size(); ++k) inputs.push_back(view(input_storage[k], n.inputs[k]));
-  std::vector<kernels::TensorView> outputs;
-  for (size_t k = 0; k < n.outputs.size(); ++k)
-    outputs.push_back(view(output_storage[k], n.outputs[k]));
-
-  kernels::SerialParallel serial;
-  kernels::KernelContext context{&serial};
-  try {
-    kernel(context, n.attrs, std::span<const kernels::TensorView>(inputs),
-           std::span<const kernels::TensorView>(outputs));
-  } catch (const Error&) {
-    // Bad data (an index out of range, say) is reported when the model runs, with the node named.
-    return std::nullopt;
-  }
+  std::vector<HostArray> inputs, outputs;
+  for (size_t k = 0; k < n.inputs.size(); ++k) inputs.push_back(array(input_storage[k], n.inputs[k]));
+  for (size_t k = 0; k < n.outputs.size(); ++k) outputs.push_back(array(output_storage[k], n.outputs[k]));
+  if (!kernels.evaluate(key, n.attrs, inputs, outputs)) return std::nullopt;
   return output_storage;
 }
 
-void constant_fold_graph(graph::GraphIR& g, const graph::Module&) {
+void constant_fold_graph(graph::GraphIR& g, const KernelCatalog& kernels) {
   GraphRewrite rewrite(g);
   std::map<ValueId, graph::Bytes> inserted_values;
   // In program order, so a node folded here is a constant operand for the nodes after it.
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     rewrite.resolve_operands(i);
     Node& n = g.nodes[i];
-    auto results = evaluate(g, rewrite, inserted_values, n);
+    auto results = evaluate(g, rewrite, kernels, inserted_values, n);
     if (!results) continue;
     if (n.outputs.size() == 1) {
       n = constant_node(std::move((*results)[0]), std::get<graph::TensorType>(g.type(n.outputs[0])),
@@ -148,8 +126,8 @@ void constant_fold_graph(graph::GraphIR& g, const graph::Module&) {
 
 }  // namespace
 
-graph::Module constant_fold(graph::Module module) {
-  return for_each_graph(std::move(module), constant_fold_graph);
+graph::Module constant_fold(graph::Module module, const KernelCatalog& kernels) {
+  return for_each_graph(std::move(module), [&](graph::GraphIR& g, const graph::Module&) { constant_fold_graph(g, kernels); });
 }
 
 }  // namespace kiln::compiler::passes

@@ -26,22 +26,23 @@ using graph::Node;
 using graph::Op;
 using graph::ValueId;
 
-bool fusible_dtype(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::boolean; }
-
-bool fusible(const GraphIR& g, const Node& n) {
+// An elementwise node whose operands and result are tensors of dtypes the device's fused kernel
+// takes (the fused node's first operand may be any of them).
+bool fusible(const GraphIR& g, const KernelCatalog& kernels, const Node& n) {
   if (!graph::is_fusible_elementwise(n.op) || n.outputs.size() != 1) return false;
   const auto* result = std::get_if<graph::TensorType>(&g.type(n.outputs[0]));
-  if (!result || result->device.kind != DeviceKind::CPU || !fusible_dtype(result->dtype)) return false;
+  auto has_fused_kernel = [&](DType d) { return kernels.has_kernel({Op::fused_elementwise, result->device.kind, d}); };
+  if (!result || !has_fused_kernel(result->dtype)) return false;
   for (ValueId v : n.inputs) {
     const auto* t = std::get_if<graph::TensorType>(&g.type(v));
-    if (!t || !fusible_dtype(t->dtype)) return false;
+    if (!t || t->device != result->device || !has_fused_kernel(t->dtype)) return false;
   }
   return true;
 }
 
 class Fuser {
  public:
-  explicit Fuser(GraphIR& g) : g_(g), rewrite_(g), taken_(g.nodes.size(), false), consumers_(g.value_types.size()) {
+  Fuser(GraphIR& g, const KernelCatalog& kernels) : g_(g), kernels_(kernels), rewrite_(g), taken_(g.nodes.size(), false), consumers_(g.value_types.size()) {
     for (size_t i = 0; i < g.nodes.size(); ++i)
       for (ValueId v : g.nodes[i].inputs) consumers_[static_cast<size_t>(v)].push_back(static_cast<int64_t>(i));
     for (ValueId v : g.outputs) consumers_[static_cast<size_t>(v)].push_back(-1);  // the graph's return
@@ -49,7 +50,7 @@ class Fuser {
 
   void run() {
     for (size_t i = g_.nodes.size(); i-- > 0;) {
-      if (taken_[i] || !fusible(g_, g_.nodes[i])) continue;
+      if (taken_[i] || !fusible(g_, kernels_, g_.nodes[i])) continue;
       std::set<int64_t> group = grow(i);
       if (group.size() < 2) continue;
       for (int64_t member : group) taken_[static_cast<size_t>(member)] = true;
@@ -72,7 +73,7 @@ class Fuser {
           const int64_t p = rewrite_.producer(v);
           if (p < 0 || group.count(p) || taken_[static_cast<size_t>(p)]) continue;
           const Node& producer = g_.nodes[static_cast<size_t>(p)];
-          if (!fusible(g_, producer) || !(std::get<graph::TensorType>(g_.type(v)).shape == shape)) continue;
+          if (!fusible(g_, kernels_, producer) || !(std::get<graph::TensorType>(g_.type(v)).shape == shape)) continue;
           const auto& users = consumers_[static_cast<size_t>(v)];
           if (!std::all_of(users.begin(), users.end(), [&](int64_t u) { return group.count(u) > 0; })) continue;
           group.insert(p);
@@ -122,6 +123,7 @@ class Fuser {
   }
 
   GraphIR& g_;
+  const KernelCatalog& kernels_;
   GraphRewrite rewrite_;
   std::vector<bool> taken_;                     // by node: already part of a group
   std::vector<std::vector<int64_t>> consumers_;  // by value: consuming nodes, -1 for the graph's return
@@ -129,8 +131,8 @@ class Fuser {
 
 }  // namespace
 
-graph::Module fuse_elementwise(graph::Module module) {
-  return for_each_graph(std::move(module), [](GraphIR& g, const graph::Module&) { Fuser(g).run(); });
+graph::Module fuse_elementwise(graph::Module module, const KernelCatalog& kernels) {
+  return for_each_graph(std::move(module), [&](GraphIR& g, const graph::Module&) { Fuser(g, kernels).run(); });
 }
 
 }  // namespace kiln::compiler::passes

@@ -30,7 +30,7 @@ using graph::ValueId;
 const graph::TensorType* tensor_type(const GraphIR& g, ValueId v) { return std::get_if<graph::TensorType>(&g.type(v)); }
 
 // Whether node `n` may join a group, given the producer index of each value.
-bool groupable(const GraphIR& g, const GraphRewrite& rewrite, const Node& n) {
+bool groupable(const GraphIR& g, const GraphRewrite& rewrite, const KernelCatalog& kernels, const Node& n) {
   if ((n.op != Op::matmul && n.op != Op::qmatmul) || n.inputs.size() != 2 || n.outputs.size() != 1) return false;
   for (const auto& [key, value] : n.attrs)
     if (key != "transpose_b" && key != "encoding") return false;  // an attribute the grouped op does not carry
@@ -39,8 +39,8 @@ bool groupable(const GraphIR& g, const GraphRewrite& rewrite, const Node& n) {
   const auto* lhs = tensor_type(g, n.inputs[0]);
   const auto* rhs = tensor_type(g, n.inputs[1]);
   const auto* result = tensor_type(g, n.outputs[0]);
-  return lhs && rhs && result && rhs->rank() == 2 && lhs->device.kind == DeviceKind::CPU &&
-         result->device.kind == DeviceKind::CPU;
+  return lhs && rhs && result && rhs->rank() == 2 && lhs->device.kind == result->device.kind &&
+         kernels.has_kernel({Op::grouped_matmul, result->device.kind, lhs->dtype});
 }
 
 struct Group {
@@ -48,13 +48,13 @@ struct Group {
   std::vector<size_t> members;  // node indices, in program order
 };
 
-void group_graph(GraphIR& g) {
+void group_graph(GraphIR& g, const KernelCatalog& kernels) {
   GraphRewrite rewrite(g);
   // (op, lhs, rhs dtype, result dtype) -> groups, told apart by their attributes.
   std::map<std::tuple<Op, ValueId, DType, DType>, std::vector<Group>> candidates;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    if (!groupable(g, rewrite, n)) continue;
+    if (!groupable(g, rewrite, kernels, n)) continue;
     auto& groups = candidates[{n.op, n.inputs[0], graph::dtype_of(g.type(n.inputs[1])),
                                graph::dtype_of(g.type(n.outputs[0]))}];
     auto same_attrs = std::find_if(groups.begin(), groups.end(), [&](const Group& c) { return c.attrs == n.attrs; });
@@ -94,8 +94,8 @@ void group_graph(GraphIR& g) {
 
 }  // namespace
 
-graph::Module group_matmuls(graph::Module module) {
-  return for_each_graph(std::move(module), [](GraphIR& g, const graph::Module&) { group_graph(g); });
+graph::Module group_matmuls(graph::Module module, const KernelCatalog& kernels) {
+  return for_each_graph(std::move(module), [&](GraphIR& g, const graph::Module&) { group_graph(g, kernels); });
 }
 
 }  // namespace kiln::compiler::passes

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "kernels/cpu/kernels.h"
+#include "kernels/kernel.h"
 
 namespace kiln::engine {
 

@@ -1,6 +1,6 @@
 // Inlining of `call` nodes: the compiler plans one flat list of kernel launches per graph, so every
 // call is replaced by a copy of its callee's nodes (recursively), with fresh value ids.
-#include "compiler/inline_calls.h"
+#include "kiln/compiler/passes.h"
 
 #include <algorithm>
 #include <string>
@@ -10,7 +10,7 @@
 
 #include "kiln/errors.h"
 
-namespace kiln::compiler {
+namespace kiln::compiler::passes {
 
 namespace {
 
@@ -128,4 +128,4 @@ graph::Module inline_calls(const graph::Module& module) {
   return result;
 }
 
-}  // namespace kiln::compiler
+}  // namespace kiln::compiler::passes

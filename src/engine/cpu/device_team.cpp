@@ -1,4 +1,4 @@
-#include "engine/device_team.h"
+#include "engine/cpu/device_team.h"
 #include "kernels/cpu/spin.h"
 
 #include <chrono>
