@@ -9,11 +9,11 @@
 
 #include "bench.h"
 #include "bench_internal.h"
-#include "kernels/cpu/gemm.h"
 #include "kiln/engine/session.h"
 #include "kiln/errors.h"
 #include "kiln/graph/graph.h"
 #include "kiln/graph/ops.h"
+#include "kiln/kernels/cpu_probes.h"
 
 #ifdef KILN_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -180,7 +180,7 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
   r.onednn_gflops = flop / onednn_gemm_seconds(o, a, w, a_values, w_values) * 1e-9;
   r.peak_gflops = std::max(r.peak_gflops, measure_peak_gflops(o.threads, 200, o.dtype));
 #endif
-  if (o.dtype == DType::bf16 && kernels::gemm::isa_supported(kernels::gemm::Isa::avx512_bf16))
+  if (o.dtype == DType::bf16 && kernels::bf16_dot_supported())
     r.bf16_dot_peak_gflops = measure_bf16_dot_peak_gflops(o.threads);
   return r;
 }

@@ -11,9 +11,8 @@
 
 #include "bench.h"
 #include "bench_internal.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/gemm_amx.h"
 #include "kiln/errors.h"
+#include "kiln/kernels/cpu_probes.h"
 
 namespace kiln::bench {
 
@@ -99,7 +98,7 @@ double measure_peak(int threads, int passes, PeakUnit unit) {
       // About 1 ms a pass on the tiles and FMAs (a round of 4 tile products takes ~64 cycles).
       double flop = 0;
       switch (unit) {
-        case PeakUnit::amx_tiles: flop = kernels::amx::run_tile_chains(kPeakIterations / 16); break;
+        case PeakUnit::amx_tiles: flop = kernels::run_amx_tile_chains(kPeakIterations / 16); break;
         case PeakUnit::bf16_dot:
           sink.store(dpbf16_chains_avx512(kPeakIterations), std::memory_order_relaxed);
           flop = 4.0 * 16 * kChains * static_cast<double>(kPeakIterations);
@@ -123,14 +122,14 @@ double measure_peak(int threads, int passes, PeakUnit unit) {
 }  // namespace
 
 double measure_peak_gflops(int threads, int passes, DType dtype) {
-  if (dtype == DType::bf16 && kernels::amx::available()) return measure_peak(threads, passes, PeakUnit::amx_tiles);
-  if (dtype == DType::bf16 && kernels::gemm::best_isa() == kernels::gemm::Isa::avx512_bf16)
+  if (dtype == DType::bf16 && kernels::amx_available()) return measure_peak(threads, passes, PeakUnit::amx_tiles);
+  if (dtype == DType::bf16 && kernels::gemm_uses_bf16_dot())
     return measure_peak(threads, passes, PeakUnit::bf16_dot);
   return measure_peak(threads, passes, PeakUnit::fma);
 }
 
 double measure_bf16_dot_peak_gflops(int threads, int passes) {
-  if (!kernels::gemm::isa_supported(kernels::gemm::Isa::avx512_bf16))
+  if (!kernels::bf16_dot_supported())
     throw ValueError("peak: this CPU has no AVX512_BF16 (vdpbf16ps)");
   return measure_peak(threads, passes, PeakUnit::bf16_dot);
 }
