@@ -7,6 +7,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "graph/hash.h"
 #include "kiln/pipelines/text_generation.h"
 
 namespace kiln::pipelines {
@@ -18,12 +19,6 @@ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
-}
-
-uint64_t hash_name(std::string_view name) {  // FNV-1a
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
-  return h;
 }
 
 // Runs fn(begin, end) over [0, n) split across the machine's cores; small ranges stay on this thread.
@@ -84,7 +79,7 @@ WeightsRegistry random_weights(const nn::LlamaConfig& config, uint64_t seed, DTy
   for (const auto& [name, decl] : model.raw_state_dict()) {
     Tensor t = Tensor::empty(dtype, decl.shape.static_dims());
     const bool is_norm = name.ends_with("norm.weight");
-    const uint64_t key = mix64(seed ^ hash_name(name));
+    const uint64_t key = mix64(seed ^ fnv1a64(name));
     visit_dtype(dtype, [&]<class T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>) {
         T* data = static_cast<T*>(t.data());
