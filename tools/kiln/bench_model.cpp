@@ -86,7 +86,9 @@ void check_model_options(const ModelBenchOptions& o) {
 
 // The dtype random weights are drawn in: the format's own (no conversion at load), f32 for q8_0
 // (quantized at load, as a user's checkpoint would be).
-DType random_weight_dtype(WeightFormat format) { return nn::weight_format_dtype(format).value_or(DType::f32); }
+DType random_weight_dtype(WeightFormat format) {
+  return nn::weight_format_dtype(format).value_or(DType::f32);
+}
 
 }  // namespace
 
@@ -130,7 +132,8 @@ std::vector<DecodeProfileEntry> profile_decode(pipelines::TextGenerationPipeline
     }
     for (const auto& [op, totals] : by_op)
       entries.push_back({name, op, static_cast<double>(totals.first) / steps, totals.second / steps, 0});
-    entries.push_back({name, "(run)", static_cast<double>(p.runs) / steps, (p.seconds - in_kernels) / steps, 0});
+    entries.push_back(
+        {name, "(run)", static_cast<double>(p.runs) / steps, (p.seconds - in_kernels) / steps, 0});
     in_graphs += p.seconds;
   }
   entries.push_back({"", "(pipeline)", 0, (decode_seconds - in_graphs) / steps, 0});

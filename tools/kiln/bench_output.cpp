@@ -7,19 +7,19 @@ namespace kiln::bench {
 
 nlohmann::json to_json(const ModelBenchResult& r) {
   nlohmann::json json = {{"kind", "model"},
-          {"model", r.model},
-          {"dtype", nn::weight_format_name(r.format)},
-          {"threads", r.threads},
-          {"params", r.parameters},
-          {"weight_bytes_per_token", r.weight_bytes_per_token},
-          {"prompt_tokens", r.prompt_tokens},
-          {"gen_tokens", r.gen_tokens},
-          {"repetitions", r.repetitions},
-          {"prefill_tokens_per_s", r.prefill_tokens_per_s},
-          {"decode_tokens_per_s", r.decode_tokens_per_s},
-          {"read_gb_per_s", r.read_bytes_per_s * 1e-9},
-          {"roofline_tokens_per_s", r.roofline_tokens_per_s},
-          {"roofline_fraction", r.roofline_fraction}};
+                         {"model", r.model},
+                         {"dtype", nn::weight_format_name(r.format)},
+                         {"threads", r.threads},
+                         {"params", r.parameters},
+                         {"weight_bytes_per_token", r.weight_bytes_per_token},
+                         {"prompt_tokens", r.prompt_tokens},
+                         {"gen_tokens", r.gen_tokens},
+                         {"repetitions", r.repetitions},
+                         {"prefill_tokens_per_s", r.prefill_tokens_per_s},
+                         {"decode_tokens_per_s", r.decode_tokens_per_s},
+                         {"read_gb_per_s", r.read_bytes_per_s * 1e-9},
+                         {"roofline_tokens_per_s", r.roofline_tokens_per_s},
+                         {"roofline_fraction", r.roofline_fraction}};
   if (!r.decode_profile.empty()) {
     nlohmann::json profile = nlohmann::json::array();
     for (const DecodeProfileEntry& e : r.decode_profile)
@@ -34,24 +34,25 @@ nlohmann::json to_json(const ModelBenchResult& r) {
 }
 
 nlohmann::json to_json(const GemmBenchResult& r) {
-  return {{"kind", "gemm"},
-          {"m", r.m},
-          {"n", r.n},
-          {"k", r.k},
-          {"dtype", dtype_name(r.dtype)},
-          {"threads", r.threads},
-          {"repetitions", r.repetitions},
-          {"seconds", r.seconds},
-          {"gflops", r.gflops},
-          {"onednn_gflops", r.onednn_gflops ? nlohmann::json(*r.onednn_gflops) : nlohmann::json(nullptr)},
-          {"peak_gflops", r.peak_gflops},
-          {"peak_fraction", r.gflops / r.peak_gflops},
-          {"onednn_peak_fraction",
-           r.onednn_gflops ? nlohmann::json(*r.onednn_gflops / r.peak_gflops) : nlohmann::json(nullptr)},
-          {"bf16_dot_peak_gflops",
-           r.bf16_dot_peak_gflops ? nlohmann::json(*r.bf16_dot_peak_gflops) : nlohmann::json(nullptr)},
-          {"bf16_dot_peak_fraction", r.bf16_dot_peak_gflops ? nlohmann::json(r.gflops / *r.bf16_dot_peak_gflops)
-                                                            : nlohmann::json(nullptr)}};
+  return {
+      {"kind", "gemm"},
+      {"m", r.m},
+      {"n", r.n},
+      {"k", r.k},
+      {"dtype", dtype_name(r.dtype)},
+      {"threads", r.threads},
+      {"repetitions", r.repetitions},
+      {"seconds", r.seconds},
+      {"gflops", r.gflops},
+      {"onednn_gflops", r.onednn_gflops ? nlohmann::json(*r.onednn_gflops) : nlohmann::json(nullptr)},
+      {"peak_gflops", r.peak_gflops},
+      {"peak_fraction", r.gflops / r.peak_gflops},
+      {"onednn_peak_fraction",
+       r.onednn_gflops ? nlohmann::json(*r.onednn_gflops / r.peak_gflops) : nlohmann::json(nullptr)},
+      {"bf16_dot_peak_gflops",
+       r.bf16_dot_peak_gflops ? nlohmann::json(*r.bf16_dot_peak_gflops) : nlohmann::json(nullptr)},
+      {"bf16_dot_peak_fraction", r.bf16_dot_peak_gflops ? nlohmann::json(r.gflops / *r.bf16_dot_peak_gflops)
+                                                        : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json to_json(const BandwidthResult& r) {
@@ -92,9 +93,9 @@ std::string profile_table(const ModelBenchResult& r) {
 }
 
 std::string gemm_table_header() {
-  return fmt::format("{:<22} {:<5} {:>7} {:>13} {:>15} {:>12} {:>12} {:>10} {:>12} {:>14} {:>9}", "gemm M x N x K",
-                     "dtype", "threads", "kiln GFLOP/s", "oneDNN GFLOP/s", "kiln/oneDNN", "peak GFLOP/s", "kiln/peak",
-                     "oneDNN/peak", "bf16 dot peak", "kiln/dot");
+  return fmt::format("{:<22} {:<5} {:>7} {:>13} {:>15} {:>12} {:>12} {:>10} {:>12} {:>14} {:>9}",
+                     "gemm M x N x K", "dtype", "threads", "kiln GFLOP/s", "oneDNN GFLOP/s", "kiln/oneDNN",
+                     "peak GFLOP/s", "kiln/peak", "oneDNN/peak", "bf16 dot peak", "kiln/dot");
 }
 
 std::string table_row(const GemmBenchResult& r) {
@@ -106,8 +107,9 @@ std::string table_row(const GemmBenchResult& r) {
   const std::string dot_fraction =
       r.bf16_dot_peak_gflops ? fmt::format("{:.1f}%", 100.0 * r.gflops / *r.bf16_dot_peak_gflops) : "-";
   return fmt::format("{:<22} {:<5} {:>7} {:>13.1f} {:>15} {:>12} {:>12.1f} {:>9.1f}% {:>12} {:>14} {:>9}",
-                     fmt::format("{} x {} x {}", r.m, r.n, r.k), dtype_name(r.dtype), r.threads, r.gflops, onednn,
-                     ratio, r.peak_gflops, 100.0 * r.gflops / r.peak_gflops, onednn_peak, dot_peak, dot_fraction);
+                     fmt::format("{} x {} x {}", r.m, r.n, r.k), dtype_name(r.dtype), r.threads, r.gflops,
+                     onednn, ratio, r.peak_gflops, 100.0 * r.gflops / r.peak_gflops, onednn_peak, dot_peak,
+                     dot_fraction);
 }
 
 std::string bandwidth_table_header() {

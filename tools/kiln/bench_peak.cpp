@@ -70,9 +70,10 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_chains_avx512(int64_t
 
 // Runs the widest kernel; returns the flops it did per iteration count.
 double run_fma_chains(int64_t iterations, std::atomic<float>& sink) {
-  static const auto kernel = __builtin_cpu_supports("avx512f")                                   ? fma_chains_avx512
-                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? fma_chains_avx2
-                                                                                               : fma_chains_sse;
+  static const auto kernel = __builtin_cpu_supports("avx512f") ? fma_chains_avx512
+                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                                 ? fma_chains_avx2
+                                 : fma_chains_sse;
   static const int lanes = kernel == fma_chains_avx512 ? 16 : kernel == fma_chains_avx2 ? 8 : 4;
   sink.store(kernel(iterations), std::memory_order_relaxed);
   return 2.0 * lanes * kChains * static_cast<double>(iterations);
@@ -98,12 +99,16 @@ double measure_peak(int threads, int passes, PeakUnit unit) {
       // About 1 ms a pass on the tiles and FMAs (a round of 4 tile products takes ~64 cycles).
       double flop = 0;
       switch (unit) {
-        case PeakUnit::amx_tiles: flop = kernels::run_amx_tile_chains(kPeakIterations / 16); break;
+        case PeakUnit::amx_tiles:
+          flop = kernels::run_amx_tile_chains(kPeakIterations / 16);
+          break;
         case PeakUnit::bf16_dot:
           sink.store(dpbf16_chains_avx512(kPeakIterations), std::memory_order_relaxed);
           flop = 4.0 * 16 * kChains * static_cast<double>(kPeakIterations);
           break;
-        case PeakUnit::fma: flop = run_fma_chains(kPeakIterations, sink); break;
+        case PeakUnit::fma:
+          flop = run_fma_chains(kPeakIterations, sink);
+          break;
       }
       sync.arrive_and_wait();  // the pass ends when the slowest thread is done
       if (t == 0) {
@@ -122,15 +127,15 @@ double measure_peak(int threads, int passes, PeakUnit unit) {
 }  // namespace
 
 double measure_peak_gflops(int threads, int passes, DType dtype) {
-  if (dtype == DType::bf16 && kernels::amx_available()) return measure_peak(threads, passes, PeakUnit::amx_tiles);
+  if (dtype == DType::bf16 && kernels::amx_available())
+    return measure_peak(threads, passes, PeakUnit::amx_tiles);
   if (dtype == DType::bf16 && kernels::gemm_uses_bf16_dot())
     return measure_peak(threads, passes, PeakUnit::bf16_dot);
   return measure_peak(threads, passes, PeakUnit::fma);
 }
 
 double measure_bf16_dot_peak_gflops(int threads, int passes) {
-  if (!kernels::bf16_dot_supported())
-    throw ValueError("peak: this CPU has no AVX512_BF16 (vdpbf16ps)");
+  if (!kernels::bf16_dot_supported()) throw ValueError("peak: this CPU has no AVX512_BF16 (vdpbf16ps)");
   return measure_peak(threads, passes, PeakUnit::bf16_dot);
 }
 
