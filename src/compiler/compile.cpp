@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "compiler/passes/plan_passes.h"
+#include "graph/hash.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/compiler/passes.h"
 #include "kiln/errors.h"
@@ -191,25 +192,12 @@ std::vector<ExtensionRef> CompiledModel::extensions() const {
   return refs;
 }
 
-namespace {
-
-void fnv1a(uint64_t& hash, std::string_view bytes) {
-  for (unsigned char c : bytes) {
-    hash ^= c;
-    hash *= 0x100000001b3ull;
-  }
-  hash ^= 0xff;  // a field separator, so ("ab", "c") and ("a", "bc") differ
-  hash *= 0x100000001b3ull;
-}
-
-}  // namespace
-
 std::string cache_key(const graph::Module& module, const CompileOptions& options) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  fnv1a(hash, graph::print(module));
-  fnv1a(hash, KILN_VERSION);
-  fnv1a(hash, options.optimize ? "optimize" : "no-optimize");
-  fnv1a(hash, options.kernels ? options.kernels->fingerprint() : "no-kernels");
+  Fnv1a64 hash;
+  hash.field(graph::print(module));
+  hash.field(KILN_VERSION);
+  hash.field(options.optimize ? "optimize" : "no-optimize");
+  hash.field(options.kernels ? options.kernels->fingerprint() : "no-kernels");
   // Only the libraries this module calls: loading an extension must not invalidate other graphs.
   std::set<std::string> symbols;
   for (const auto& g : module.graphs())
@@ -218,10 +206,10 @@ std::string cache_key(const graph::Module& module, const CompileOptions& options
         symbols.insert(graph::get_attr<std::string>(node.attrs, "symbol", node.op));
   for (const std::string& symbol : symbols) {
     const ext::CustomOp* op = options.extensions ? options.extensions->find(symbol) : nullptr;
-    fnv1a(hash, symbol);
-    fnv1a(hash, op ? op->library().content_hash_hex() : "undefined");
+    hash.field(symbol);
+    hash.field(op ? op->library().content_hash_hex() : "undefined");
   }
-  return fmt::format("{:016x}", hash);
+  return fmt::format("{:016x}", hash.value);
 }
 
 }  // namespace kiln::compiler

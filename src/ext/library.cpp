@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "graph/hash.h"
 #include "kiln/errors.h"
 #include "kiln/ext/extensions.h"
 #include "kiln/graph/custom_op_check.h"
@@ -50,15 +51,6 @@ std::string key_path(const fs::path& path) {
   std::error_code ec;
   fs::path canonical = fs::weakly_canonical(path, ec);
   return ec ? path.string() : canonical.string();
-}
-
-uint64_t fnv1a(const std::string& bytes) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    hash ^= c;
-    hash *= 0x100000001b3ull;
-  }
-  return hash;
 }
 
 std::string read_file(const fs::path& path) {
@@ -251,7 +243,7 @@ struct Registration {
   }
 };
 
-uint64_t content_hash(const fs::path& path) { return fnv1a(read_file(path)); }
+uint64_t content_hash(const fs::path& path) { return fnv1a64(read_file(path)); }
 
 std::string Library::content_hash_hex() const { return fmt::format("{:016x}", content_hash_); }
 
@@ -292,7 +284,7 @@ void* open_private_copy(const fs::path& path, const std::string& bytes, uint64_t
 
 std::shared_ptr<const Library> load_library(const fs::path& path) {
   const std::string bytes = read_file(path);
-  const uint64_t hash = fnv1a(bytes);
+  const uint64_t hash = fnv1a64(bytes);
   LoadedLibraries& state = loaded();
   std::lock_guard lock(state.mutex);
   const auto key = std::make_pair(key_path(path), hash);

@@ -1,0 +1,160 @@
+// The `kiln bench` command: its options, and the runs they select, each result printed as it comes.
+// What a figure is set beside (bandwidth, peak) is measured in the same run: shared machines drift.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "bench.h"
+#include "bench_internal.h"
+#include "kiln/errors.h"
+#include "kiln/pipelines/text_generation.h"
+
+namespace kiln::bench {
+
+namespace {
+
+int resolve_threads(int threads) {
+  if (threads < 0) throw ValueError(fmt::format("kiln bench: --threads must be >= 0, got {}", threads));
+  return threads == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : threads;
+}
+
+// The 1-minute load average, so a reader can tell a busy machine's figures apart; -1 if unknown.
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  in >> load;
+  return in ? load : -1;
+}
+
+void print_preamble(bool json) {
+  if (json) return;
+  std::cout << fmt::format("{}; {} hardware threads; load average {:.2f}\n", onednn_description(),
+                           std::thread::hardware_concurrency(), load_average());
+}
+
+}  // namespace
+
+BenchCommand::BenchCommand(CLI::App& app) {
+  bench_ =
+      app.add_subcommand("bench", "Benchmark models (tokens/s vs the bandwidth roofline), GEMM, bandwidth");
+  bench_
+      ->add_option("--model", models_,
+                   fmt::format("model directory or random-weight shape ({}); comma-separated for several",
+                               join(pipelines::named_config_names())))
+      ->delimiter(',');
+  bench_->add_option("--dtype", dtypes_, "weight dtype: f32, f16, bf16, q8_0; comma-separated for several")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench_->add_option("--prompt-tokens", prompt_tokens_, "prompt length (prefill)")->capture_default_str();
+  bench_->add_option("--gen-tokens", gen_tokens_, "decode steps timed")->capture_default_str();
+  bench_->add_option("--repetitions", repetitions_, "timed runs; the best is reported")
+      ->capture_default_str();
+  bench_->add_option("--seed", seed_, "seed of the random weights and the prompt")->capture_default_str();
+  bench_->add_flag("--profile", profile_,
+                   "after the timed runs, profile one more generation's decode: each op's time per token");
+
+  gemm_ = bench_->add_subcommand("gemm", "GFLOP/s of C = A[M, K] @ W[N, K]^T: kiln beside oneDNN");
+  gemm_->add_option("--m", m_, "rows of A and C")->capture_default_str();
+  gemm_->add_option("--n", n_, "rows of W, columns of C")->capture_default_str();
+  gemm_->add_option("--k", k_, "the inner dimension")->capture_default_str();
+  gemm_->add_option("--dtype", dtypes_, "f32 or bf16")->delimiter(',')->capture_default_str();
+  gemm_->add_option("--min-seconds", min_seconds_, "time spent per side (best run reported)")
+      ->capture_default_str();
+
+  bandwidth_ =
+      bench_->add_subcommand("bandwidth", "Streaming read bandwidth (4 interleaved streams per thread)");
+  bandwidth_->add_option("--buffer-mib", buffer_mib_, "buffer size in MiB")->capture_default_str();
+  bandwidth_->add_option("--passes", passes_, "timed passes; the best is reported")->capture_default_str();
+
+  for (CLI::App* cmd : {bench_, gemm_, bandwidth_}) {
+    cmd->add_option("--threads", threads_, "thread counts, comma-separated (0: one per core)")
+        ->delimiter(',')
+        ->capture_default_str();
+    cmd->add_flag("--json", json_, "one JSON object per result, one per line");
+  }
+}
+
+bool BenchCommand::selected() const { return bench_->parsed(); }
+
+int BenchCommand::run() const {
+  std::vector<int> threads;
+  for (int t : threads_) threads.push_back(resolve_threads(t));
+  auto emit = [&](const nlohmann::json& json, const std::string& row) {
+    std::cout << (json_ ? json.dump() : row) << std::endl;
+  };
+
+  if (bandwidth_->parsed() || gemm_->parsed()) {
+    if (!models_.empty())
+      throw ValueError(
+          fmt::format("kiln bench {}: --model is for the model benchmark (kiln bench --model ...)",
+                      gemm_->parsed() ? "gemm" : "bandwidth"));
+  }
+  if (bandwidth_->parsed()) {
+    if (buffer_mib_ < 1)
+      throw ValueError(fmt::format("kiln bench bandwidth: --buffer-mib must be >= 1, got {}", buffer_mib_));
+    print_preamble(json_);
+    if (!json_) std::cout << bandwidth_table_header() << "\n";
+    for (int t : threads) {
+      BandwidthResult r = measure_read_bandwidth(t, buffer_mib_ << 20, passes_);
+      emit(to_json(r), table_row(r));
+    }
+    return 0;
+  }
+  if (gemm_->parsed()) {
+    std::vector<DType> dtypes;
+    for (const auto& name : dtypes_) {
+      if (name != "f32" && name != "bf16")
+        throw ValueError(fmt::format("kiln bench gemm: unknown dtype '{}' (choose f32 or bf16)", name));
+      dtypes.push_back(parse_dtype(name));
+    }
+    print_preamble(json_);
+    if (!json_) std::cout << gemm_table_header() << "\n";
+    for (DType dtype : dtypes)
+      for (int t : threads) {
+        GemmBenchResult r = bench_gemm(
+            {.m = m_, .n = n_, .k = k_, .dtype = dtype, .threads = t, .min_seconds = min_seconds_});
+        emit(to_json(r), table_row(r));
+      }
+    return 0;
+  }
+
+  if (models_.empty())
+    throw ValueError(
+        fmt::format("kiln bench: give --model ({} or a model directory), or `kiln bench gemm` / "
+                    "`kiln bench bandwidth`",
+                    join(pipelines::named_config_names())));
+  // Every name checked before the first (slow) run.
+  std::vector<WeightFormat> formats;
+  for (const auto& name : dtypes_) formats.push_back(nn::parse_weight_format(name));
+  for (const auto& model : models_) resolve_model_config(model);
+  print_preamble(json_);
+  if (!json_) std::cout << model_table_header(prompt_tokens_, gen_tokens_) << "\n";
+  for (const auto& model : models_)
+    for (WeightFormat format : formats)
+      for (int t : threads) {
+        // Bandwidth just before and just after the model, with its thread count: the roofline of
+        // this very run. The better of the two counts, so a dip in the machine's bandwidth while it
+        // was measured cannot flatter the decode's fraction of it.
+        const BandwidthResult before = measure_read_bandwidth(t);
+        ModelBenchResult r = bench_model({.model = model,
+                                          .format = format,
+                                          .threads = t,
+                                          .prompt_tokens = prompt_tokens_,
+                                          .gen_tokens = gen_tokens_,
+                                          .repetitions = repetitions_,
+                                          .seed = seed_,
+                                          .profile = profile_},
+                                         before);
+        const BandwidthResult after = measure_read_bandwidth(t);
+        if (after.read_bytes_per_s > r.read_bytes_per_s) set_bandwidth(r, after.read_bytes_per_s);
+        emit(to_json(r), table_row(r));
+        if (!json_ && !r.decode_profile.empty()) std::cout << profile_table(r) << std::flush;
+      }
+  return 0;
+}
+
+}  // namespace kiln::bench

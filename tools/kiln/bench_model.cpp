@@ -1,0 +1,195 @@
+// `kiln bench --model`: prefill and decode tokens/s of a TextGenerationPipeline (random weights of a
+// named shape, or a model directory), and the bytes of weights a decode step reads, for its roofline.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "bench.h"
+#include "bench_internal.h"
+#include "kiln/errors.h"
+#include "kiln/pipelines/hf_config.h"
+#include "kiln/pipelines/text_generation.h"
+
+namespace kiln::bench {
+
+// ==== weight formats and the bytes a decode step reads ================================================
+
+double bytes_per_weight(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::f32:
+      return 4.0;
+    case WeightFormat::f16:
+    case WeightFormat::bf16:
+      return 2.0;
+    case WeightFormat::q8_0:
+      return 34.0 / 32.0;  // 32 int8 + one f16 scale
+  }
+  return 0;
+}
+
+int64_t parameter_count(const nn::LlamaConfig& config) {
+  int64_t total = 0;
+  for (const auto& [name, decl] : nn::Transformer(config, 1).raw_state_dict())
+    total += *decl.shape.static_num_elements();
+  return total;
+}
+
+double decode_weight_bytes(const nn::LlamaConfig& config, WeightFormat format) {
+  const double matrix_bytes = bytes_per_weight(format);
+  double total = 0;
+  for (const auto& [name, decl] : nn::Transformer(config, 1).raw_state_dict()) {
+    const auto numel = static_cast<double>(*decl.shape.static_num_elements());
+    if (name.ends_with("norm.weight")) {
+      total += 4.0 * numel;
+    } else if (name == "model.embed_tokens.weight") {
+      const auto hidden = static_cast<double>(config.hidden_size);
+      total += matrix_bytes * hidden;                                 // the new token's row
+      if (config.tie_word_embeddings) total += matrix_bytes * numel;  // read whole as the lm_head
+    } else {
+      total += matrix_bytes * numel;
+    }
+  }
+  return total;
+}
+
+double roofline_tokens_per_s(double weight_bytes_per_token, double read_bytes_per_s) {
+  if (!(weight_bytes_per_token > 0))
+    throw ValueError(
+        fmt::format("roofline: weight bytes per token must be > 0, got {}", weight_bytes_per_token));
+  return read_bytes_per_s / weight_bytes_per_token;
+}
+
+// ==== model benchmark ======================================================================================
+
+nn::LlamaConfig resolve_model_config(const std::string& model) {
+  if (auto named = pipelines::named_config(model)) return *named;
+  if (std::filesystem::is_directory(model)) return pipelines::load_model_info(model).config;
+  throw ValueError(fmt::format("kiln bench: unknown model '{}': give a model directory or one of {}", model,
+                               join(pipelines::named_config_names())));
+}
+
+namespace {
+
+void check_model_options(const ModelBenchOptions& o) {
+  if (o.prompt_tokens < 1)
+    throw ValueError(fmt::format("kiln bench: --prompt-tokens must be >= 1, got {}", o.prompt_tokens));
+  if (o.gen_tokens < 1)
+    throw ValueError(fmt::format("kiln bench: --gen-tokens must be >= 1, got {}", o.gen_tokens));
+  if (o.repetitions < 1)
+    throw ValueError(fmt::format("kiln bench: --repetitions must be >= 1, got {}", o.repetitions));
+  if (o.threads < 1) throw ValueError(fmt::format("kiln bench: threads must be >= 1, got {}", o.threads));
+}
+
+// The dtype random weights are drawn in: the format's own (no conversion at load), f32 for q8_0
+// (quantized at load, as a user's checkpoint would be).
+DType random_weight_dtype(WeightFormat format) {
+  return nn::weight_format_dtype(format).value_or(DType::f32);
+}
+
+}  // namespace
+
+void set_bandwidth(ModelBenchResult& r, double read_bytes_per_s) {
+  r.read_bytes_per_s = read_bytes_per_s;
+  r.roofline_tokens_per_s = roofline_tokens_per_s(r.weight_bytes_per_token, read_bytes_per_s);
+  r.roofline_fraction = r.decode_tokens_per_s / r.roofline_tokens_per_s;
+}
+
+namespace {
+
+// One more generation, every graph profiled from its first new token on: each op's share of a
+// decode step, the graphs' own work outside their kernels, and the pipeline's between graphs.
+std::vector<DecodeProfileEntry> profile_decode(pipelines::TextGenerationPipeline& pipe,
+                                               const std::vector<int64_t>& prompt,
+                                               const pipelines::GenerationOptions& gen) {
+  const auto& models = pipe.models();
+  std::chrono::steady_clock::time_point decode_start;
+  int64_t tokens = 0;
+  pipe.generate_ids(prompt, gen, [&](int64_t) {
+    if (tokens++ == 0) {  // prefill has just sampled the first token
+      for (const auto& [name, model] : models) model.start_profiling();
+      decode_start = std::chrono::steady_clock::now();
+    }
+  });
+  const double decode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
+  const auto steps = static_cast<double>(std::max<int64_t>(1, tokens - 1));
+  std::vector<DecodeProfileEntry> entries;
+  double in_graphs = 0;
+  for (const auto& [name, model] : models) {
+    model.stop_profiling();
+    const engine::ModelProfile p = model.profile();
+    if (p.runs == 0) continue;
+    std::map<std::string, std::pair<int64_t, double>> by_op;  // launches, seconds
+    double in_kernels = 0;
+    for (const engine::StepProfile& step : p.steps) {
+      by_op[step.op].first += step.launches;
+      by_op[step.op].second += step.seconds;
+      in_kernels += step.seconds;
+    }
+    for (const auto& [op, totals] : by_op)
+      entries.push_back({name, op, static_cast<double>(totals.first) / steps, totals.second / steps, 0});
+    entries.push_back(
+        {name, "(run)", static_cast<double>(p.runs) / steps, (p.seconds - in_kernels) / steps, 0});
+    in_graphs += p.seconds;
+  }
+  entries.push_back({"", "(pipeline)", 0, (decode_seconds - in_graphs) / steps, 0});
+  for (DecodeProfileEntry& e : entries) e.fraction = e.seconds_per_token * steps / decode_seconds;
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.seconds_per_token > b.seconds_per_token; });
+  return entries;
+}
+
+}  // namespace
+
+ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& bandwidth) {
+  check_model_options(o);
+  const nn::LlamaConfig config = resolve_model_config(o.model);
+  const DType weight_dtype = random_weight_dtype(o.format);
+  // The prompt, then gen_tokens decode steps; the +1 is the token prefill samples.
+  const int64_t needed = o.prompt_tokens + o.gen_tokens + 1;
+  if (needed > config.max_position_embeddings)
+    throw ValueError(fmt::format("kiln bench: {} prompt + {} generated tokens exceed {}'s {} positions",
+                                 o.prompt_tokens, o.gen_tokens, o.model, config.max_position_embeddings));
+  pipelines::PipelineOptions pipeline_options{
+      .max_seq_len = std::max<int64_t>(needed, std::min<int64_t>(config.max_position_embeddings, 2048)),
+      .num_threads = o.threads,
+      .weight_format = o.format};
+  auto pipe = pipelines::named_config(o.model)
+                  ? pipelines::TextGenerationPipeline::from_config(
+                        config, pipelines::random_weights(config, o.seed, weight_dtype), nullptr, {},
+                        pipeline_options)
+                  : pipelines::TextGenerationPipeline::from_dir(o.model, pipeline_options);
+
+  // BOS (1, as Llama 2) and seeded ids: the speed does not depend on which ids they are.
+  std::mt19937_64 rng(o.seed);
+  std::vector<int64_t> prompt{1};
+  while (static_cast<int64_t>(prompt.size()) < o.prompt_tokens)
+    prompt.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(config.vocab_size)));
+  pipelines::GenerationOptions gen{
+      .max_new_tokens = o.gen_tokens + 1, .temperature = 0, .stop_at_eos = false};
+
+  pipe.generate_ids(prompt, {.max_new_tokens = 2, .temperature = 0, .stop_at_eos = false});  // warm-up
+  ModelBenchResult r;
+  for (int rep = 0; rep < o.repetitions; ++rep) {
+    const pipelines::GenerationStats s = pipe.generate_ids(prompt, gen).stats;
+    r.prefill_tokens_per_s = std::max(r.prefill_tokens_per_s, s.prefill_tokens_per_s);
+    r.decode_tokens_per_s = std::max(r.decode_tokens_per_s, s.decode_tokens_per_s);
+  }
+  if (o.profile) r.decode_profile = profile_decode(pipe, prompt, gen);
+  r.model = o.model;
+  r.format = o.format;
+  r.threads = o.threads;
+  r.parameters = parameter_count(config);
+  r.weight_bytes_per_token = decode_weight_bytes(config, o.format);
+  r.prompt_tokens = o.prompt_tokens;
+  r.gen_tokens = o.gen_tokens;
+  r.repetitions = o.repetitions;
+  set_bandwidth(r, bandwidth.read_bytes_per_s);
+  return r;
+}
+
+}  // namespace kiln::bench

@@ -1,0 +1,125 @@
+// What `kiln bench` prints: one JSON object per result (--json), or table rows for people.
+#include <fmt/format.h>
+
+#include "bench.h"
+
+namespace kiln::bench {
+
+nlohmann::json to_json(const ModelBenchResult& r) {
+  nlohmann::json json = {{"kind", "model"},
+                         {"model", r.model},
+                         {"dtype", nn::weight_format_name(r.format)},
+                         {"threads", r.threads},
+                         {"params", r.parameters},
+                         {"weight_bytes_per_token", r.weight_bytes_per_token},
+                         {"prompt_tokens", r.prompt_tokens},
+                         {"gen_tokens", r.gen_tokens},
+                         {"repetitions", r.repetitions},
+                         {"prefill_tokens_per_s", r.prefill_tokens_per_s},
+                         {"decode_tokens_per_s", r.decode_tokens_per_s},
+                         {"read_gb_per_s", r.read_bytes_per_s * 1e-9},
+                         {"roofline_tokens_per_s", r.roofline_tokens_per_s},
+                         {"roofline_fraction", r.roofline_fraction}};
+  if (!r.decode_profile.empty()) {
+    nlohmann::json profile = nlohmann::json::array();
+    for (const DecodeProfileEntry& e : r.decode_profile)
+      profile.push_back({{"graph", e.graph},
+                         {"op", e.op},
+                         {"launches_per_token", e.launches_per_token},
+                         {"seconds_per_token", e.seconds_per_token},
+                         {"fraction", e.fraction}});
+    json["decode_profile"] = std::move(profile);
+  }
+  return json;
+}
+
+nlohmann::json to_json(const GemmBenchResult& r) {
+  return {
+      {"kind", "gemm"},
+      {"m", r.m},
+      {"n", r.n},
+      {"k", r.k},
+      {"dtype", dtype_name(r.dtype)},
+      {"threads", r.threads},
+      {"repetitions", r.repetitions},
+      {"seconds", r.seconds},
+      {"gflops", r.gflops},
+      {"onednn_gflops", r.onednn_gflops ? nlohmann::json(*r.onednn_gflops) : nlohmann::json(nullptr)},
+      {"peak_gflops", r.peak_gflops},
+      {"peak_fraction", r.gflops / r.peak_gflops},
+      {"onednn_peak_fraction",
+       r.onednn_gflops ? nlohmann::json(*r.onednn_gflops / r.peak_gflops) : nlohmann::json(nullptr)},
+      {"bf16_dot_peak_gflops",
+       r.bf16_dot_peak_gflops ? nlohmann::json(*r.bf16_dot_peak_gflops) : nlohmann::json(nullptr)},
+      {"bf16_dot_peak_fraction", r.bf16_dot_peak_gflops ? nlohmann::json(r.gflops / *r.bf16_dot_peak_gflops)
+                                                        : nlohmann::json(nullptr)}};
+}
+
+nlohmann::json to_json(const BandwidthResult& r) {
+  return {{"kind", "bandwidth"},
+          {"threads", r.threads},
+          {"buffer_bytes", r.buffer_bytes},
+          {"streams_per_thread", r.streams_per_thread},
+          {"passes", r.passes},
+          {"read_gb_per_s", r.read_bytes_per_s * 1e-9}};
+}
+
+std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
+  return fmt::format("{:<14} {:<5} {:>7} {:>9} {:>12} {:>12} {:>12} {:>10} {:>14} {:>9}", "model", "dtype",
+                     "threads", "params", "MB/token", fmt::format("pp{} tok/s", prompt_tokens),
+                     fmt::format("tg{} tok/s", gen_tokens), "read GB/s", "roofline tok/s", "roofline");
+}
+
+std::string table_row(const ModelBenchResult& r) {
+  return fmt::format(
+      "{:<14} {:<5} {:>7} {:>8.1f}M {:>12.1f} {:>12.1f} {:>12.1f} {:>10.1f} {:>14.1f} {:>8.1f}%", r.model,
+      nn::weight_format_name(r.format), r.threads, static_cast<double>(r.parameters) * 1e-6,
+      r.weight_bytes_per_token * 1e-6, r.prefill_tokens_per_s, r.decode_tokens_per_s,
+      r.read_bytes_per_s * 1e-9, r.roofline_tokens_per_s, 100.0 * r.roofline_fraction);
+}
+
+std::string profile_table(const ModelBenchResult& r) {
+  if (r.decode_profile.empty()) return "";
+  double step = 0;
+  for (const DecodeProfileEntry& e : r.decode_profile) step += e.seconds_per_token;
+  std::string out = fmt::format("  decode step profile ({} {}, {} threads): {:.3f} ms per token\n", r.model,
+                                nn::weight_format_name(r.format), r.threads, step * 1e3);
+  out += fmt::format("  {:<30} {:>14} {:>12} {:>8}\n", "graph: op", "launches/token", "us/token", "share");
+  for (const DecodeProfileEntry& e : r.decode_profile)
+    out += fmt::format("  {:<30} {:>14.1f} {:>12.1f} {:>7.1f}%\n",
+                       e.graph.empty() ? e.op : e.graph + ": " + e.op, e.launches_per_token,
+                       e.seconds_per_token * 1e6, 100.0 * e.fraction);
+  return out;
+}
+
+std::string gemm_table_header() {
+  return fmt::format("{:<22} {:<5} {:>7} {:>13} {:>15} {:>12} {:>12} {:>10} {:>12} {:>14} {:>9}",
+                     "gemm M x N x K", "dtype", "threads", "kiln GFLOP/s", "oneDNN GFLOP/s", "kiln/oneDNN",
+                     "peak GFLOP/s", "kiln/peak", "oneDNN/peak", "bf16 dot peak", "kiln/dot");
+}
+
+std::string table_row(const GemmBenchResult& r) {
+  const std::string onednn = r.onednn_gflops ? fmt::format("{:.1f}", *r.onednn_gflops) : "n/a";
+  const std::string ratio = r.onednn_gflops ? fmt::format("{:.2f}", r.gflops / *r.onednn_gflops) : "n/a";
+  const std::string onednn_peak =
+      r.onednn_gflops ? fmt::format("{:.1f}%", 100.0 * *r.onednn_gflops / r.peak_gflops) : "n/a";
+  const std::string dot_peak = r.bf16_dot_peak_gflops ? fmt::format("{:.1f}", *r.bf16_dot_peak_gflops) : "-";
+  const std::string dot_fraction =
+      r.bf16_dot_peak_gflops ? fmt::format("{:.1f}%", 100.0 * r.gflops / *r.bf16_dot_peak_gflops) : "-";
+  return fmt::format("{:<22} {:<5} {:>7} {:>13.1f} {:>15} {:>12} {:>12.1f} {:>9.1f}% {:>12} {:>14} {:>9}",
+                     fmt::format("{} x {} x {}", r.m, r.n, r.k), dtype_name(r.dtype), r.threads, r.gflops,
+                     onednn, ratio, r.peak_gflops, 100.0 * r.gflops / r.peak_gflops, onednn_peak, dot_peak,
+                     dot_fraction);
+}
+
+std::string bandwidth_table_header() {
+  return fmt::format("{:<9} {:>10} {:>16} {:>7} {:>10}", "bandwidth", "buffer MiB", "streams/thread",
+                     "passes", "read GB/s");
+}
+
+std::string table_row(const BandwidthResult& r) {
+  return fmt::format("{:<9} {:>10} {:>16} {:>7} {:>10.1f}", fmt::format("{} thr", r.threads),
+                     r.buffer_bytes >> 20, r.streams_per_thread, r.passes, r.read_bytes_per_s * 1e-9);
+}
+
+}  // namespace kiln::bench
