@@ -48,7 +48,7 @@ int32_t resolve_custom_op(const GraphIR& g, size_t node_index, const Node& node,
   DeviceKind device = step_device(g, node);
   if (!op->has_kernel(device))
     throw ExtensionError(fmt::format("{}: custom op '{}' of {} has no {} kernel", where, symbol,
-                                     op->library_path().string(), graph::device_kind_name(device)));
+                                     op->library_path().string(), device_kind_name(device)));
   compiler::ExtensionRef ref{op->library_path(), op->library().content_hash()};
   auto it = std::find(plan.extensions.begin(), plan.extensions.end(), ref);
   if (it != plan.extensions.end()) return static_cast<int32_t>(it - plan.extensions.begin());
@@ -57,8 +57,13 @@ int32_t resolve_custom_op(const GraphIR& g, size_t node_index, const Node& node,
 }
 
 Step make_step(const Node& node, size_t node_index) {
-  return Step{node.op, {node.inputs.begin(), node.inputs.end()},
-              {node.outputs.begin(), node.outputs.end()}, node.attrs, static_cast<int32_t>(node_index)};
+  Step step;
+  step.op = node.op;
+  step.inputs.assign(node.inputs.begin(), node.inputs.end());
+  step.outputs.assign(node.outputs.begin(), node.outputs.end());
+  step.attrs = node.attrs;
+  step.node = static_cast<int32_t>(node_index);
+  return step;
 }
 
 // The IR of one graph as a plan: its value table and one step per kernel launch, in program order.

@@ -95,12 +95,14 @@ class Executor {
     std::unique_ptr<const kernels::Kernel> kernel;
     const Backend* backend = nullptr;
     std::vector<int32_t> dim_slots;  // the interned dims its kernel's parameters read
+    std::string label;               // "op 'matmul'", "custom op 'scale_add'": for errors and profiles
   };
   // Per alias: its window, with symbolic bounds as interned dims.
   struct AliasInfo {
     int64_t static_offset = -1;  // bytes, when the window is fixed for every run
     kernels::DimRefs starts, stops;
     std::vector<int64_t> steps;
+    std::vector<int32_t> dim_slots;  // the interned dims its bounds read
   };
   struct ShapeDim {  // a dim of a value's shape: static, or an interned symbolic dim
     int32_t symbolic = -1;
@@ -153,6 +155,7 @@ class Executor {
   std::vector<std::vector<ShapeDim>> symbolic_shapes_;
   std::vector<AliasInfo> aliases_;
   std::vector<uint8_t> fresh_outputs_;                   // per output: returned as is (not copied)
+  std::vector<DeviceRef> slot_devices_;                  // per arena slot: the device of its values
 
   mutable std::mutex frames_mutex_;
   mutable std::vector<std::unique_ptr<Frame>> idle_frames_;
@@ -163,9 +166,27 @@ class Executor {
     std::atomic<int64_t> nanoseconds{0};
   };
   std::atomic<bool> profiling_{false};
+  std::atomic<bool> profile_started_{false};
   std::unique_ptr<StepCounters[]> step_counters_;
   mutable std::atomic<int64_t> profiled_runs_{0};
   mutable std::atomic<int64_t> profiled_nanoseconds_{0};
+};
+
+// Interns the symbolic dims a kernel asks for into the executor's table, and records which ones
+// each step reads (so a run whose dim failed to evaluate names it before launching the step).
+class Executor::Interner final : public kernels::SymbolSlots {
+ public:
+  Interner(Executor& executor, std::vector<int32_t>* used) : executor_(executor), used_(used) {}
+  int32_t slot_of(const graph::Dim& dim) override {
+    auto [it, fresh] = executor_.dim_slots_.emplace(dim.to_string(), static_cast<int32_t>(executor_.symbolic_dims_.size()));
+    if (fresh) executor_.symbolic_dims_.push_back(dim);
+    if (used_) used_->push_back(it->second);
+    return it->second;
+  }
+
+ private:
+  Executor& executor_;
+  std::vector<int32_t>* used_;
 };
 
 // Checks a registry against the plan's weights: present, same dtype, shape equal to the weight's

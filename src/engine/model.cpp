@@ -1,20 +1,16 @@
-// Model: a handle on one initialised graph. Copies share the executor (and its arena), so calls on
-// one Model, or its copies, run one at a time.
+// Model: a handle on one initialised graph. Copies share the executor; execute() calls run
+// concurrently (each in a frame of its own), launch-list calls take turns.
 #include <chrono>
 
 #include <fmt/format.h>
 
-#include "engine/executor.h"
+#include "engine/model_impl.h"
 #include "kiln/engine/session.h"
 #include "kiln/errors.h"
 
 namespace kiln::engine {
 
 namespace {
-Model::Impl& require(const std::shared_ptr<Model::Impl>& impl) {
-  if (!impl) throw ValueError("Model: not initialised (get one from InferenceSession::init or load)");
-  return *impl;
-}
 // Adds one run's wall-clock time to the executor's profile when it is profiling (even if the run throws).
 class ProfiledRun {
  public:
@@ -33,83 +29,83 @@ class ProfiledRun {
 
 }  // namespace
 
-const std::string& Model::name() const { return require(impl_).executor.plan().name; }
+Model::Impl& Model::impl() const {
+  if (!impl_) throw ValueError("Model: not initialised (get one from InferenceSession::init or load)");
+  return *impl_;
+}
+
+const std::string& Model::name() const { return impl().executor.plan().name; }
 
 std::vector<Tensor> Model::execute(const std::vector<Tensor>& inputs) const {
-  Impl& impl = require(impl_);
-  std::lock_guard lock(impl.mutex);
-  ProfiledRun profiled(impl.executor);
-  if (!impl.device_graph) return impl.executor.run(inputs);
+  Impl& state = impl();
+  if (!state.device_graph) {
+    ProfiledRun profiled(state.executor);
+    return state.executor.run(inputs);
+  }
   // A device graph replays its launch list; results are cloned so each call's outputs stay the caller's.
-  impl.executor.replay(*impl.device_graph, inputs);
+  std::lock_guard lock(state.mutex);
+  ProfiledRun profiled(state.executor);
+  state.executor.replay(*state.device_graph, inputs);
   std::vector<Tensor> results;
-  for (const Tensor& t : impl.device_graph->results) results.push_back(t.clone());
+  for (const Tensor& t : state.device_graph->results) results.push_back(t.clone());
   return results;
 }
 
 std::vector<Tensor> Model::capture(const std::string& key, const std::vector<Tensor>& inputs) const {
-  Impl& impl = require(impl_);
-  std::lock_guard lock(impl.mutex);
-  if (impl.device_graph)
+  Impl& state = impl();
+  std::lock_guard lock(state.mutex);
+  if (state.device_graph)
     throw ValueError(fmt::format("Model::capture: graph '{}' is a device graph (is_device_graph), which "
                                  "already replays one launch list; capture/replay is not available on it",
-                                 impl.executor.plan().name));
-  if (impl.captures.count(key))
+                                 state.executor.plan().name));
+  if (state.captures.count(key))
     throw ValueError(fmt::format("Model::capture: graph '{}' already has a capture '{}' (release it first)",
-                                 impl.executor.plan().name, key));
-  ProfiledRun profiled(impl.executor);
-  LaunchList list = impl.executor.record(inputs);
-  return impl.captures.emplace(key, std::move(list)).first->second.results;
+                                 state.executor.plan().name, key));
+  ProfiledRun profiled(state.executor);
+  LaunchList list = state.executor.record(inputs);
+  return state.captures.emplace(key, std::move(list)).first->second.results;
 }
 
 std::vector<Tensor> Model::replay(const std::string& key, const std::vector<Tensor>& inputs) const {
-  Impl& impl = require(impl_);
-  std::lock_guard lock(impl.mutex);
-  auto it = impl.captures.find(key);
-  if (it == impl.captures.end())
-    throw ValueError(fmt::format("Model::replay: graph '{}' has no capture '{}'", impl.executor.plan().name, key));
-  ProfiledRun profiled(impl.executor);
-  impl.executor.replay(it->second, inputs);
+  Impl& state = impl();
+  std::lock_guard lock(state.mutex);
+  auto it = state.captures.find(key);
+  if (it == state.captures.end())
+    throw ValueError(fmt::format("Model::replay: graph '{}' has no capture '{}'", state.executor.plan().name, key));
+  ProfiledRun profiled(state.executor);
+  state.executor.replay(it->second, inputs);
   return it->second.results;
 }
 
 void Model::release(const std::string& key) const {
-  Impl& impl = require(impl_);
-  std::lock_guard lock(impl.mutex);
-  if (!impl.captures.erase(key))
-    throw ValueError(fmt::format("Model::release: graph '{}' has no capture '{}'", impl.executor.plan().name, key));
+  Impl& state = impl();
+  std::lock_guard lock(state.mutex);
+  if (!state.captures.erase(key))
+    throw ValueError(fmt::format("Model::release: graph '{}' has no capture '{}'", state.executor.plan().name, key));
 }
 
-bool Model::is_device_graph() const {
-  Impl& impl = require(impl_);
-  std::lock_guard lock(impl.mutex);
-  return impl.device_graph.has_value();
-}
+bool Model::is_device_graph() const { return impl().device_graph.has_value(); }  // fixed at init
 
 void Model::start_profiling() const {
-  Impl& impl = require(impl_);
-  std::lock_guard lock(impl.mutex);
-  impl.executor.start_profiling();
+  Impl& state = impl();
+  std::lock_guard lock(state.mutex);
+  state.executor.start_profiling();
 }
 
 void Model::stop_profiling() const {
-  Impl& impl = require(impl_);
-  std::lock_guard lock(impl.mutex);
-  impl.executor.stop_profiling();
+  Impl& state = impl();
+  std::lock_guard lock(state.mutex);
+  state.executor.stop_profiling();
 }
 
-ModelProfile Model::profile() const {
-  Impl& impl = require(impl_);
-  std::lock_guard lock(impl.mutex);
-  return impl.executor.profile();
-}
+ModelProfile Model::profile() const { return impl().executor.profile(); }
 
 const std::vector<graph::Type>& Model::input_metadata() const {
-  return require(impl_).executor.plan().input_types;
+  return impl().executor.plan().input_types;
 }
 
 const std::vector<graph::Type>& Model::output_metadata() const {
-  return require(impl_).executor.plan().output_types;
+  return impl().executor.plan().output_types;
 }
 
 }  // namespace kiln::engine

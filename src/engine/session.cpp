@@ -1,13 +1,13 @@
-// InferenceSession: compiles modules and binds weights into runnable Models (CPU devices for now).
+// InferenceSession: compiles modules and binds weights into runnable Models, on the devices its
+// backends run (the CPU's, and any the caller adds).
 #include <algorithm>
 #include <atomic>
 #include <optional>
 
 #include <fmt/format.h>
 
-#include "engine/cpu/device_team.h"
-#include "engine/executor.h"
-#include "engine/cpu/thread_pool.h"
+#include "engine/backend.h"
+#include "engine/model_impl.h"
 #include "kiln/engine/compile_cache.h"
 #include "kiln/engine/session.h"
 #include "kiln/errors.h"
@@ -17,13 +17,11 @@ namespace kiln::engine {
 
 class SessionState {
  public:
-  SessionState(std::vector<DeviceRef> devices, int num_threads)
-      : devices(std::move(devices)), pool(num_threads) {}
+  SessionState(std::vector<DeviceRef> devices, std::vector<std::shared_ptr<Backend>> backends)
+      : devices(std::move(devices)), backends(std::move(backends)) {}
 
   std::vector<DeviceRef> devices;
-  ThreadPool pool;  // shared by every model of the session
-  // Collectives over several devices: one thread per extra device, shared by every model.
-  DeviceThreadTeam team;
+  Backends backends;  // shared by every model of the session (the CPU's holds its thread pool)
   std::shared_ptr<ProcessGroup> process_group;  // carries collectives with processes > 1
   std::atomic<int64_t> compile_count{0};
   std::atomic<int64_t> cache_hits{0};
@@ -60,10 +58,10 @@ void check_process_group(const GraphPlan& plan, const ProcessGroup* group) {
   }
 }
 
-// Records the launch list of a device graph at init, on zero inputs of its (static) input shapes.
-void build_device_graph(Model::Impl& impl) {
+// The launch list of a device graph, recorded at init on zero inputs of its (static) input shapes.
+LaunchList record_device_graph(const Executor& executor) {
   std::vector<Tensor> inputs;
-  const GraphPlan& plan = impl.executor.plan();
+  const GraphPlan& plan = executor.plan();
   const auto& types = plan.input_types;
   for (size_t i = 0; i < types.size(); ++i) {
     const graph::Shape& shape = graph::shape_of(types[i]);
@@ -74,7 +72,7 @@ void build_device_graph(Model::Impl& impl) {
     inputs.push_back(Tensor::zeros(graph::dtype_of(types[i]), shape.static_dims(), graph::device_of(types[i])));
   }
   // Not run now: the first execute() replays it with real inputs (zeros might not be valid data).
-  impl.device_graph = impl.executor.record(inputs, /*run=*/false);
+  return executor.record(inputs, /*run=*/false);
 }
 
 }  // namespace
@@ -83,15 +81,18 @@ InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
                                    std::vector<std::filesystem::path> custom_extensions,
                                    SessionOptions options) {
   if (devices.empty()) throw ValueError("InferenceSession: needs at least one device, got none");
-  for (const DeviceRef& d : devices)
-    if (d.kind != DeviceKind::CPU)
-      throw ValueError(fmt::format("InferenceSession: device {} is not supported (only cpu devices are)",
-                                   d.to_string()));
   if (options.num_threads < 0)
     throw ValueError(fmt::format("InferenceSession: num_threads must be >= 0, got {}", options.num_threads));
+  std::vector<std::shared_ptr<Backend>> backends = std::move(options.backends);
+  if (std::none_of(backends.begin(), backends.end(), [](const auto& b) { return b && b->kind() == DeviceKind::CPU; }))
+    backends.push_back(make_cpu_backend(options.num_threads));
+  for (const DeviceRef& d : devices)
+    if (std::none_of(backends.begin(), backends.end(), [&](const auto& b) { return b && b->kind() == d.kind; }))
+      throw ValueError(fmt::format("InferenceSession: device {} is not supported (no backend runs {} devices)",
+                                   d.to_string(), device_kind_name(d.kind)));
   // Loaded now for early errors (and so ops::custom can check calls as graphs are built).
   ext::ExtensionRegistry check_now(custom_extensions);
-  state_ = std::make_shared<SessionState>(std::move(devices), options.num_threads);
+  state_ = std::make_shared<SessionState>(std::move(devices), std::move(backends));
   state_->custom_extensions = std::move(custom_extensions);
   state_->process_group = std::move(options.process_group);
   if (options.compile_cache) {
@@ -110,11 +111,14 @@ InferenceSession& InferenceSession::operator=(InferenceSession&&) noexcept = def
 
 const std::vector<DeviceRef>& InferenceSession::devices() const { return state_->devices; }
 
+const compiler::KernelCatalog& InferenceSession::kernel_catalog() const { return state_->backends; }
+
 CompiledModel InferenceSession::compile(const graph::Module& module) const { return compile(module, {}); }
 
 CompiledModel InferenceSession::compile(const graph::Module& module,
                                         const std::vector<std::filesystem::path>& extra_extensions) const {
   compiler::CompileOptions options;
+  options.kernels = &state_->backends;
   ext::ExtensionRegistry extensions;
   if (calls_custom_ops(module)) {
     // Read again at each compile: load_library keys on content, so a rebuilt file loads as new code.
@@ -161,10 +165,9 @@ std::map<std::string, Model> InferenceSession::init(const CompiledModel& compile
     check_process_group(plan, state_->process_group.get());
   }
   for (const auto& [name, plan] : compiled.plans()) {
-    auto impl = std::make_shared<Model::Impl>(
-        state_, Executor(plan, weights, &state_->pool, &state_->team, state_->process_group.get()));
+    auto impl = std::make_shared<Model::Impl>(state_, plan, weights, state_->backends, state_->process_group.get());
     if (std::find(device_graphs.begin(), device_graphs.end(), name) != device_graphs.end())
-      build_device_graph(*impl);
+      impl->device_graph = record_device_graph(impl->executor);
     models.emplace(name, Model(std::move(impl)));
   }
   return models;

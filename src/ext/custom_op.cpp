@@ -12,6 +12,8 @@
 
 namespace kiln::ext {
 
+DLDeviceType to_dl_device(DeviceKind kind) { return kind == DeviceKind::CPU ? kDLCPU : kDLCUDA; }
+
 // The same mapping as Tensor's DLPack export.
 DLDataType dl_dtype(DType d) {
   DLDataType t{kDLFloat, static_cast<uint8_t>(dtype_size(d) * 8), 1};
@@ -63,7 +65,6 @@ std::optional<DType> from_dl_dtype(DLDataType t) {
   return std::nullopt;
 }
 
-DLDeviceType to_dl_device(DeviceKind kind) { return kind == DeviceKind::CPU ? kDLCPU : kDLCUDA; }
 
 const char* kind_name(KilnExtParamKind kind) {
   switch (kind) {

@@ -13,6 +13,7 @@
 
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/distributed.h"
+#include "kiln/engine/model.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
 
@@ -20,62 +21,8 @@ namespace kiln::engine {
 
 using compiler::CompiledModel;
 
-class SessionState;  // private: devices, thread pool, kernel registry
-
-// Where a Model's runs spent their time while it was profiling (Model::start_profiling).
-struct StepProfile {
-  std::string op;         // the op's name ("matmul", "fused_elementwise"; a custom op's own name)
-  int64_t node = 0;       // its node in the compiled graph, as execute errors name it
-  int64_t launches = 0;   // kernel launches of this step
-  double seconds = 0;     // their wall-clock time, summed
-};
-struct ModelProfile {
-  int64_t runs = 0;       // execute() and replay() calls
-  double seconds = 0;     // their wall-clock time, summed: the launches plus each run's own work
-                          // (input checks, arena, results)
-  std::vector<StepProfile> steps;  // every kernel step, in run order (aliases launch nothing)
-};
-
-// A runnable graph: one submodel of an initialised CompiledModel. Copies share state (weights and the
-// scratch arena), so execute() calls on one Model or its copies run one at a time; use one Model per
-// thread (init the CompiledModel again) to run a graph concurrently. Weights are not copied: borrowed
-// registry memory must outlive the Model.
-class Model {
- public:
-  Model() = default;
-
-  const std::string& name() const;
-  // Runs the graph. Inputs are checked (count, dtype, rank, device, static dims, and symbolic dims
-  // bound consistently across inputs), each failure naming the input index and dim. Non-contiguous
-  // tensor inputs are copied; buffer inputs must be contiguous and are written in place.
-  std::vector<Tensor> execute(const std::vector<Tensor>& inputs) const;
-  const std::vector<graph::Type>& input_metadata() const;
-  const std::vector<graph::Type>& output_metadata() const;
-
-  // Capture and replay: capture() runs the graph once and records its launch list with every buffer,
-  // shape and kernel fixed, under `key`; replay() copies `inputs` into the captured input buffers,
-  // reruns the recorded launches with no per-op dispatch and returns the captured outputs (the same
-  // tensors each replay, overwritten by the next one; clone to keep). Buffer inputs are copied back
-  // to the caller's buffers after a replay. An input shape or dtype other than the captured one, an
-  // unknown key, a key captured twice, or capture on a device-graph model is a ValueError.
-  std::vector<Tensor> capture(const std::string& key, const std::vector<Tensor>& inputs) const;
-  std::vector<Tensor> replay(const std::string& key, const std::vector<Tensor>& inputs) const;
-  void release(const std::string& key) const;  // frees one capture; ValueError for an unknown key
-  bool is_device_graph() const;  // see InferenceSession::init(compiled, weights, device_graphs)
-
-  // Profiling: from start_profiling() on, every run times each kernel launch (two clock reads per
-  // step; nothing while off). start_profiling() also clears the totals; stop_profiling() keeps them
-  // for profile(). Copies of a Model share one profile.
-  void start_profiling() const;
-  void stop_profiling() const;
-  ModelProfile profile() const;
-
-  struct Impl;
-  explicit Model(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
- private:
-  std::shared_ptr<Impl> impl_;
-};
+class SessionState;  // private: devices, backends, compile cache
+class Backend;       // private (engine/backend.h): one kind of device's kernels, memory and threads
 
 struct SessionOptions {
   int num_threads = 0;  // 0: one per core
@@ -86,6 +33,9 @@ struct SessionOptions {
   // For graphs whose collectives span processes (processes > 1): the group that carries them, e.g.
   // engine::mpi_world() (kiln/engine/distributed.h). Its size must equal each collective's processes.
   std::shared_ptr<ProcessGroup> process_group = nullptr;
+  // Backends for device kinds beyond the CPU's (one per kind; engine/backend.h, private for now: a
+  // test adds an emulated device kind this way). A CPU backend given here replaces the built-in one.
+  std::vector<std::shared_ptr<Backend>> backends = {};
 };
 
 class InferenceSession {
@@ -102,6 +52,9 @@ class InferenceSession {
   InferenceSession& operator=(InferenceSession&&) noexcept;
 
   const std::vector<DeviceRef>& devices() const;
+  // The kernels of this session's backends, as the compiler asks for them: pass it in
+  // compiler::CompileOptions::kernels to compile outside the session as the session compiles.
+  const compiler::KernelCatalog& kernel_catalog() const;
 
   CompiledModel compile(const graph::Module& module) const;
   // Compiles with the session's extensions plus `extra_extensions` (one compile unit's, e.g. the

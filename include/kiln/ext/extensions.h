@@ -98,8 +98,10 @@ std::string status_name(KilnExtStatus status);
 // KILN_EXT_ERROR_INVALID_ARGUMENT, ExtensionError for every other code, known or not.
 [[noreturn]] void throw_library_error(KilnExtStatus status, const std::string& message);
 
-// The DLPack dtype of a kiln dtype (kernels of extensions see DLTensor views).
+// The DLPack dtype of a kiln dtype, and the DLPack device type of a device kind (kernels of
+// extensions see DLTensor views).
 DLDataType dl_dtype(DType dtype);
+DLDeviceType to_dl_device(DeviceKind kind);
 
 // FNV-1a 64 of a file's bytes; ExtensionError naming the path if it cannot be read.
 uint64_t content_hash(const std::filesystem::path& path);

@@ -12,7 +12,7 @@ int32_t root_of(const GraphPlan& plan, int32_t v) {
   return value.kind == ValueKind::alias ? value.root : v;
 }
 
-// Greedy arena assignment by liveness: an intermediate takes a free slot of its dtype (or a new one)
+// Greedy arena assignment by liveness: an intermediate takes a free slot of its dtype and device (or a new one)
 // when its step runs and gives it back after the step of its last use. Outputs of a step never share a
 // slot with that step's operands, since a slot is freed only after the step that last reads it. A
 // value's memory lives as long as any alias of it: its last use is the latest of theirs, and an alias
@@ -29,21 +29,22 @@ void plan_memory(GraphPlan& plan) {
     for (int32_t v : plan.steps[static_cast<size_t>(s)].outputs) use(v, s);
   }
   for (int32_t v : plan.outputs) use(v, num_steps);  // past every step: never released
-  std::vector<DType> slot_dtypes;
-  std::multimap<DType, int32_t> free_slots;
+  // A slot holds values of one dtype on one device (its memory is that device's).
+  using SlotKind = std::pair<DType, DeviceRef>;
+  auto kind_of = [](const PlanValue& value) { return SlotKind{graph::dtype_of(value.type), graph::device_of(value.type)}; };
+  int32_t num_slots = 0;
+  std::multimap<SlotKind, int32_t> free_slots;
   std::vector<int32_t> released;
   for (int32_t s = 0; s < num_steps; ++s) {
     const Step& step = plan.steps[static_cast<size_t>(s)];
     for (int32_t v : step.outputs) {
       PlanValue& value = plan.values[static_cast<size_t>(v)];
       if (value.kind != ValueKind::slot) continue;
-      DType dtype = graph::dtype_of(value.type);
-      if (auto it = free_slots.find(dtype); it != free_slots.end()) {
+      if (auto it = free_slots.find(kind_of(value)); it != free_slots.end()) {
         value.slot = it->second;
         free_slots.erase(it);
       } else {
-        value.slot = static_cast<int32_t>(slot_dtypes.size());
-        slot_dtypes.push_back(dtype);
+        value.slot = num_slots++;
       }
     }
     // Release every slot value whose last use is this step, each once (operands may repeat, and
@@ -56,10 +57,10 @@ void plan_memory(GraphPlan& plan) {
         if (value.kind != ValueKind::slot || last_use[static_cast<size_t>(v)] != s) continue;
         if (std::find(released.begin(), released.end(), v) != released.end()) continue;
         released.push_back(v);
-        free_slots.emplace(graph::dtype_of(value.type), value.slot);
+        free_slots.emplace(kind_of(value), value.slot);
       }
   }
-  plan.num_slots = static_cast<int32_t>(slot_dtypes.size());
+  plan.num_slots = num_slots;
 }
 
 }  // namespace kiln::compiler::passes

@@ -28,7 +28,7 @@ void select_kernels(GraphPlan& plan, const KernelCatalog* kernels) {
       step.kernel = key_of(plan, step);
       if (kernels && !is_custom(step.op) && !kernels->has_kernel(step.kernel))
         throw Error(fmt::format("compile: graph '{}' node {}: no {} kernel for {} on {}", plan.name, step.node,
-                                graph::device_kind_name(step.kernel.device), graph::op_name(step.op),
+                                device_kind_name(step.kernel.device), graph::op_name(step.op),
                                 dtype_name(step.kernel.dtype)));
     }
 }
