@@ -55,13 +55,13 @@ TEST(DataMovementKernels, EveryOpHasAKernelForEveryDType) {
                 Op::slice, Op::gather, Op::scatter, Op::buffer_load, Op::buffer_store,
                 Op::transfer_to})
     for (DType d : kAllDTypes)
-      EXPECT_NE(cpu_kernels().find(op, DeviceKind::CPU, d), nullptr)
+      EXPECT_TRUE(cpu_kernels().contains({op, DeviceKind::CPU, d}))
           << graph::op_name(op) << " on " << dtype_name(d);
   for (DType d : kAllDTypes)
-    EXPECT_EQ(cpu_kernels().find(Op::range, DeviceKind::CPU, d) != nullptr, d != DType::boolean)
+    EXPECT_EQ(cpu_kernels().contains({Op::range, DeviceKind::CPU, d}), d != DType::boolean)
         << "range on " << dtype_name(d);
   // The executor binds weights; there is no kernel to find.
-  EXPECT_EQ(cpu_kernels().find(Op::weight, DeviceKind::CPU, DType::f32), nullptr);
+  EXPECT_FALSE(cpu_kernels().contains({Op::weight, DeviceKind::CPU, DType::f32}));
 }
 
 // ---- sources --------------------------------------------------------------------------------------

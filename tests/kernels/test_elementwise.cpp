@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -210,7 +211,7 @@ TEST(ElementwiseKernels, EveryElementwiseOpHasAKernelForEachAcceptedDType) {
   for (const auto& [op, dtypes] : accepted) {
     const std::set<DType> yes(dtypes.begin(), dtypes.end());
     for (DType d : kAllDTypes) {
-      const bool found = cpu_kernels().find(op, DeviceKind::CPU, d) != nullptr;
+      const bool found = cpu_kernels().contains({op, DeviceKind::CPU, d});
       EXPECT_EQ(found, yes.count(d) == 1) << graph::op_name(op) << " on " << dtype_name(d);
     }
   }
@@ -441,6 +442,49 @@ TEST(ElementwiseKernels, GeluRejectsUnknownApproximation) {
   HostTensor x = tensor<float>({1}, {1});
   EXPECT_THROW(run_op(Op::gelu, {{"approximate", std::string("fast")}}, {x.view()}, DType::f32, {1}),
                ValueError);
+}
+
+// ---- fused_elementwise ---------------------------------------------------------------------------
+
+const graph::Attrs kMulSiluToBf16{
+    {"program", std::string("%2 = mul(%0, %1) : f32; %3 = silu(%2) : f32; %4 = cast(%3) : bf16")}};
+
+// The same functors, in f32, rounded where the unfused ops store: the same bits.
+TEST(FusedElementwiseKernel, MatchesTheUnfusedOpsBitForBit) {
+  const HostTensor a = tensor_from_doubles(DType::f32, {3, 300}, kernel_test::pseudo_random(900, 1));
+  const HostTensor b = tensor_from_doubles(DType::f32, {300}, kernel_test::pseudo_random(300, 2));
+  const HostTensor product = run_op(Op::mul, {}, {a.view(), b.view()}, DType::f32, {3, 300});
+  const HostTensor silu = run_op(Op::silu, {}, {product.view()}, DType::f32, {3, 300});
+  const HostTensor want = run_op(Op::cast, {{"dtype", DType::bf16}}, {silu.view()}, DType::bf16, {3, 300});
+  const HostTensor got =
+      run_op(Op::fused_elementwise, kMulSiluToBf16, {a.view(), b.view()}, DType::bf16, {3, 300});
+  EXPECT_EQ(got.bytes, want.bytes);
+}
+
+// The program is parsed when the kernel is built (a bad one fails there), and the kernel keeps what it
+// needs: it runs after its attributes are gone, from several threads at once.
+TEST(FusedElementwiseKernel, ParsesItsProgramOnceAtBuild) {
+  const HostTensor a = tensor_from_doubles(DType::f32, {2, 500}, kernel_test::pseudo_random(1000, 3));
+  const HostTensor b = tensor_from_doubles(DType::f32, {500}, kernel_test::pseudo_random(500, 4));
+  EXPECT_THROW(kernel_test::build_kernel(Op::fused_elementwise, {{"program", std::string("%1 = exp(%0)")}},
+                                         {a.view()}, {}),
+               ValueError);
+  std::unique_ptr<const Kernel> kernel = kernel_test::build_kernel(
+      Op::fused_elementwise, graph::Attrs(kMulSiluToBf16), {a.view(), b.view()}, {});
+  const HostTensor want =
+      run_op(Op::fused_elementwise, kMulSiluToBf16, {a.view(), b.view()}, DType::bf16, {2, 500});
+  std::vector<HostTensor> outs(4, HostTensor(DType::bf16, {2, 500}));
+  std::vector<std::thread> threads;
+  for (HostTensor& out : outs)
+    threads.emplace_back([&] {
+      SerialParallel serial;
+      KernelContext ctx;
+      ctx.parallel = &serial;
+      const std::vector<TensorView> inputs{a.view(), b.view()}, outputs{out.view()};
+      kernel->run(ctx, inputs, outputs);
+    });
+  for (std::thread& t : threads) t.join();
+  for (const HostTensor& out : outs) EXPECT_EQ(out.bytes, want.bytes);
 }
 
 }  // namespace

@@ -298,8 +298,8 @@ TEST(Reductions, RejectBadInputWithClearErrors) {
   EXPECT_EQ(error_of<ValueError>(Op::cumsum, axis(0), x.view(), {HostTensor(DType::f32, {2, 3})}),
             "cumsum: missing attribute 'exclusive'");
   // mean is float-only and nothing accepts bool: no kernel is registered for them.
-  EXPECT_EQ(cpu_kernels().find(Op::mean, DeviceKind::CPU, DType::i32), nullptr);
-  EXPECT_EQ(cpu_kernels().find(Op::sum, DeviceKind::CPU, DType::boolean), nullptr);
+  EXPECT_FALSE(cpu_kernels().contains({Op::mean, DeviceKind::CPU, DType::i32}));
+  EXPECT_FALSE(cpu_kernels().contains({Op::sum, DeviceKind::CPU, DType::boolean}));
 }
 
 }  // namespace

@@ -386,10 +386,15 @@ bool use_rows_avx512(std::span<const TensorView> inputs) {
 }
 #endif
 
-void attention_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
-                      std::span<const TensorView> outputs) {
+struct AttentionParams {
+  double scale;
+  explicit AttentionParams(const KernelInit& init) : scale(init.attr<double>("scale")) {}
+};
+
+void attention_kernel(const KernelContext& ctx, const AttentionParams& params,
+                      std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
   const Dims d = check_operands(inputs, outputs);
-  const double scale = graph::get_attr<double>(attrs, "scale", Op::attention);
+  const double scale = params.scale;
 #if defined(__x86_64__)
   if (use_rows_avx512(inputs)) return rows_f32_avx512(ctx, d, static_cast<float>(scale), inputs, outputs[0]);
 #endif
@@ -406,7 +411,8 @@ void attention_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::
 }  // namespace
 
 void register_cpu_attention(KernelRegistry& r) {
-  r.add(Op::attention, DeviceKind::CPU, {DType::f32, DType::f64, DType::f16, DType::bf16}, attention_kernel);
+  r.add(Op::attention, DeviceKind::CPU, {DType::f32, DType::f64, DType::f16, DType::bf16},
+        &with_params<AttentionParams, attention_kernel>);
 }
 
 }  // namespace kiln::kernels

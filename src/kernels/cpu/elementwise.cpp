@@ -186,7 +186,7 @@ void binary_loop(const KernelContext& ctx, const TensorView& a, const TensorView
 }
 
 template <Op kOp, class F>
-void unary_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+void unary_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
                   std::span<const TensorView> outputs) {
   check_broadcastable(kOp, "operand", inputs[0], outputs[0].shape);
   visit_dtype(inputs[0].dtype, [&]<class T>() {
@@ -197,20 +197,27 @@ void unary_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const
   });
 }
 
-void gelu_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                 std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
-  const std::string& approximate = graph::get_attr<std::string>(attrs, "approximate", Op::gelu);
-  if (approximate == "none")
-    unary_kernel<Op::gelu, GeluErf>(ctx, attrs, inputs, outputs);
-  else if (approximate == "tanh")
-    unary_kernel<Op::gelu, GeluTanh>(ctx, attrs, inputs, outputs);
+struct GeluParams {
+  bool tanh = false;  // approximate = "tanh", else "none" (erf)
+  explicit GeluParams(const KernelInit& init) {
+    const std::string& approximate = init.attr<std::string>("approximate");
+    if (approximate != "none" && approximate != "tanh")
+      throw ValueError(
+          fmt::format("gelu: attribute 'approximate' is '{}'; expected 'none' or 'tanh'", approximate));
+    tanh = approximate == "tanh";
+  }
+};
+
+void gelu_kernel(const KernelContext& ctx, const GeluParams& params, std::span<const TensorView> inputs,
+                 std::span<const TensorView> outputs) {
+  if (params.tanh)
+    unary_kernel<Op::gelu, GeluTanh>(ctx, inputs, outputs);
   else
-    throw ValueError(fmt::format("gelu: attribute 'approximate' is '{}'; expected 'none' or 'tanh'",
-                                 approximate));
+    unary_kernel<Op::gelu, GeluErf>(ctx, inputs, outputs);
 }
 
 template <Op kOp, class F>
-void binary_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+void binary_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
                    std::span<const TensorView> outputs) {
   const TensorView& a = inputs[0];
   const TensorView& b = inputs[1];
@@ -228,7 +235,7 @@ void binary_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<cons
 }
 
 // where(condition, x, y): a byte move by element size; condition is bool.
-void where_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+void where_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
                   std::span<const TensorView> outputs) {
   const TensorView& cond = inputs[0];
   const TensorView& x = inputs[1];
@@ -264,7 +271,7 @@ void where_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const
 }
 
 // cast: any dtype to any (see convert() for the semantics); the result's dtype is the target.
-void cast_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+void cast_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
                  std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];
   const TensorView& out = outputs[0];
@@ -290,17 +297,17 @@ void cast_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const 
   });
 }
 
-// Registers `fn` for op on every dtype `accepted` allows.
-void add_for(KernelRegistry& r, Op op, Accepts accepted, KernelFn fn) {
+// Registers `make` for op on every dtype `accepted` allows.
+void add_for(KernelRegistry& r, Op op, Accepts accepted, const KernelFactory& make) {
   for (DType d : kAllDTypes)
-    if (accepts(accepted, d)) r.add(op, DeviceKind::CPU, {d}, fn);
+    if (accepts(accepted, d)) r.add(op, DeviceKind::CPU, {d}, make);
 }
 
 template <Op kOp, class F> void add_unary(KernelRegistry& r) {
-  add_for(r, kOp, F::kAccepts, unary_kernel<kOp, F>);
+  add_for(r, kOp, F::kAccepts, &stateless<unary_kernel<kOp, F>>);
 }
 template <Op kOp, class F> void add_binary(KernelRegistry& r) {
-  add_for(r, kOp, F::kAccepts, binary_kernel<kOp, F>);
+  add_for(r, kOp, F::kAccepts, &stateless<binary_kernel<kOp, F>>);
 }
 
 }  // namespace
@@ -317,7 +324,7 @@ void register_cpu_elementwise(KernelRegistry& r) {
   add_unary<Op::tanh, Tanh>(r);
   add_unary<Op::sigmoid, Sigmoid>(r);
   add_unary<Op::silu, Silu>(r);
-  add_for(r, Op::gelu, Accepts::floats, gelu_kernel);
+  add_for(r, Op::gelu, Accepts::floats, &with_params<GeluParams, gelu_kernel>);
   add_unary<Op::relu, Relu>(r);
   add_unary<Op::erf, Erf>(r);
   add_unary<Op::floor, Floor>(r);
@@ -346,9 +353,9 @@ void register_cpu_elementwise(KernelRegistry& r) {
   add_binary<Op::logical_or, LogicalOr>(r);
   add_binary<Op::logical_xor, LogicalXor>(r);
 
-  // Registered under the condition's dtype (kernel_dtype takes the first operand's).
-  r.add(Op::where, DeviceKind::CPU, {DType::boolean}, where_kernel);
-  add_for(r, Op::cast, Accepts::all, cast_kernel);
+  // Registered under the condition's dtype (graph::kernel_key takes the first operand's).
+  r.add(Op::where, DeviceKind::CPU, {DType::boolean}, &stateless<where_kernel>);
+  add_for(r, Op::cast, Accepts::all, &stateless<cast_kernel>);
 }
 
 }  // namespace kiln::kernels

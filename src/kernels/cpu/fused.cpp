@@ -6,7 +6,6 @@
 // unfused ops' bit for bit (the same functors, elementwise_functors.h, in f32).
 #include <cmath>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -33,16 +32,19 @@ bool is_register_dtype(DType d) {
   return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::boolean;
 }
 
-// The program of a node, parsed once per text on each calling thread (the text is the key: the
-// attribute map a step carries may be a temporary).
-const ElementwiseProgram& cached_program(const std::string& text, int32_t num_inputs) {
-  thread_local std::unordered_map<std::string, ElementwiseProgram> cache;
-  auto it = cache.find(text);
-  if (it != cache.end() && it->second.num_inputs == num_inputs) return it->second;
-  if (cache.size() > 1024) cache.clear();
-  ElementwiseProgram program = ElementwiseProgram::parse(text, num_inputs);
-  return cache.insert_or_assign(text, std::move(program)).first->second;
-}
+// The node's program, parsed and checked once when the kernel is built.
+struct FusedParams {
+  ElementwiseProgram program;
+
+  explicit FusedParams(const KernelInit& init)
+      : program(ElementwiseProgram::parse(init.attr<std::string>("program"),
+                                          static_cast<int32_t>(init.inputs.size()))) {
+    for (const ElementwiseInstruction& in : program.instructions)
+      if (!is_register_dtype(in.dtype))
+        throw DTypeError(fmt::format("fused_elementwise: the CPU kernel has no {} registers (program \"{}\")",
+                                     dtype_name(in.dtype), program.to_string()));
+  }
+};
 
 // ---- one instruction over n elements ------------------------------------------------------------
 
@@ -185,14 +187,16 @@ struct Operand {
   }
 };
 
-void fused_elementwise_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
+void fused_elementwise_kernel(const KernelContext& ctx, const FusedParams& params,
                               std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+  const ElementwiseProgram& program = params.program;
   if (outputs.size() != 1)
     throw ValueError(fmt::format("fused_elementwise: expected 1 result, got {}", outputs.size()));
+  // The program was parsed for the operands the kernel was built with; its registers index them.
+  if (static_cast<int32_t>(inputs.size()) != program.num_inputs)
+    throw ValueError(fmt::format("fused_elementwise: built for {} operands, launched with {}",
+                                 program.num_inputs, inputs.size()));
   const TensorView& out = outputs[0];
-  const auto num_inputs = static_cast<int32_t>(inputs.size());
-  const ElementwiseProgram& program = cached_program(
-      graph::get_attr<std::string>(attrs, "program", Op::fused_elementwise), num_inputs);
   const auto num_registers = static_cast<size_t>(program.num_registers());
 
   std::vector<Operand> operands(inputs.size());
@@ -213,10 +217,6 @@ void fused_elementwise_kernel(const KernelContext& ctx, const graph::Attrs& attr
     operands[i] = Operand{&v, broadcast_strides(v, out.shape), v.shape == out.shape && v.is_contiguous(),
                           v.numel() == 1};
   }
-  for (const ElementwiseInstruction& in : program.instructions)
-    if (!is_register_dtype(in.dtype))
-      throw DTypeError(fmt::format("fused_elementwise: the CPU kernel has no {} registers (program \"{}\")",
-                                   dtype_name(in.dtype), program.to_string()));
   const DType result_dtype = program.instructions.back().dtype;
   if (out.dtype != result_dtype || !out.is_contiguous())
     throw DTypeError(fmt::format("fused_elementwise: the result {} must be a contiguous {} (the program's "
@@ -272,9 +272,9 @@ void fused_elementwise_kernel(const KernelContext& ctx, const graph::Attrs& attr
 }  // namespace
 
 void register_cpu_fused(KernelRegistry& r) {
-  // Registered under the first operand's dtype (kernel_dtype); the kernel checks the others.
+  // Registered under the first operand's dtype (graph::kernel_key); the kernel checks the others.
   r.add(Op::fused_elementwise, DeviceKind::CPU, {DType::f32, DType::f16, DType::bf16, DType::boolean},
-        fused_elementwise_kernel);
+        &with_params<FusedParams, fused_elementwise_kernel>);
 }
 
 }  // namespace kiln::kernels

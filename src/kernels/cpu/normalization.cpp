@@ -73,17 +73,23 @@ void check_arity(Op op, std::span<const TensorView> inputs, std::span<const Tens
 
 // ---- softmax, log_softmax -----------------------------------------------------------------------
 
+// The axis as given: negative counts from the end of the input's rank, known only at launch.
+struct SoftmaxParams {
+  int64_t axis;
+  explicit SoftmaxParams(const KernelInit& init) : axis(init.attr<int64_t>("axis")) {}
+};
+
 template <Op kOp>
-void softmax_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void softmax_kernel(const KernelContext& ctx, const SoftmaxParams& params, std::span<const TensorView> inputs,
                     std::span<const TensorView> outputs) {
   check_arity(kOp, inputs, outputs, 1);
   const TensorView &x = inputs[0], &out = outputs[0];
   const int64_t rank = static_cast<int64_t>(x.shape.size());
-  int64_t axis = graph::get_attr<int64_t>(attrs, "axis", kOp);
+  int64_t axis = params.axis;
   if (axis < 0) axis += rank;
   if (axis < 0 || axis >= rank)
-    throw ValueError(op_str(kOp) + ": axis " + std::to_string(graph::get_attr<int64_t>(attrs, "axis", kOp)) +
-                     " is out of range for " + describe(x));
+    throw ValueError(op_str(kOp) + ": axis " + std::to_string(params.axis) + " is out of range for " +
+                     describe(x));
   check_same_result(kOp, x, out);
   const Lines lines(x, axis);
   visit_dtype(x.dtype, [&]<class T>() {
@@ -123,8 +129,13 @@ void softmax_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
 
 // ---- rms_norm, layer_norm ----------------------------------------------------------------------------
 
+struct NormParams {
+  double epsilon;
+  explicit NormParams(const KernelInit& init) : epsilon(init.attr<double>("epsilon")) {}
+};
+
 template <Op kOp>
-void norm_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void norm_kernel(const KernelContext& ctx, const NormParams& params, std::span<const TensorView> inputs,
                  std::span<const TensorView> outputs) {
   constexpr bool kLayer = kOp == Op::layer_norm;
   check_arity(kOp, inputs, outputs, kLayer ? 3 : 2);
@@ -142,7 +153,7 @@ void norm_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<
                        "] (x's last dim; x " + describe(x) + ")");
   }
   check_same_result(kOp, x, out);
-  const double epsilon = graph::get_attr<double>(attrs, "epsilon", kOp);
+  const double epsilon = params.epsilon;
   const Lines lines(x, static_cast<int64_t>(x.shape.size()) - 1);
   visit_dtype(x.dtype, [&]<class T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, f16_t> ||
@@ -190,10 +201,11 @@ void norm_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<
 
 void register_cpu_normalization(KernelRegistry& r) {
   const std::initializer_list<DType> kFloat = {DType::f32, DType::f64, DType::f16, DType::bf16};
-  r.add(Op::softmax, DeviceKind::CPU, kFloat, softmax_kernel<Op::softmax>);
-  r.add(Op::log_softmax, DeviceKind::CPU, kFloat, softmax_kernel<Op::log_softmax>);
-  r.add(Op::rms_norm, DeviceKind::CPU, kFloat, norm_kernel<Op::rms_norm>);
-  r.add(Op::layer_norm, DeviceKind::CPU, kFloat, norm_kernel<Op::layer_norm>);
+  r.add(Op::softmax, DeviceKind::CPU, kFloat, &with_params<SoftmaxParams, softmax_kernel<Op::softmax>>);
+  r.add(Op::log_softmax, DeviceKind::CPU, kFloat,
+        &with_params<SoftmaxParams, softmax_kernel<Op::log_softmax>>);
+  r.add(Op::rms_norm, DeviceKind::CPU, kFloat, &with_params<NormParams, norm_kernel<Op::rms_norm>>);
+  r.add(Op::layer_norm, DeviceKind::CPU, kFloat, &with_params<NormParams, norm_kernel<Op::layer_norm>>);
 }
 
 }  // namespace kiln::kernels

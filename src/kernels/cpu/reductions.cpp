@@ -54,14 +54,31 @@ struct Lines {
   std::vector<int64_t> outer_shape, outer_strides;  // the input's shape and strides without the axis
 };
 
-Lines lines_of(Op op, const TensorView& in, const graph::Attrs& attrs) {
+// The attributes of a reduction: the axis as given (negative counts from the end; the input's rank,
+// which may be symbolic at build, is only known at launch), and cumsum's and top_k's own.
+struct AxisParams {
+  int64_t axis;
+  explicit AxisParams(const KernelInit& init) : axis(init.attr<int64_t>("axis")) {}
+};
+struct CumsumParams : AxisParams {
+  bool exclusive, reverse;
+  explicit CumsumParams(const KernelInit& init)
+      : AxisParams(init),
+        exclusive(init.attr<int64_t>("exclusive") != 0),
+        reverse(init.attr<int64_t>("reverse") != 0) {}
+};
+struct TopKParams : AxisParams {
+  int64_t k;
+  explicit TopKParams(const KernelInit& init) : AxisParams(init), k(init.attr<int64_t>("k")) {}
+};
+
+Lines lines_of(Op op, const TensorView& in, int64_t given_axis) {
   const int64_t rank = static_cast<int64_t>(in.shape.size());
-  int64_t axis = graph::get_attr<int64_t>(attrs, "axis", op);
+  int64_t axis = given_axis;
   if (axis < 0) axis += rank;
   if (rank == 0 || axis < 0 || axis >= rank)
-    throw ValueError(std::string(graph::op_name(op)) + ": axis " +
-                     std::to_string(graph::get_attr<int64_t>(attrs, "axis", op)) + " is out of range for " +
-                     describe(in));
+    throw ValueError(std::string(graph::op_name(op)) + ": axis " + std::to_string(given_axis) +
+                     " is out of range for " + describe(in));
   Lines l;
   l.axis = axis;
   l.length = in.shape[axis];
@@ -125,14 +142,14 @@ void reject_bool(Op op, const TensorView& in) {
 // ---- sum and mean ----------------------------------------------------------------------------------
 
 template <Op kOp>
-void sum_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void sum_kernel(const KernelContext& ctx, const AxisParams& params, std::span<const TensorView> inputs,
                 std::span<const TensorView> outputs) {
   check_arity(kOp, inputs, outputs, 1);
   const TensorView &in = inputs[0], &out = outputs[0];
   reject_bool(kOp, in);
   if (kOp == Op::mean && !is_float(in.dtype))
     throw DTypeError("mean: input must be a float dtype, got " + describe(in));
-  const Lines l = lines_of(kOp, in, attrs);
+  const Lines l = lines_of(kOp, in, params.axis);
   check_result(kOp, in, out, l, 1, in.dtype);
   visit_dtype(in.dtype, [&]<class T>() {
     if constexpr (!std::is_same_v<T, bool>) {
@@ -171,14 +188,14 @@ template <bool kMax, class T> int64_t extreme_index(const T* x, int64_t stride, 
 }
 
 template <Op kOp>
-void extreme_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void extreme_kernel(const KernelContext& ctx, const AxisParams& params, std::span<const TensorView> inputs,
                     std::span<const TensorView> outputs) {
   constexpr bool kMax = kOp == Op::max || kOp == Op::argmax;
   constexpr bool kIndex = kOp == Op::argmax || kOp == Op::argmin;
   check_arity(kOp, inputs, outputs, 1);
   const TensorView &in = inputs[0], &out = outputs[0];
   reject_bool(kOp, in);
-  const Lines l = lines_of(kOp, in, attrs);
+  const Lines l = lines_of(kOp, in, params.axis);
   check_result(kOp, in, out, l, 1, kIndex ? DType::i64 : in.dtype);
   if (l.length == 0 && l.count > 0)
     throw ShapeError(std::string(graph::op_name(kOp)) + ": cannot reduce dim " + std::to_string(l.axis) +
@@ -199,15 +216,14 @@ void extreme_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
 
 // ---- cumsum --------------------------------------------------------------------------------------
 
-void cumsum_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void cumsum_kernel(const KernelContext& ctx, const CumsumParams& params, std::span<const TensorView> inputs,
                    std::span<const TensorView> outputs) {
   check_arity(Op::cumsum, inputs, outputs, 1);
   const TensorView &in = inputs[0], &out = outputs[0];
   reject_bool(Op::cumsum, in);
-  const Lines l = lines_of(Op::cumsum, in, attrs);
+  const Lines l = lines_of(Op::cumsum, in, params.axis);
   check_result(Op::cumsum, in, out, l, l.length, in.dtype);
-  const bool exclusive = graph::get_attr<int64_t>(attrs, "exclusive", Op::cumsum) != 0;
-  const bool reverse = graph::get_attr<int64_t>(attrs, "reverse", Op::cumsum) != 0;
+  const bool exclusive = params.exclusive, reverse = params.reverse;
   visit_dtype(in.dtype, [&]<class T>() {
     if constexpr (!std::is_same_v<T, bool>) {
       using Acc = accumulator_t<T>;
@@ -229,13 +245,13 @@ void cumsum_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::spa
 
 // ---- top_k ---------------------------------------------------------------------------------------
 
-void top_k_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void top_k_kernel(const KernelContext& ctx, const TopKParams& params, std::span<const TensorView> inputs,
                   std::span<const TensorView> outputs) {
   check_arity(Op::top_k, inputs, outputs, 2);
   const TensorView &in = inputs[0], &values = outputs[0], &indices = outputs[1];
   reject_bool(Op::top_k, in);
-  const Lines l = lines_of(Op::top_k, in, attrs);
-  const int64_t k = graph::get_attr<int64_t>(attrs, "k", Op::top_k);
+  const Lines l = lines_of(Op::top_k, in, params.axis);
+  const int64_t k = params.k;
   if (k < 1 || k > l.length)
     throw ShapeError("top_k: k " + std::to_string(k) + " must be in [1, " + std::to_string(l.length) +
                      "], the size of dim " + std::to_string(l.axis) + " (input " + describe(in) + ")");
@@ -296,14 +312,14 @@ void register_cpu_reductions(KernelRegistry& r) {
                                                      DType::i8,  DType::i16, DType::i32, DType::i64,
                                                      DType::u8,  DType::u16, DType::u32, DType::u64};
   const std::initializer_list<DType> kFloat = {DType::f32, DType::f64, DType::f16, DType::bf16};
-  r.add(Op::sum, DeviceKind::CPU, kNumeric, sum_kernel<Op::sum>);
-  r.add(Op::mean, DeviceKind::CPU, kFloat, sum_kernel<Op::mean>);
-  r.add(Op::max, DeviceKind::CPU, kNumeric, extreme_kernel<Op::max>);
-  r.add(Op::min, DeviceKind::CPU, kNumeric, extreme_kernel<Op::min>);
-  r.add(Op::argmax, DeviceKind::CPU, kNumeric, extreme_kernel<Op::argmax>);
-  r.add(Op::argmin, DeviceKind::CPU, kNumeric, extreme_kernel<Op::argmin>);
-  r.add(Op::cumsum, DeviceKind::CPU, kNumeric, cumsum_kernel);
-  r.add(Op::top_k, DeviceKind::CPU, kNumeric, top_k_kernel);
+  r.add(Op::sum, DeviceKind::CPU, kNumeric, &with_params<AxisParams, sum_kernel<Op::sum>>);
+  r.add(Op::mean, DeviceKind::CPU, kFloat, &with_params<AxisParams, sum_kernel<Op::mean>>);
+  r.add(Op::max, DeviceKind::CPU, kNumeric, &with_params<AxisParams, extreme_kernel<Op::max>>);
+  r.add(Op::min, DeviceKind::CPU, kNumeric, &with_params<AxisParams, extreme_kernel<Op::min>>);
+  r.add(Op::argmax, DeviceKind::CPU, kNumeric, &with_params<AxisParams, extreme_kernel<Op::argmax>>);
+  r.add(Op::argmin, DeviceKind::CPU, kNumeric, &with_params<AxisParams, extreme_kernel<Op::argmin>>);
+  r.add(Op::cumsum, DeviceKind::CPU, kNumeric, &with_params<CumsumParams, cumsum_kernel>);
+  r.add(Op::top_k, DeviceKind::CPU, kNumeric, &with_params<TopKParams, top_k_kernel>);
 }
 
 }  // namespace kiln::kernels

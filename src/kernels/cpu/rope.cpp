@@ -46,7 +46,7 @@ void rope_loop(const KernelContext& ctx, const TensorView& x, const TensorView& 
   });
 }
 
-void rope_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
+void rope_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
                  std::span<const TensorView> outputs) {
   if (inputs.size() != 3 || outputs.size() != 1)
     throw ValueError(fmt::format("rope: expected 3 operands (x, cos, sin) and 1 result, got {} and {}",
@@ -75,7 +75,8 @@ void rope_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const 
 }  // namespace
 
 void register_cpu_rope(KernelRegistry& r) {
-  r.add(Op::rope, DeviceKind::CPU, {DType::f32, DType::f64, DType::f16, DType::bf16}, rope_kernel);
+  r.add(Op::rope, DeviceKind::CPU, {DType::f32, DType::f64, DType::f16, DType::bf16},
+        &stateless<rope_kernel>);
 }
 
 }  // namespace kiln::kernels

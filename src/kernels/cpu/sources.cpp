@@ -12,10 +12,16 @@ namespace {
 
 using graph::Op;
 
-// Copies attr "value" (little-endian element bytes) into the result.
-void constant_kernel(const KernelContext&, const graph::Attrs& attrs, std::span<const TensorView>,
+// Attr "value": little-endian element bytes. A copy, as the attribute map need not outlive the kernel.
+struct ConstantParams {
+  graph::Bytes value;
+  explicit ConstantParams(const KernelInit& init) : value(init.attr<graph::Bytes>("value")) {}
+};
+
+// Copies the value into the result.
+void constant_kernel(const KernelContext&, const ConstantParams& params, std::span<const TensorView>,
                      std::span<const TensorView> outputs) {
-  const graph::Bytes& value = graph::get_attr<graph::Bytes>(attrs, "value", Op::constant);
+  const graph::Bytes& value = params.value;
   const TensorView& out = outputs[0];
   const size_t bytes = static_cast<size_t>(out.numel()) * dtype_size(out.dtype);
   if (value.size() != bytes)
@@ -25,11 +31,16 @@ void constant_kernel(const KernelContext&, const graph::Attrs& attrs, std::span<
   if (bytes != 0) std::memcpy(out.data, value.data(), bytes);
 }
 
+struct RangeParams {
+  double start, step;
+  explicit RangeParams(const KernelInit& init)
+      : start(init.attr<double>("start")), step(init.attr<double>("step")) {}
+};
+
 // Element i is start + i * step, computed in double and converted as `cast` converts.
-void range_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView>,
+void range_kernel(const KernelContext& ctx, const RangeParams& params, std::span<const TensorView>,
                   std::span<const TensorView> outputs) {
-  const double start = graph::get_attr<double>(attrs, "start", Op::range);
-  const double step = graph::get_attr<double>(attrs, "step", Op::range);
+  const double start = params.start, step = params.step;
   const TensorView& out = outputs[0];  // [size]
   visit_dtype(out.dtype, [&]<class T>() {
     T* o = out.as<T>();
@@ -44,8 +55,8 @@ void range_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span
 
 void register_cpu_sources(KernelRegistry& r) {
   for (DType d : kAllDTypes) {
-    r.add(Op::constant, DeviceKind::CPU, {d}, constant_kernel);
-    if (d != DType::boolean) r.add(Op::range, DeviceKind::CPU, {d}, range_kernel);
+    r.add(Op::constant, DeviceKind::CPU, {d}, &with_params<ConstantParams, constant_kernel>);
+    if (d != DType::boolean) r.add(Op::range, DeviceKind::CPU, {d}, &with_params<RangeParams, range_kernel>);
   }
 }
 
