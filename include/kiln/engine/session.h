@@ -15,6 +15,7 @@
 #include "kiln/distributed.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
+#include "kiln/logging.h"
 
 namespace kiln::engine {
 
@@ -86,6 +87,8 @@ struct SessionOptions {
   // For graphs whose collectives span processes (processes > 1): the group that carries them, e.g.
   // engine::mpi_world() (kiln/engine/distributed.h). Its size must equal each collective's processes.
   std::shared_ptr<ProcessGroup> process_group = nullptr;
+  // Where the session's warnings go (kiln/logging.h); nullptr: default_logger(), stderr.
+  std::shared_ptr<Logger> logger = nullptr;
 };
 
 class InferenceSession {
@@ -102,6 +105,8 @@ class InferenceSession {
   InferenceSession& operator=(InferenceSession&&) noexcept;
 
   const std::vector<DeviceRef>& devices() const;
+  // SessionOptions::logger, or default_logger() when none was given.
+  Logger& logger() const;
 
   CompiledModel compile(const graph::Module& module) const;
   // Compiles with the session's extensions plus `extra_extensions` (one compile unit's, e.g. the
