@@ -27,6 +27,7 @@ class SessionState {
   std::atomic<int64_t> cache_hits{0};
   std::optional<CompileCache> cache;  // nullopt: turned off, or no cache directory can be named
   std::vector<std::filesystem::path> custom_extensions;
+  std::shared_ptr<Logger> logger;
 };
 
 namespace {
@@ -95,6 +96,7 @@ InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
   state_ = std::make_shared<SessionState>(std::move(devices), std::move(backends));
   state_->custom_extensions = std::move(custom_extensions);
   state_->process_group = std::move(options.process_group);
+  state_->logger = options.logger ? std::move(options.logger) : default_logger();
   if (options.compile_cache) {
     try {
       state_->cache.emplace(options.compile_cache_dir);
@@ -110,6 +112,7 @@ InferenceSession::InferenceSession(InferenceSession&&) noexcept = default;
 InferenceSession& InferenceSession::operator=(InferenceSession&&) noexcept = default;
 
 const std::vector<DeviceRef>& InferenceSession::devices() const { return state_->devices; }
+Logger& InferenceSession::logger() const { return *state_->logger; }
 
 const compiler::KernelCatalog& InferenceSession::kernel_catalog() const { return state_->backends; }
 

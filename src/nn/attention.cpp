@@ -100,7 +100,7 @@ TensorValue attend_with_cache(const TensorValue& q_rows, const TensorValue& k_ro
 
 AttentionWithRope::AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads,
                                      int64_t n_kv_heads, int64_t head_dim, DType dtype, bool has_bias,
-                                     DeviceRef device)
+                                     DeviceRef device, std::optional<WeightFormat> weight_format)
     : layer_index_(layer_index), n_heads_(n_heads), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {
   if (layer_index < 0 || hidden_dim <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
       n_heads % n_kv_heads != 0)
@@ -108,14 +108,16 @@ AttentionWithRope::AttentionWithRope(int64_t layer_index, int64_t hidden_dim, in
         "AttentionWithRope: need layer_index >= 0, positive dims and n_heads a multiple of n_kv_heads; got "
         "layer_index {}, hidden_dim {}, n_heads {}, n_kv_heads {}, head_dim {}",
         layer_index, hidden_dim, n_heads, n_kv_heads, head_dim));
+  const std::optional<WeightFormat> in_format = model_weight_format(weight_format, hidden_dim);
   q_proj_ = register_module(
-      "q_proj", std::make_shared<Linear>(hidden_dim, n_heads * head_dim, dtype, has_bias, device));
-  k_proj_ = register_module(
-      "k_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype, has_bias, device));
-  v_proj_ = register_module(
-      "v_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype, has_bias, device));
+      "q_proj", std::make_shared<Linear>(hidden_dim, n_heads * head_dim, dtype, has_bias, device, in_format));
+  k_proj_ = register_module("k_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype,
+                                                               has_bias, device, in_format));
+  v_proj_ = register_module("v_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype,
+                                                               has_bias, device, in_format));
   o_proj_ = register_module("o_proj",
-                            std::make_shared<Linear>(n_heads * head_dim, hidden_dim, dtype, false, device));
+                            std::make_shared<Linear>(n_heads * head_dim, hidden_dim, dtype, false, device,
+                                                     model_weight_format(weight_format, n_heads * head_dim)));
 }
 
 TensorValue AttentionWithRope::operator()(const TensorValue& x, const AttentionContext& ctx) const {

@@ -10,7 +10,7 @@ Embedding::Embedding(int64_t vocab_size, int64_t dim, DType dtype, DeviceRef dev
     : vocab_size_(vocab_size),
       dim_(dim),
       dtype_(dtype),
-      weight_format_(resolve_weight_format("Embedding", dtype, weight_format, dim)) {
+      weight_format_(resolve_weight_format("Embedding", dtype, weight_format)) {
   if (vocab_size <= 0 || dim <= 0)
     throw ValueError(
         fmt::format("Embedding: vocab_size and dim must be positive, got {} and {}", vocab_size, dim));

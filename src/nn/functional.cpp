@@ -1,15 +1,14 @@
-// nn::functional: one dispatch for every op. Traced operands record graph ops; all-eager operands run
-// a one-op model compiled once per signature by the process-wide eager session.
+// nn::functional: one dispatch for every op. Traced operands record graph ops into their graph;
+// all-eager operands run a one-op model compiled once per signature and cached by their EagerSession.
 #include "kiln/nn/functional.h"
 
 #include <fmt/format.h>
 
 #include <functional>
-#include <mutex>
+#include <optional>
 #include <string_view>
-#include <unordered_map>
 
-#include "kiln/engine/session.h"
+#include "kiln/nn/eager_session.h"
 #include "nn/trace_context.h"
 
 namespace kiln::nn {
@@ -20,24 +19,6 @@ namespace {
 
 using ValueList = std::vector<graph::Value>;
 using Build = std::function<ValueList(const ValueList&)>;
-
-// Lets the cache be probed with a string_view of the key buffer, so a hit allocates no key string.
-struct KeyHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view key) const { return std::hash<std::string_view>{}(key); }
-};
-
-// The eager session and its cache of one-op models, keyed by op signature.
-struct EagerRuntime {
-  engine::InferenceSession session{{DeviceRef::CPU()}};
-  std::mutex mutex;
-  std::unordered_map<std::string, engine::Model, KeyHash, std::equal_to<>> models;
-};
-
-EagerRuntime& eager_runtime() {
-  static EagerRuntime runtime;
-  return runtime;
-}
 
 // An op call: its name (for messages and the cache key), the attributes that make its signature
 // (already formatted), its operands, and which of them are buffers.
@@ -74,7 +55,7 @@ std::vector<Tensor> trace(const Call& call, const graph::Value& anchor, const Bu
       throw ValueError(fmt::format("{}: operand {} must be a buffer value of the graph being traced, got {}",
                                    call.op, i, t.to_string()));
     } else {
-      values.push_back(detail::constant_in(*anchor.graph(), anchor.module(), t.data()));
+      values.push_back(detail::eager_operand_in(*anchor.graph(), anchor.module(), t));
     }
   }
   return wrap(build(values));
@@ -86,7 +67,8 @@ void append_key(fmt::memory_buffer& key, const kiln::Tensor& t, bool buffer) {
                  t.device().id);
 }
 
-std::vector<Tensor> run_eager(const Call& call, const Build& build) {
+std::vector<Tensor> run_eager(const Call& call, const Build& build,
+                              const std::shared_ptr<EagerSession>& session) {
   std::vector<kiln::Tensor> inputs;
   inputs.reserve(call.operands.size());
   fmt::memory_buffer key;
@@ -96,36 +78,30 @@ std::vector<Tensor> run_eager(const Call& call, const Build& build) {
     append_key(key, inputs.back(), call.is_buffer(i));
   }
 
-  EagerRuntime& runtime = eager_runtime();
-  const std::string_view key_view(key.data(), key.size());
-  engine::Model model;
-  {
-    std::lock_guard lock(runtime.mutex);
-    auto it = runtime.models.find(key_view);
-    if (it == runtime.models.end()) {
-      // Held while compiling: concurrent first calls of one signature compile it once.
-      std::vector<graph::Type> types;
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        graph::Shape shape = graph::Shape::of(inputs[i].shape());
-        if (call.is_buffer(i))
-          types.push_back(graph::BufferType{inputs[i].dtype(), shape, inputs[i].device()});
-        else
-          types.push_back(graph::TensorType{inputs[i].dtype(), shape, inputs[i].device()});
-      }
-      graph::Graph g(fmt::format("eager_{}", call.op), types);
-      {
-        graph::Graph::Scope scope(g);
-        g.output(build(g.inputs()));
-      }
-      // Inserted only once it compiled: a failed signature (bad shapes) is not cached.
-      it = runtime.models.emplace(std::string(key_view), runtime.session.load(g)).first;
+  EagerSession& eager = session ? *session : *default_eager_session();
+  // A failed build (bad shapes) throws before anything is cached.
+  auto load = [&] {
+    std::vector<graph::Type> types;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      graph::Shape shape = graph::Shape::of(inputs[i].shape());
+      if (call.is_buffer(i))
+        types.push_back(graph::BufferType{inputs[i].dtype(), shape, inputs[i].device()});
+      else
+        types.push_back(graph::TensorType{inputs[i].dtype(), shape, inputs[i].device()});
     }
-    model = it->second;
-  }
+    graph::Graph g(fmt::format("eager_{}", call.op), types);
+    {
+      graph::Graph::Scope scope(g);
+      g.output(build(g.inputs()));
+    }
+    return eager.inference_session().load(g);
+  };
+  // std::ref: a std::function of a reference allocates nothing, so a cache hit stays allocation-free.
+  engine::Model model = eager.cached_model(std::string_view(key.data(), key.size()), std::ref(load));
   std::vector<kiln::Tensor> outputs = model.execute(inputs);
   std::vector<Tensor> out;
   out.reserve(outputs.size());
-  for (auto& t : outputs) out.emplace_back(std::move(t));
+  for (auto& t : outputs) out.emplace_back(std::move(t), session);
   return out;
 }
 
@@ -137,7 +113,19 @@ std::vector<Tensor> dispatch(const Call& call, const Build& build) {
     if (t->is_traced() && !anchor) anchor = t;
   }
   if (anchor) return trace(call, anchor->value(), build);
-  return run_eager(call, build);
+  // The session an eager op runs in: the one its operands name (they must agree); none named, the
+  // default one.
+  std::optional<size_t> with_session;
+  for (size_t i = 0; i < call.operands.size(); ++i) {
+    const auto& session = call.operands[i]->session();
+    if (!session) continue;
+    if (!with_session)
+      with_session = i;
+    else if (session != call.operands[*with_session]->session())
+      throw ValueError(fmt::format("{}: operand {} belongs to another nn::EagerSession than operand {}",
+                                   call.op, i, *with_session));
+  }
+  return run_eager(call, build, with_session ? call.operands[*with_session]->session() : nullptr);
 }
 
 Tensor dispatch1(const Call& call, const Build& build) { return dispatch(call, build).at(0); }
@@ -185,9 +173,16 @@ graph::Value detail::constant_in(graph::GraphIR& graph, graph::Module* module, c
   return graph::add_node(graph, module, graph::Op::constant, {}, std::move(attrs)).at(0);
 }
 
-int64_t eager_compile_count() { return eager_runtime().session.compile_count(); }
+graph::Value detail::eager_operand_in(graph::GraphIR& graph, graph::Module* module, const Tensor& eager) {
+  if (const std::string* name = eager.parameter_name())
+    throw ValueError(
+        fmt::format("nn::Parameter '{}' was used while staging graph '{}' but is not a parameter of "
+                    "the module being staged (register its module as a child)",
+                    *name, graph.name));
+  return constant_in(graph, module, eager.data());
+}
 
-bool is_tracing() { return detail::current_trace() != nullptr; }
+int64_t eager_compile_count() { return default_eager_session()->inference_session().compile_count(); }
 
 namespace functional {
 
@@ -195,17 +190,33 @@ namespace functional {
 
 Tensor constant(const kiln::Tensor& data) { return Tensor(data); }
 
-Tensor range(double start, double step, const graph::Dim& size, DType dtype, DeviceRef device) {
-  auto build = [&](const ValueList&) { return ValueList{ops::range(start, step, size, dtype, device)}; };
-  if (detail::TraceContext* trace = detail::current_trace()) {
-    graph::Graph::Scope scope(*trace->graph);
-    return Tensor(build({}).at(0));
-  }
+Tensor range(double start, double step, const graph::Dim& size, DType dtype, DeviceRef device,
+             std::shared_ptr<EagerSession> session) {
   if (!size.is_static())
-    throw ValueError(fmt::format("range: size {} must be static when run eagerly", size.to_string()));
-  return dispatch1({"range", fmt::format("{},{},{},{},{}", start, step, size.to_string(), dtype_name(dtype),
+    throw ValueError(
+        fmt::format("range: size {} must be static when run eagerly (pass a traced tensor as "
+                    "`like` to record it in that tensor's graph)",
+                    size.to_string()));
+  auto build = [&](const ValueList&) { return ValueList{ops::range(start, step, size, dtype, device)}; };
+  // No operands to take a session from: the caller names it.
+  return run_eager({"range", fmt::format("{},{},{},{},{}", start, step, size.to_string(), dtype_name(dtype),
                                          device.to_string())},
-                   build);
+                   build, session)
+      .at(0);
+}
+
+Tensor range(double start, double step, const graph::Dim& size, DType dtype, const Tensor& like) {
+  if (!like.defined()) throw ValueError("range: `like` is an undefined nn::Tensor");
+  if (like.is_eager()) return range(start, step, size, dtype, like.device(), like.session());
+  // ops::range's node, added to like's graph (ops::range itself adds to the entered graph).
+  const graph::Value& anchor = like.value();
+  return Tensor(graph::add_node(*anchor.graph(), anchor.module(), graph::Op::range, {},
+                                {{"start", start},
+                                 {"step", step},
+                                 {"size", graph::Shape{size}},
+                                 {"dtype", dtype},
+                                 {"device", like.device()}})
+                    .at(0));
 }
 
 // ---- elementwise -------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ namespace ops = graph::ops;
 
 Linear::Linear(int64_t in_dim, int64_t out_dim, DType dtype, bool has_bias, DeviceRef device,
                std::optional<WeightFormat> weight_format)
-    : in_dim_(in_dim), out_dim_(out_dim), weight_format_(resolve_weight_format("Linear", dtype, weight_format, in_dim)) {
+    : in_dim_(in_dim),
+      out_dim_(out_dim),
+      weight_format_(resolve_weight_format("Linear", dtype, weight_format)) {
   if (in_dim <= 0 || out_dim <= 0)
     throw ValueError(fmt::format("Linear: dims must be positive, got in {} out {}", in_dim, out_dim));
   const graph::TensorType w = weight_format_ ? weight_type(*weight_format_, out_dim, in_dim, device, "Linear weight")

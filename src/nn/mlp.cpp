@@ -8,15 +8,17 @@ namespace kiln::nn {
 namespace ops = graph::ops;
 
 MLP::MLP(int64_t hidden_dim, int64_t intermediate_dim, MLPActivation activation, DType dtype, bool has_bias,
-         DeviceRef device)
+         DeviceRef device, std::optional<WeightFormat> weight_format)
     : activation_(activation) {
+  const std::optional<WeightFormat> up_format = model_weight_format(weight_format, hidden_dim);
   if (activation == MLPActivation::swiglu)
-    gate_proj_ = register_module(
-        "gate_proj", std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype, has_bias, device));
-  up_proj_ = register_module("up_proj",
-                             std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype, has_bias, device));
+    gate_proj_ = register_module("gate_proj", std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype,
+                                                                       has_bias, device, up_format));
+  up_proj_ = register_module(
+      "up_proj", std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype, has_bias, device, up_format));
   down_proj_ = register_module(
-      "down_proj", std::make_shared<Linear>(intermediate_dim, hidden_dim, dtype, has_bias, device));
+      "down_proj", std::make_shared<Linear>(intermediate_dim, hidden_dim, dtype, has_bias, device,
+                                            model_weight_format(weight_format, intermediate_dim)));
 }
 
 graph::TensorValue MLP::operator()(const graph::TensorValue& x) const {

@@ -4,34 +4,21 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <iostream>
-#include <mutex>
 
 #include "kiln/engine/signals.h"
+#include "kiln/ext/extensions.h"
 #include "nn/trace_context.h"
 
 namespace kiln::nn {
-
-// ---- tracing state ---------------------------------------------------------------------------------
-
-namespace detail {
-
-namespace {
-thread_local TraceContext* current = nullptr;
-}
-
-TraceContext* current_trace() { return current; }
-
-TraceScope::TraceScope(TraceContext& context) : previous_(current) { current = &context; }
-TraceScope::~TraceScope() { current = previous_; }
-
-}  // namespace detail
 
 // ---- Parameter -------------------------------------------------------------------------------------
 
 struct Parameter::State {
   std::string name;
   kiln::Tensor data;
+  // The module that registered it, whose trace_ says whether it is being staged; null once that
+  // module is gone (a handle may outlive it).
+  const ModuleV3* owner;
 };
 
 const Parameter::State& Parameter::require() const {
@@ -55,14 +42,19 @@ void Parameter::set(kiln::Tensor data) const {
 
 Tensor Parameter::tensor() const {
   const State& s = require();
-  detail::TraceContext* trace = detail::current_trace();
-  if (!trace) return Tensor(s.data);
+  detail::TraceContext* trace = s.owner ? s.owner->trace_.load() : nullptr;
+  if (!trace) {
+    // Tagged with its name, so traced code that uses it names it (it is no weight of that graph).
+    Tensor eager(s.data);
+    eager.parameter_name_ = std::shared_ptr<const std::string>(state_, &state_->name);
+    return eager;
+  }
   if (auto it = trace->weights.find(&s); it != trace->weights.end()) return Tensor(it->second);
   auto name = trace->parameter_names.find(&s);
   if (name == trace->parameter_names.end())
     throw ValueError(
-        fmt::format("nn::Parameter '{}' was used while staging graph '{}' but is not a parameter of "
-                    "the module being staged (register its module as a child)",
+        fmt::format("nn::Parameter '{}' was registered while staging graph '{}' (register "
+                    "parameters in the constructor)",
                     s.name, trace->graph->name()));
   graph::Weight w{name->second, s.data.dtype(), graph::Shape::of(s.data.shape()), s.data.device()};
   graph::Value v = trace->graph->weight(w);
@@ -72,9 +64,17 @@ Tensor Parameter::tensor() const {
 
 // ---- ModuleV3: parameters and children ----------------------------------------------------------------
 
-ModuleV3::~ModuleV3() = default;
+ModuleV3::~ModuleV3() {
+  for (Parameter& p : parameters_) p.state_->owner = nullptr;
+}
 
 namespace {
+std::string device_list(const std::vector<DeviceRef>& devices) {
+  std::vector<std::string> names;
+  for (const DeviceRef& d : devices) names.push_back(d.to_string());
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 void check_local_name(const char* what, const std::string& name) {
   if (name.empty() || name.find('.') != std::string::npos)
     throw ValueError(fmt::format("{}: bad name '{}' (non-empty, no '.')", what, name));
@@ -91,7 +91,8 @@ Parameter ModuleV3::register_parameter(const std::string& name, kiln::Tensor ini
   if (!initial.defined())
     throw ValueError(
         fmt::format("register_parameter: parameter '{}' needs initial data (got an undefined tensor)", name));
-  parameters_.emplace_back(std::make_shared<Parameter::State>(Parameter::State{name, std::move(initial)}));
+  parameters_.emplace_back(
+      std::make_shared<Parameter::State>(Parameter::State{name, std::move(initial), this}));
   return parameters_.back();
 }
 
@@ -122,6 +123,11 @@ void ModuleV3::collect_parameters(const std::string& prefix,
                                   std::vector<std::pair<std::string, Parameter>>& out) const {
   for (const Parameter& p : parameters_) out.emplace_back(prefix + p.name(), p);
   for (const auto& [name, child] : children_) child->collect_parameters(prefix + name + ".", out);
+}
+
+void ModuleV3::collect_modules(std::vector<ModuleV3*>& out) {
+  out.push_back(this);
+  for (const auto& [name, child] : children_) child->collect_modules(out);
 }
 
 std::vector<std::pair<std::string, Parameter>> ModuleV3::parameters() const {
@@ -205,6 +211,7 @@ graph::Graph ModuleV3::stage(const std::vector<TypeTree>& input_types, const Sta
   }
 
   graph::Graph g(options.name, types);
+  // For graph::ops source ops that forward may call directly.
   graph::Graph::Scope scope(g);
   detail::TraceContext context;
   context.graph = &g;
@@ -223,10 +230,29 @@ graph::Graph ModuleV3::stage(const std::vector<TypeTree>& input_types, const Sta
     args.push_back(tree.unflatten(leaves));
   }
 
-  TensorTree results = [&] {
-    detail::TraceScope trace_scope(context);
-    return forward(args);
-  }();
+  // Point every module of the tree at this trace while forward runs; another stage() of any of
+  // them meanwhile is an error, not a mix of two graphs.
+  struct Marks {
+    std::vector<ModuleV3*> modules;
+    size_t count = 0;
+    ~Marks() {
+      for (size_t i = 0; i < count; ++i) modules[i]->trace_.store(nullptr);
+    }
+  } marks;
+  collect_modules(marks.modules);
+  for (ModuleV3* m : marks.modules) {
+    detail::TraceContext* other = nullptr;
+    if (!m->trace_.compare_exchange_strong(other, &context)) {
+      const std::string path = m->path();
+      // `other` is another stage()'s, which may end at any moment: not read here.
+      throw ValueError(
+          fmt::format("ModuleV3::stage '{}': {} is already being staged (a module is staged by "
+                      "one stage() at a time)",
+                      options.name, path.empty() ? "the module" : fmt::format("module '{}'", path)));
+    }
+    ++marks.count;
+  }
+  TensorTree results = forward(args);
 
   std::vector<graph::Value> outputs;
   for (const Tensor& r : results.flatten()) {
@@ -234,15 +260,15 @@ graph::Graph ModuleV3::stage(const std::vector<TypeTree>& input_types, const Sta
       throw ValueError(
           fmt::format("ModuleV3::stage '{}': forward returned an undefined tensor", options.name));
     // An eager result (a constant computed in forward) is a constant of the graph.
-    outputs.push_back(r.is_traced() ? r.value() : detail::constant_in(g.ir(), &g.module(), r.data()));
+    outputs.push_back(r.is_traced() ? r.value() : detail::eager_operand_in(g.ir(), &g.module(), r));
   }
   g.output(outputs);
   return g;
 }
 
-std::vector<Tensor> signal_buffers() {
+std::vector<Tensor> ModuleV3::signal_buffers() const {
   std::vector<Tensor> out;
-  if (detail::TraceContext* trace = detail::current_trace())
+  if (detail::TraceContext* trace = trace_.load())
     for (const auto& v : trace->signal_buffers) out.emplace_back(v);
   return out;
 }
@@ -253,12 +279,22 @@ CompiledModuleV3 ModuleV3::compile(const std::vector<TypeTree>& input_types, con
   if (options.is_device_graph)
     throw ValueError(
         fmt::format("ModuleV3::compile '{}': is_device_graph is not supported yet", options.name));
+  std::shared_ptr<EagerSession> session = options.session ? options.session : default_eager_session();
+  for (const DeviceRef& d : devices_)
+    if (std::find(session->devices().begin(), session->devices().end(), d) == session->devices().end())
+      throw ValueError(
+          fmt::format("ModuleV3::compile '{}': the module runs on [{}] but its session has only "
+                      "[{}] (pass an nn::EagerSession on those devices in CompileOptions::session)",
+                      options.name, device_list(devices_), device_list(session->devices())));
+  // Loaded now so a bad path is an error here even if no op calls into it.
+  const ext::ExtensionRegistry check_extensions(options.custom_extensions);
   graph::Graph g = stage(input_types, {options.name, options.signal_buffer_index});
   WeightsRegistry weights =
       cast_weights_to_parameters(*this, options.weights ? *options.weights : state_dict(), options.auto_cast,
-                                 fmt::format("ModuleV3::compile '{}'", options.name));
-  auto session = std::make_shared<engine::InferenceSession>(devices_, options.custom_extensions);
-  engine::Model model = session->load(g, weights);
+                                 fmt::format("ModuleV3::compile '{}'", options.name), session->logger());
+  std::shared_ptr<const engine::CompiledModel> compiled =
+      session->cached_compile(g.module(), options.custom_extensions);
+  engine::Model model = session->inference_session().init(*compiled, weights).at(g.name());
 
   // Where stage() put the signal buffers: after the first `index` of the forward arguments' leaves.
   size_t num_user_inputs = 0;
@@ -272,7 +308,7 @@ CompiledModuleV3 ModuleV3::compile(const std::vector<TypeTree>& input_types, con
   return CompiledModuleV3(std::move(session), std::move(model), std::move(signals), index);
 }
 
-CompiledModuleV3::CompiledModuleV3(std::shared_ptr<engine::InferenceSession> session, engine::Model model,
+CompiledModuleV3::CompiledModuleV3(std::shared_ptr<EagerSession> session, engine::Model model,
                                    std::vector<kiln::Tensor> signal_buffers, size_t signal_buffer_index)
     : session_(std::move(session)),
       model_(std::move(model)),
@@ -296,21 +332,6 @@ std::vector<kiln::Tensor> CompiledModuleV3::operator()(const std::vector<kiln::T
 
 namespace {
 
-std::mutex warning_mutex;
-WarningHandler warning_handler;
-
-void warn(const std::string& text) {
-  WarningHandler handler;
-  {
-    std::lock_guard lock(warning_mutex);
-    handler = warning_handler;
-  }
-  if (handler)
-    handler(text);
-  else
-    std::cerr << "kiln: warning: " << text << "\n";
-}
-
 bool castable(DType d) { return d == DType::f32 || d == DType::bf16; }
 
 kiln::Tensor cast_f32_bf16(const kiln::Tensor& t, DType to) {
@@ -329,13 +350,8 @@ kiln::Tensor cast_f32_bf16(const kiln::Tensor& t, DType to) {
 
 }  // namespace
 
-WarningHandler set_warning_handler(WarningHandler handler) {
-  std::lock_guard lock(warning_mutex);
-  return std::exchange(warning_handler, std::move(handler));
-}
-
 WeightsRegistry cast_weights_to_parameters(const ModuleV3& module, const WeightsRegistry& weights,
-                                           bool auto_cast, const std::string& context) {
+                                           bool auto_cast, const std::string& context, Logger& logger) {
   WeightsRegistry out = weights;
   std::vector<std::string> casts;
   for (const auto& [name, p] : module.parameters()) {
@@ -365,8 +381,8 @@ WeightsRegistry cast_weights_to_parameters(const ModuleV3& module, const Weights
     it->second = cast_f32_bf16(given, to);
   }
   if (!casts.empty())
-    warn(fmt::format("{}: auto_cast cast {} weight{} to their parameters' dtypes: {}", context, casts.size(),
-                     casts.size() == 1 ? "" : "s", fmt::join(casts, ", ")));
+    logger.warning(fmt::format("{}: auto_cast cast {} weight{} to their parameters' dtypes: {}", context,
+                               casts.size(), casts.size() == 1 ? "" : "s", fmt::join(casts, ", ")));
   return out;
 }
 

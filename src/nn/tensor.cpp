@@ -7,7 +7,7 @@
 
 namespace kiln::nn {
 
-Tensor::Tensor(kiln::Tensor data) {
+Tensor::Tensor(kiln::Tensor data, std::shared_ptr<EagerSession> session) : session_(std::move(session)) {
   if (!data.defined()) throw ValueError("nn::Tensor: cannot wrap an undefined kiln::Tensor");
   rep_.emplace<1>(std::move(data));
 }
@@ -17,18 +17,19 @@ Tensor::Tensor(graph::Value value) {
   rep_.emplace<2>(std::move(value));
 }
 
-Tensor Tensor::zeros(DType dtype, const std::vector<int64_t>& shape, DeviceRef device) {
-  return Tensor(kiln::Tensor::zeros(dtype, shape, device));
+Tensor Tensor::zeros(DType dtype, const std::vector<int64_t>& shape, DeviceRef device,
+                     std::shared_ptr<EagerSession> session) {
+  return Tensor(kiln::Tensor::zeros(dtype, shape, device), std::move(session));
 }
 
-Tensor Tensor::scalar(double value, DType dtype, DeviceRef device) {
+Tensor Tensor::scalar(double value, DType dtype, DeviceRef device, std::shared_ptr<EagerSession> session) {
   kiln::Tensor t = kiln::Tensor::empty(dtype, {}, device);
   try {
     store_scalar(value, dtype, t.data());
   } catch (const ValueError& e) {
     throw ValueError(fmt::format("nn::Tensor::scalar: {}", e.what()));
   }
-  return Tensor(std::move(t));
+  return Tensor(std::move(t), std::move(session));
 }
 
 const kiln::Tensor& Tensor::data() const {

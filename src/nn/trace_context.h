@@ -1,5 +1,6 @@
-// Private: the state of one ModuleV3::stage() on this thread. Parameters look themselves up here to
-// become graph weights; functional source ops and signal_buffers() read it too.
+// Private: the state of one ModuleV3::stage(). The staged modules point at it (ModuleV3::trace_), so
+// their parameters become graph weights and signal_buffers() finds the graph's buffers; nothing
+// about it is per thread.
 #pragma once
 
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
+#include "kiln/nn/tensor.h"
 
 namespace kiln::nn::detail {
 
@@ -22,19 +24,8 @@ struct TraceContext {
 // Eager data as a constant node of `graph` (where traced code uses an eager tensor).
 graph::Value constant_in(graph::GraphIR& graph, graph::Module* module, const kiln::Tensor& data);
 
-// The innermost active trace on this thread, or null.
-TraceContext* current_trace();
-
-// Makes `context` the current trace for its lifetime (nests).
-class TraceScope {
- public:
-  explicit TraceScope(TraceContext& context);
-  ~TraceScope();
-  TraceScope(const TraceScope&) = delete;
-  TraceScope& operator=(const TraceScope&) = delete;
-
- private:
-  TraceContext* previous_;
-};
+// An eager tensor used by traced code, as a constant of `graph`; ValueError naming the parameter if
+// it is a parameter's data (a parameter of a module that is not being staged into this graph).
+graph::Value eager_operand_in(graph::GraphIR& graph, graph::Module* module, const Tensor& eager);
 
 }  // namespace kiln::nn::detail

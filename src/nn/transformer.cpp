@@ -46,11 +46,13 @@ TransformerBlock::TransformerBlock(const LlamaConfig& c, int64_t layer_index) {
       register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, c.dtype));
   self_attn_ = register_module(
       "self_attn", std::make_shared<AttentionWithRope>(layer_index, c.hidden_size, c.num_attention_heads,
-                                                       c.num_key_value_heads, hd, c.dtype, c.attention_bias));
+                                                       c.num_key_value_heads, hd, c.dtype, c.attention_bias,
+                                                       DeviceRef::CPU(), c.weight_format));
   post_attention_layernorm_ = register_module(
       "post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, c.dtype));
-  mlp_ = register_module(
-      "mlp", std::make_shared<MLP>(c.hidden_size, c.intermediate_size, MLPActivation::swiglu, c.dtype));
+  mlp_ =
+      register_module("mlp", std::make_shared<MLP>(c.hidden_size, c.intermediate_size, MLPActivation::swiglu,
+                                                   c.dtype, false, DeviceRef::CPU(), c.weight_format));
 }
 
 TensorValue TransformerBlock::operator()(const TensorValue& x, const AttentionContext& ctx) const {
@@ -61,8 +63,9 @@ TensorValue TransformerBlock::operator()(const TensorValue& x, const AttentionCo
 // ==== TransformerModel ==========================================================================
 
 TransformerModel::TransformerModel(const LlamaConfig& c) {
-  embed_tokens_ =
-      register_module("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.dtype));
+  embed_tokens_ = register_module(
+      "embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.dtype, DeviceRef::CPU(),
+                                                  model_weight_format(c.weight_format, c.hidden_size)));
   layers_ = register_module("layers", std::make_shared<ModuleList<TransformerBlock>>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers_->append(std::make_shared<TransformerBlock>(c, i));
   norm_ = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, c.dtype));
@@ -90,13 +93,14 @@ Transformer::Transformer(const LlamaConfig& config, int64_t max_seq_len, ReturnL
       rope_(config.resolved_head_dim(), config.rope_theta, max_seq_len_, config.rope_scaling) {
   if (max_seq_len < 0)
     throw ValueError(fmt::format("Transformer: max_seq_len must be >= 0, got {}", max_seq_len));
-  // Every Linear and the Embedding below store their weights in config.weight_format (norms and
-  // activations stay in config.dtype).
-  const WeightFormatScope weight_format(config_.weight_format);
+  // Every Linear and the Embedding store their weights in config.weight_format, passed down to each
+  // layer (norms and activations stay in config.dtype).
   model_ = register_module("model", std::make_shared<TransformerModel>(config_));
   if (!config_.tie_word_embeddings)
     lm_head_ = register_module(
-        "lm_head", std::make_shared<Linear>(config_.hidden_size, config_.vocab_size, config_.dtype));
+        "lm_head", std::make_shared<Linear>(config_.hidden_size, config_.vocab_size, config_.dtype, false,
+                                            DeviceRef::CPU(),
+                                            model_weight_format(config_.weight_format, config_.hidden_size)));
 }
 
 std::optional<TypeTree> Transformer::input_tree() const {

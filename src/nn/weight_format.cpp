@@ -7,10 +7,6 @@
 
 namespace kiln::nn {
 
-namespace {
-thread_local std::optional<WeightFormat> t_scope_format;
-}  // namespace
-
 std::string_view weight_format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::f32: return "f32";
@@ -54,13 +50,7 @@ graph::TensorType weight_type(WeightFormat format, int64_t rows, int64_t cols, D
 }
 
 std::optional<WeightFormat> resolve_weight_format(std::string_view layer, DType activations,
-                                                  std::optional<WeightFormat> requested, int64_t cols) {
-  if (!requested) {
-    requested = WeightFormatScope::current();
-    // A model-wide q8_0 keeps rows that do not split into 32-blocks in f16 (as llama.cpp's
-    // quantizer falls back per tensor); asking one layer for q8_0 explicitly stays an error.
-    if (requested == std::optional(WeightFormat::q8_0) && cols % 32 != 0) requested = WeightFormat::f16;
-  }
+                                                  std::optional<WeightFormat> requested) {
   const bool plain = activations == DType::f32 || activations == DType::f16 || activations == DType::bf16;
   if (!requested || weight_format_dtype(*requested) == activations)
     return plain ? std::optional(weight_format_of(activations)) : std::nullopt;
@@ -70,10 +60,9 @@ std::optional<WeightFormat> resolve_weight_format(std::string_view layer, DType 
   return requested;
 }
 
-WeightFormatScope::WeightFormatScope(std::optional<WeightFormat> format) : previous_(t_scope_format) {
-  if (format) t_scope_format = format;
+std::optional<WeightFormat> model_weight_format(std::optional<WeightFormat> model_format, int64_t cols) {
+  if (model_format == std::optional(WeightFormat::q8_0) && cols % 32 != 0) return WeightFormat::f16;
+  return model_format;
 }
-WeightFormatScope::~WeightFormatScope() { t_scope_format = previous_; }
-std::optional<WeightFormat> WeightFormatScope::current() { return t_scope_format; }
 
 }  // namespace kiln::nn

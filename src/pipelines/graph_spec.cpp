@@ -47,10 +47,10 @@ graph::Graph trace_v3(const GraphSpec& spec, graph::Module* into) {
 }
 
 // `weights`, or the module's own parameters, cast (auto_cast) or checked against the parameters' dtypes.
-WeightsRegistry weights_registry_v3(const GraphSpec& spec) {
+WeightsRegistry weights_registry_v3(const GraphSpec& spec, Logger& logger) {
   const auto& module = v3_module(spec, "weights_registry");
   return nn::cast_weights_to_parameters(*module, spec.weights ? *spec.weights : module->state_dict(),
-                                        spec.auto_cast, fmt::format("GraphSpec '{}'", spec.name));
+                                        spec.auto_cast, fmt::format("GraphSpec '{}'", spec.name), logger);
 }
 
 // Two registry entries are the same array when they view the same memory, or hold equal bytes.
@@ -92,8 +92,8 @@ graph::Graph GraphSpec::trace(graph::Module* into) const {
   return g;
 }
 
-WeightsRegistry GraphSpec::weights_registry() const {
-  if (is_v3(*this)) return weights_registry_v3(*this);
+WeightsRegistry GraphSpec::weights_registry(Logger& logger) const {
+  if (is_v3(*this)) return weights_registry_v3(*this, logger);
   if (weights) return *weights;
   return v2_module(*this, "weights_registry")->state_dict();
 }
@@ -153,9 +153,10 @@ std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSessio
     if (unit.size() == 1 && is_v3(*unit.front())) {  // a ModuleV3 spec never has a group
       const GraphSpec& spec = *unit.front();
       graph::Graph g = spec.trace();
-      models.emplace(spec.name, session.init(session.compile(g.module(), extensions), spec.weights_registry(),
-                                             device_graph_names(unit))
-                                    .at(spec.name));
+      auto compiled = session.compile(g.module(), extensions);
+      auto initialised =
+          session.init(compiled, spec.weights_registry(session.logger()), device_graph_names(unit));
+      models.emplace(spec.name, initialised.at(spec.name));
       continue;
     }
     graph::Module module;
@@ -163,7 +164,7 @@ std::map<std::string, engine::Model> compile_graph_specs(engine::InferenceSessio
     std::map<std::string, std::string> bound_by;  // weight name -> spec that bound it
     for (const GraphSpec* spec : unit) {
       spec->trace(&module);
-      for (auto& [weight_name, array] : spec->weights_registry()) {
+      for (auto& [weight_name, array] : spec->weights_registry(session.logger())) {
         auto [it, inserted] = registry.emplace(weight_name, array);
         if (!inserted && !same_array(it->second, array))
           throw ValueError(fmt::format(

@@ -4,8 +4,6 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "test_util.h"
-
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -16,6 +14,8 @@
 #include "kiln/graph/text.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/module_v3.h"
+#include "nn/capturing_logger.h"
+#include "test_util.h"
 
 using kiln::testing::error_message;
 
@@ -308,7 +308,8 @@ TEST(ModuleV3, StageMakesParametersWeightsNamedByQualifiedName) {
   EXPECT_EQ(g.ir().input_types(), (std::vector<graph::Type>{TensorType{DType::f32, {"batch", 4}}}));
   EXPECT_EQ(g.ir().output_types(), (std::vector<graph::Type>{TensorType{DType::f32, {"batch", 4}}}));
   // Outside stage() the same parameters are eager again.
-  EXPECT_FALSE(nn::is_tracing());
+  EXPECT_FALSE(mlp.is_staging());
+  EXPECT_FALSE(mlp.up->is_staging());
   EXPECT_TRUE(nn::Tensor(mlp.up->weight).is_eager());
 }
 
@@ -407,13 +408,14 @@ TEST(ModuleV3, CompileUsesOwnParametersOrGivenWeights) {
 
 // ---- auto_cast -------------------------------------------------------------------------------------
 
+// A session whose logger keeps its warnings, for compile() to report auto_cast's summary to.
 struct CapturedWarnings {
-  CapturedWarnings() {
-    previous = nn::set_warning_handler([this](const std::string& w) { warnings.push_back(w); });
-  }
-  ~CapturedWarnings() { nn::set_warning_handler(previous); }
-  std::vector<std::string> warnings;
-  nn::WarningHandler previous;
+  CapturedWarnings()
+      : logger(std::make_shared<kiln::testing::CapturingLogger>()),
+        session(std::make_shared<nn::EagerSession>(nn::EagerSessionOptions{.session = {.logger = logger}})) {}
+  const std::vector<std::string>& warnings() const { return logger->warnings; }
+  std::shared_ptr<kiln::testing::CapturingLogger> logger;
+  std::shared_ptr<nn::EagerSession> session;
 };
 
 // Two parameters: "a" f32 [2], "b" bf16 [2]; y = a + cast(b, f32) + x.
@@ -432,6 +434,7 @@ TEST(ModuleV3, AutoCastCastsF32AndBf16BothWaysWithOneSummaryWarning) {
   Mixed m;
   CapturedWarnings captured;
   nn::CompileOptions options;
+  options.session = captured.session;
   // a given as bf16 (widened exactly), b given as f32 1.00390625 (rounds to 1.0 in bf16).
   options.weights =
       WeightsRegistry{{"a", kiln::Tensor::from_vector<bf16_t>({bf16_t(1.5f), bf16_t(-2.f)}, {2})},
@@ -440,8 +443,8 @@ TEST(ModuleV3, AutoCastCastsF32AndBf16BothWaysWithOneSummaryWarning) {
   auto compiled = m.compile({TypeTree(TensorType{DType::f32, {2}})}, options);
   EXPECT_EQ(compiled({kiln::Tensor::from_vector<float>({10, 20}, {2})}).at(0).to_vector<float>(),
             (std::vector<float>{12.5f, 21.f}));
-  ASSERT_EQ(captured.warnings.size(), 1u);
-  EXPECT_EQ(captured.warnings[0],
+  ASSERT_EQ(captured.warnings().size(), 1u);
+  EXPECT_EQ(captured.warnings()[0],
             "ModuleV3::compile 'forward': auto_cast cast 2 weights to their parameters' dtypes: "
             "'a' bf16 -> f32, 'b' f32 -> bf16 (loses precision)");
 }
@@ -450,6 +453,7 @@ TEST(ModuleV3, DtypeMismatchWithoutAutoCastOrOutsideF32Bf16IsAValueError) {
   Mixed m;
   CapturedWarnings captured;
   nn::CompileOptions options;
+  options.session = captured.session;
   options.weights = WeightsRegistry{{"a", kiln::Tensor::zeros(DType::bf16, {2})},
                                     {"b", kiln::Tensor::zeros(DType::bf16, {2})}};
   std::string msg = error_message<ValueError>([&] {
@@ -473,7 +477,7 @@ TEST(ModuleV3, DtypeMismatchWithoutAutoCastOrOutsideF32Bf16IsAValueError) {
   EXPECT_NE(msg.find("weight 'a' (bf16[3]) cannot be auto_cast to its parameter's f32[2]: the shapes differ"),
             std::string::npos)
       << msg;
-  EXPECT_TRUE(captured.warnings.empty());
+  EXPECT_TRUE(captured.warnings().empty());
 }
 
 // ---- signal buffers --------------------------------------------------------------------------------
@@ -482,7 +486,7 @@ TEST(ModuleV3, DtypeMismatchWithoutAutoCastOrOutsideF32Bf16IsAValueError) {
 class TwoInputs : public nn::ModuleV3 {
  public:
   nn::TensorTree forward(const std::vector<nn::TensorTree>& args) override {
-    seen_signals = nn::signal_buffers().size();
+    seen_signals = signal_buffers().size();
     return args.at(0).leaf() + args.at(1).leaf();
   }
   size_t seen_signals = 0;
@@ -538,6 +542,8 @@ TEST(ModuleV3, CompiledTwoDeviceModuleSuppliesItsOwnSignalBuffers) {
   m.set_devices({DeviceRef::CPU(0), DeviceRef::CPU(1)});
   nn::CompileOptions options;
   options.signal_buffer_index = 1;
+  options.session = std::make_shared<nn::EagerSession>(
+      nn::EagerSessionOptions{.devices = {DeviceRef::CPU(0), DeviceRef::CPU(1)}});
   auto compiled = m.compile(kTwoInputTypes, options);
   EXPECT_EQ(compiled.model().input_metadata().size(), 4u);
   EXPECT_EQ(compiled.session().devices().size(), 2u);

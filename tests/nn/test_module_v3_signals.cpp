@@ -1,4 +1,4 @@
-// A ModuleV3 on two devices whose forward calls kiln's allreduce through nn::signal_buffers(): staged
+// A ModuleV3 on two devices whose forward calls kiln's allreduce through signal_buffers(): staged
 // with the signal buffers at a chosen input position, compiled, and run with engine::Signals buffers.
 #include <gtest/gtest.h>
 
@@ -27,7 +27,7 @@ class ScaledAllreduce : public nn::ModuleV3 {
     set_devices({kCpu0, kCpu1});
   }
   nn::TensorTree forward(const std::vector<nn::TensorTree>& args) override {
-    const std::vector<nn::Tensor> signals = nn::signal_buffers();
+    const std::vector<nn::Tensor> signals = signal_buffers();
     EXPECT_EQ(signals.size(), 2u);
     nn::Tensor scaled = args.at(0).leaf() * scale_;
     auto sums = ops::allreduce_sum({scaled.value(), args.at(1).leaf().value()},
@@ -55,6 +55,7 @@ TEST_P(ModuleV3Signals, AllreduceRunsWithSignalBuffersAtTheGivenIndex) {
   ScaledAllreduce m;
   nn::CompileOptions options;
   options.signal_buffer_index = index;
+  options.session = std::make_shared<nn::EagerSession>(nn::EagerSessionOptions{.devices = {kCpu0, kCpu1}});
   nn::CompiledModuleV3 compiled = m.compile(kInputTypes, options);
 
   // The model takes the two signal buffers at `index` among its inputs.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "hashed_weights.h"
 #include "kiln/engine/session.h"
 #include "kiln/graph/quantization.h"
+#include "kiln/nn/attention.h"
+#include "kiln/nn/mlp.h"
 #include "kiln/nn/transformer.h"
 
 namespace {
@@ -165,9 +168,54 @@ TEST(WeightFormat, LinearAndEmbeddingDeclareTheirWeightInTheirFormat) {
   EXPECT_EQ(sd.at("bias").type(), (graph::TensorType{DType::f32, {96}}));
   nn::Embedding e(100, 32, DType::f32, DeviceRef::CPU(), WeightFormat::bf16);
   EXPECT_EQ(e.raw_state_dict().at("weight").type(), (graph::TensorType{DType::bf16, {100, 32}}));
-  nn::WeightFormatScope scope(WeightFormat::f16);
-  nn::Linear scoped(32, 8);
-  EXPECT_EQ(scoped.raw_state_dict().at("weight").type(), (graph::TensorType{DType::f16, {8, 32}}));
+  nn::Linear plain(32, 8);
+  EXPECT_EQ(plain.raw_state_dict().at("weight").type(), (graph::TensorType{DType::f32, {8, 32}}));
+}
+
+// The format is a constructor argument all the way down: MLP and AttentionWithRope give it to their
+// projections, falling back to f16 under a model-wide q8_0 where a row does not split into 32-blocks.
+TEST(WeightFormat, MlpAndAttentionPassTheirFormatToTheirProjections) {
+  nn::MLP mlp(64, 48, nn::MLPActivation::swiglu, DType::f32, false, DeviceRef::CPU(), WeightFormat::q8_0);
+  const auto sd = mlp.raw_state_dict();
+  EXPECT_EQ(sd.at("gate_proj.weight").type(), (graph::TensorType{DType::u8, {48, 68}}));
+  EXPECT_EQ(sd.at("up_proj.weight").type(), (graph::TensorType{DType::u8, {48, 68}}));
+  EXPECT_EQ(sd.at("down_proj.weight").type(), (graph::TensorType{DType::f16, {64, 48}}));  // 48 % 32 != 0
+  nn::AttentionWithRope attn(0, 32, 2, 1, 16, DType::f32, false, DeviceRef::CPU(), WeightFormat::bf16);
+  for (const char* name : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"})
+    EXPECT_EQ(graph::dtype_of(attn.raw_state_dict().at(name).type()), DType::bf16) << name;
+  EXPECT_EQ(nn::model_weight_format(WeightFormat::q8_0, 64), std::optional(WeightFormat::q8_0));
+  EXPECT_EQ(nn::model_weight_format(WeightFormat::q8_0, 48), std::optional(WeightFormat::f16));
+  EXPECT_EQ(nn::model_weight_format(std::nullopt, 48), std::nullopt);
+}
+
+// No scope carries the format from one construction to the next: two Transformers of different
+// formats, built and traced interleaved on one thread, each declare their own weight dtypes.
+TEST(WeightFormat, TwoTransformersBuiltAndTracedInterleavedKeepTheirOwnFormats) {
+  nn::LlamaConfig f16_config = load_config("untied"), bf16_config = f16_config;
+  f16_config.weight_format = WeightFormat::f16;
+  bf16_config.weight_format = WeightFormat::bf16;
+  nn::Transformer f16_model(f16_config, kCacheLen);
+  nn::Transformer bf16_model(bf16_config, kCacheLen);
+  nn::Transformer f16_again(f16_config, kCacheLen);
+  auto weight_dtypes = [](nn::Transformer& model) {
+    graph::Graph g("model", model.input_tree()->flatten());
+    graph::Graph::Scope scope(g);
+    std::vector<graph::Value> inputs = g.inputs();
+    g.output({model(inputs[0], inputs[1], nn::KVCache{inputs[2], inputs[3]})});
+    std::map<std::string, DType> dtypes;
+    for (const auto& w : g.ir().weights) dtypes.emplace(w.name, w.dtype);
+    return dtypes;
+  };
+  const auto bf16 = weight_dtypes(bf16_model);
+  const auto f16 = weight_dtypes(f16_model);
+  const auto f16_second = weight_dtypes(f16_again);
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                           "model.layers.1.mlp.down_proj.weight", "lm_head.weight"}) {
+    EXPECT_EQ(f16.at(name), DType::f16) << name;
+    EXPECT_EQ(f16_second.at(name), DType::f16) << name;
+    EXPECT_EQ(bf16.at(name), DType::bf16) << name;
+  }
+  EXPECT_EQ(bf16.at("model.norm.weight"), DType::f32);  // norms stay in the activations' dtype
 }
 
 TEST(WeightFormat, BadCombinationsAreValueErrors) {

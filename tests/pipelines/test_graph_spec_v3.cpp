@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
+#include "nn/capturing_logger.h"
 #include <kiln/engine/signals.h>
 #include <kiln/kiln.h>
 #include <kiln/nn/module_v3.h>
@@ -56,13 +57,11 @@ pipelines::GraphSpec scale_shift_spec(std::shared_ptr<nn::ModuleV3> m) {
   return spec;
 }
 
+// Warnings reach the logger of the session that compiles the spec (or the one weights_registry() is
+// given), not a process-wide handler.
 struct CapturedWarnings {
-  CapturedWarnings() {
-    previous = nn::set_warning_handler([this](const std::string& w) { warnings.push_back(w); });
-  }
-  ~CapturedWarnings() { nn::set_warning_handler(previous); }
-  std::vector<std::string> warnings;
-  nn::WarningHandler previous;
+  const std::vector<std::string>& warnings() const { return logger->warnings; }
+  std::shared_ptr<kiln::testing::CapturingLogger> logger = std::make_shared<kiln::testing::CapturingLogger>();
 };
 
 }  // namespace
@@ -153,14 +152,19 @@ TEST(GraphSpecV3, AutoCastCastsBothWaysAndWarnsOnce) {
       {"scale", kiln::Tensor::from_vector<bf16_t>({bf16_t(2.f), bf16_t(2.f), bf16_t(2.f)}, {3})},
       {"shift", vec({0.5f + 1.f / 512, 0, 0})}};
   CapturedWarnings captured;
-  engine::InferenceSession session;
+  engine::InferenceSession session({DeviceRef::CPU()}, {}, {.logger = captured.logger});
   auto models = pipelines::compile_graph_specs(session, {spec});
   EXPECT_EQ(models.at("scale_shift").execute({vec({1, 2, 3})}).at(0).to_vector<float>(),
             (std::vector<float>{2.5f, 4, 6}));
-  ASSERT_EQ(captured.warnings.size(), 1u);
-  EXPECT_EQ(captured.warnings[0],
+  ASSERT_EQ(captured.warnings().size(), 1u);
+  EXPECT_EQ(captured.warnings()[0],
             "GraphSpec 'scale_shift': auto_cast cast 2 weights to their parameters' dtypes: "
             "'scale' bf16 -> f32, 'shift' f32 -> bf16 (loses precision)");
+  // weights_registry() alone reports to the logger it is given, and to no other.
+  kiln::testing::CapturingLogger direct;
+  spec.weights_registry(direct);
+  EXPECT_EQ(direct.warnings.size(), 1u);
+  EXPECT_EQ(captured.warnings().size(), 1u);
 }
 
 TEST(GraphSpecV3, DtypeMismatchWithoutAutoCastNamesTheWeightAndBothDtypes) {
@@ -181,23 +185,23 @@ TEST(GraphSpecV3, AutoCastRejectsOtherDtypePairsAndShapeChanges) {
   CapturedWarnings captured;
   spec.weights = WeightsRegistry{{"scale", kiln::Tensor::zeros(DType::f64, {3})},
                                  {"shift", kiln::Tensor::zeros(DType::bf16, {3})}};
-  std::string msg = error_message<ValueError>([&] { spec.weights_registry(); });
+  std::string msg = error_message<ValueError>([&] { spec.weights_registry(*captured.logger); });
   EXPECT_NE(
       msg.find("weight 'scale' has dtype f64 but its parameter is declared f32; auto_cast casts only between "
                "f32 and bf16"),
       std::string::npos)
       << msg;
   spec.weights = WeightsRegistry{{"scale", vec({1, 2, 3})}, {"shift", kiln::Tensor::zeros(DType::f16, {3})}};
-  msg = error_message<ValueError>([&] { spec.weights_registry(); });
+  msg = error_message<ValueError>([&] { spec.weights_registry(*captured.logger); });
   EXPECT_NE(msg.find("weight 'shift' has dtype f16 but its parameter is declared bf16"), std::string::npos)
       << msg;
   spec.weights = WeightsRegistry{{"scale", kiln::Tensor::zeros(DType::bf16, {1, 3})},
                                  {"shift", kiln::Tensor::zeros(DType::bf16, {3})}};
-  msg = error_message<ValueError>([&] { spec.weights_registry(); });
+  msg = error_message<ValueError>([&] { spec.weights_registry(*captured.logger); });
   EXPECT_NE(msg.find("weight 'scale' (bf16[1, 3]) cannot be auto_cast to its parameter's f32[3]"),
             std::string::npos)
       << msg;
-  EXPECT_TRUE(captured.warnings.empty());
+  EXPECT_TRUE(captured.warnings().empty());
 }
 
 // Row `signal_buffer_index`: per-device signal buffers on two or more devices, appended or inserted.

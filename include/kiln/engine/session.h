@@ -16,6 +16,7 @@
 #include "kiln/engine/model.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
+#include "kiln/logging.h"
 
 namespace kiln::engine {
 
@@ -36,6 +37,8 @@ struct SessionOptions {
   // Backends for device kinds beyond the CPU's (one per kind; engine/backend.h, private for now: a
   // test adds an emulated device kind this way). A CPU backend given here replaces the built-in one.
   std::vector<std::shared_ptr<Backend>> backends = {};
+  // Where the session's warnings go (kiln/logging.h); nullptr: default_logger(), stderr.
+  std::shared_ptr<Logger> logger = nullptr;
 };
 
 class InferenceSession {
@@ -55,6 +58,8 @@ class InferenceSession {
   // The kernels of this session's backends, as the compiler asks for them: pass it in
   // compiler::CompileOptions::kernels to compile outside the session as the session compiles.
   const compiler::KernelCatalog& kernel_catalog() const;
+  // SessionOptions::logger, or default_logger() when none was given.
+  Logger& logger() const;
 
   CompiledModel compile(const graph::Module& module) const;
   // Compiles with the session's extensions plus `extra_extensions` (one compile unit's, e.g. the

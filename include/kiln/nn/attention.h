@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "kiln/graph/graph.h"
 #include "kiln/nn/linear.h"
@@ -60,9 +61,12 @@ class AttentionWithRope : public Module {
  public:
   // Weights "q_proj", "k_proj", "v_proj" (with bias when has_bias, as Qwen2) and "o_proj" (no bias).
   // n_heads must be a multiple of n_kv_heads; layer_index selects the cache row. ValueError otherwise.
+  // `weight_format`: how the projections store their weights, a model-wide choice
+  // (model_weight_format in weight_format.h); nullopt: in `dtype`.
   AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads, int64_t n_kv_heads,
                     int64_t head_dim, DType dtype = DType::f32, bool has_bias = false,
-                    DeviceRef device = DeviceRef::CPU());
+                    DeviceRef device = DeviceRef::CPU(),
+                    std::optional<WeightFormat> weight_format = std::nullopt);
 
   // x [seq, hidden_dim] -> [seq, hidden_dim]. Writes this layer's keys and values into the cache.
   graph::TensorValue operator()(const graph::TensorValue& x, const AttentionContext& ctx) const;

@@ -1,16 +1,20 @@
 // The op vocabulary of ModuleV3 code: graph::ops, on nn::Tensor. Each op either runs at once (all
-// operands eager) or records a graph op (any operand traced; eager operands then become constants of
-// that graph). Shapes, dtypes and errors are graph::ops' own.
+// operands eager) or records a graph op in its traced operands' graph (eager operands then become
+// constants of that graph; operands of two graphs are a ValueError naming the op). Shapes, dtypes
+// and errors are graph::ops' own.
 //
-// Eager ops run on the CPU through a process-wide InferenceSession: each distinct op signature (op,
-// attributes, operand dtypes, static shapes and devices) is compiled once into a one-op model and
-// cached, so a loop of eager calls compiles nothing after its first iteration.
+// Eager ops run in the EagerSession their operands name (nn/eager_session.h; operands naming two
+// sessions are a ValueError naming the op), else in default_eager_session(): each distinct op
+// signature (op, attributes, operand dtypes, static shapes and devices) is compiled once into a
+// one-op model and kept in that session's LRU cache, so a loop of eager calls compiles nothing
+// after its first iteration.
 //
 //   namespace F = kiln::nn::functional;
 //   nn::Tensor h = F::silu(F::matmul(x, w)) + b;
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -19,20 +23,25 @@
 
 namespace kiln::nn {
 
-// How many one-op models the eager session has compiled (one per distinct op signature). Tests read
-// it to show that repeated eager calls do not recompile.
+class EagerSession;
+
+// How many models default_eager_session() has compiled (one per distinct eager op signature, plus
+// compile() calls it missed in its cache). Tests read it to show that repeated eager calls do not
+// recompile; EagerSession::cache_stats() tells the same of any session.
 int64_t eager_compile_count();
-// True while ModuleV3::stage() traces a forward on this thread (source ops then record graph ops).
-bool is_tracing();
 
 namespace functional {
 
 using graph::ops::SliceIndex;
 
-// ---- sources (traced while stage() runs, eager otherwise) ---------------------------------------------
+// ---- sources -------------------------------------------------------------------------------------
 Tensor constant(const kiln::Tensor& data);  // eager data; becomes a graph constant where traced code uses it
+// Eager: `size` must be static; runs in `session` (nullptr: the default one).
 Tensor range(double start, double step, const graph::Dim& size, DType dtype,
-             DeviceRef device = DeviceRef::CPU());
+             DeviceRef device = DeviceRef::CPU(), std::shared_ptr<EagerSession> session = nullptr);
+// On like's device: recorded in like's graph when `like` is traced (size may then be symbolic), run
+// eagerly in like's session otherwise. How forward makes positions: F::range(0, 1, seq, i64, x).
+Tensor range(double start, double step, const graph::Dim& size, DType dtype, const Tensor& like);
 
 // ---- elementwise -------------------------------------------------------------------------------
 Tensor neg(const Tensor&);

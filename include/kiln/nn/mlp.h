@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "kiln/nn/linear.h"
 #include "kiln/nn/module.h"
@@ -23,8 +24,11 @@ enum class MLPActivation {
 
 class MLP : public Module {
  public:
+  // `weight_format`: how the projections store their weights, a model-wide choice
+  // (model_weight_format in weight_format.h); nullopt: in `dtype`.
   MLP(int64_t hidden_dim, int64_t intermediate_dim, MLPActivation activation = MLPActivation::swiglu,
-      DType dtype = DType::f32, bool has_bias = false, DeviceRef device = DeviceRef::CPU());
+      DType dtype = DType::f32, bool has_bias = false, DeviceRef device = DeviceRef::CPU(),
+      std::optional<WeightFormat> weight_format = std::nullopt);
 
   // x [..., hidden_dim] -> [..., hidden_dim].
   graph::TensorValue operator()(const graph::TensorValue& x) const;

@@ -1,7 +1,8 @@
 // nn::ModuleV3 (MAX's second module system): PyTorch-like. A module owns parameters that hold real
 // data, and forward() is ordinary code on nn::Tensor. Called on eager tensors it runs at once; stage()
 // traces the same forward into a graph (parameters become graph weights named by their qualified
-// names), and compile() builds a runnable model with a session of its own.
+// names), and compile() builds a runnable model in an nn::EagerSession (CompileOptions::session,
+// default_eager_session() when none is given), the same kind of session eager ops run in.
 //
 //   class Affine : public nn::ModuleV3 {
 //    public:
@@ -22,11 +23,16 @@
 // Devices: a module runs on devices() (default {cpu:0}; set_devices() changes it). A graph staged
 // for two or more devices takes one signal buffer per device (engine/signals.h) among its inputs, at
 // StageOptions::signal_buffer_index (nullopt: after the last input); one device gets none.
+//
+// Staging state lives on the module, not on the thread: while stage() runs, every module of the
+// tree points at that stage's trace, so its parameters are graph weights and signal_buffers() are
+// the graph's. One tree is staged by one stage() at a time (a second one is a ValueError); separate
+// modules may be staged on separate threads at once.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,11 +40,17 @@
 #include <vector>
 
 #include "kiln/engine/session.h"
+#include "kiln/logging.h"
+#include "kiln/nn/eager_session.h"
 #include "kiln/nn/functional.h"
 #include "kiln/nn/module.h"
 #include "kiln/nn/tensor.h"
 
 namespace kiln::nn {
+
+namespace detail {
+struct TraceContext;  // one stage()'s graph, weights and signal buffers (private)
+}
 
 // A module's parameter: a handle on its data, shared by the module and the code that registered it.
 // Used as an nn::Tensor, it is the data when run eagerly, and the graph weight of its qualified name
@@ -63,22 +75,27 @@ class Parameter {
   const State* state() const { return state_.get(); }
 
  private:
+  friend class ModuleV3;  // detaches its parameters from itself when destroyed
   const State& require() const;
   std::shared_ptr<State> state_;
 };
 
 struct StageOptions {
   std::string name = "forward";            // the graph's name
-  std::optional<int> signal_buffer_index;  // see the header comment; 0..num_inputs, else ValueError
+  // See the header comment; 0..num_inputs, else ValueError.
+  std::optional<int> signal_buffer_index = std::nullopt;
 };
 
 struct CompileOptions {
   std::string name = "forward";
-  std::optional<WeightsRegistry> weights;  // nullopt: the module's own parameters (state_dict())
-  bool auto_cast = false;                  // cast f32 <-> bf16 weights to their parameters' dtypes
-  std::vector<std::filesystem::path> custom_extensions;
+  std::optional<WeightsRegistry> weights = std::nullopt;  // nullopt: the module's own parameters
+  bool auto_cast = false;  // cast f32 <-> bf16 weights to their parameters' dtypes
+  std::vector<std::filesystem::path> custom_extensions = {};
   bool is_device_graph = false;  // not supported yet: ValueError when set
-  std::optional<int> signal_buffer_index;
+  std::optional<int> signal_buffer_index = std::nullopt;
+  // Where the graph is compiled and run (its thread pool, model cache and logger); the module's
+  // devices() must all be among its devices. nullptr: default_eager_session().
+  std::shared_ptr<EagerSession> session = nullptr;
 };
 
 class CompiledModuleV3;
@@ -110,10 +127,17 @@ class ModuleV3 {
   // argument, flattened in order), plus signal buffers on two or more devices. Every parameter forward
   // uses becomes a graph weight named by its qualified name.
   graph::Graph stage(const std::vector<TypeTree>& input_types, const StageOptions& options = {});
-  // stage(), then a session of its own on devices() with the weights bound (auto_cast applied).
+  // stage(), then compiled in options.session (cached there by the graph's text form) and
+  // initialised with the weights bound (auto_cast applied; its warning goes to the session's logger).
   CompiledModuleV3 compile(const std::vector<TypeTree>& input_types, const CompileOptions& options = {});
 
   std::string path() const;  // the prefix of this module's parameters ("layers.0"); empty for a root
+
+  // True while a stage() of this module or of an ancestor traces forward.
+  bool is_staging() const { return trace_.load() != nullptr; }
+  // Inside forward, while staged: the graph's signal buffers (traced buffer values, one per device);
+  // empty on one device and outside stage().
+  std::vector<Tensor> signal_buffers() const;
 
  protected:
   // Registers a parameter whose initial data fixes its dtype, shape and device. Names are unique
@@ -129,12 +153,15 @@ class ModuleV3 {
   void attach(const std::string& name, std::shared_ptr<ModuleV3> child);
   void collect_parameters(const std::string& prefix,
                           std::vector<std::pair<std::string, Parameter>>& out) const;
+  void collect_modules(std::vector<ModuleV3*>& out);
+  friend class Parameter;  // reads its module's trace_
 
   const ModuleV3* parent_ = nullptr;
   std::string name_in_parent_;
   std::vector<Parameter> parameters_;
   std::vector<std::pair<std::string, std::shared_ptr<ModuleV3>>> children_;
   std::vector<DeviceRef> devices_{DeviceRef::CPU()};
+  std::atomic<detail::TraceContext*> trace_{nullptr};  // set while a stage() of this tree runs
 };
 
 // A staged and initialised ModuleV3: call it with the forward arguments' leaves (flattened, without
@@ -142,35 +169,27 @@ class ModuleV3 {
 class CompiledModuleV3 {
  public:
   CompiledModuleV3() = default;
-  CompiledModuleV3(std::shared_ptr<engine::InferenceSession> session, engine::Model model,
+  CompiledModuleV3(std::shared_ptr<EagerSession> session, engine::Model model,
                    std::vector<kiln::Tensor> signal_buffers, size_t signal_buffer_index);
 
   std::vector<kiln::Tensor> operator()(const std::vector<kiln::Tensor>& inputs) const;
   // The underlying model: its inputs include the signal buffers at their index.
   const engine::Model& model() const { return model_; }
-  const engine::InferenceSession& session() const { return *session_; }
+  const engine::InferenceSession& session() const { return session_->inference_session(); }
+  const std::shared_ptr<EagerSession>& eager_session() const { return session_; }
 
  private:
-  std::shared_ptr<engine::InferenceSession> session_;
+  std::shared_ptr<EagerSession> session_;
   engine::Model model_;
   std::vector<kiln::Tensor> signal_buffers_;
   size_t signal_buffer_index_ = 0;
 };
 
-// The signal buffers of the graph being staged on this thread (traced buffer values, one per device);
-// empty on one device and outside stage().
-std::vector<Tensor> signal_buffers();
-
 // Returns `weights` ready to bind to `module`'s parameters: an entry whose dtype differs from its
 // parameter's is cast when `auto_cast` is set and both dtypes are f32 or bf16 (equal shapes
-// required), with one summary warning (see set_warning_handler) listing every cast; otherwise the
-// mismatch is a ValueError naming the weight and both dtypes. `context` prefixes messages.
+// required), with one summary warning to `logger` listing every cast; otherwise the mismatch is a
+// ValueError naming the weight and both dtypes. `context` prefixes messages.
 WeightsRegistry cast_weights_to_parameters(const ModuleV3& module, const WeightsRegistry& weights,
-                                           bool auto_cast, const std::string& context);
-
-// Where ModuleV3 warnings (auto_cast's summary) go; the default prints "kiln: warning: <text>" to
-// stderr. Returns the previous handler; an empty handler restores the default.
-using WarningHandler = std::function<void(const std::string&)>;
-WarningHandler set_warning_handler(WarningHandler handler);
+                                           bool auto_cast, const std::string& context, Logger& logger);
 
 }  // namespace kiln::nn

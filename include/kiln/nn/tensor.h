@@ -1,6 +1,8 @@
 // nn::Tensor: the value ModuleV3 code computes on. It holds either data (a kiln::Tensor, when code runs
 // eagerly) or a graph value (when ModuleV3::stage() traces the same code into a graph). The ops of
-// nn/functional.h run at once on eager tensors and record graph ops on traced ones.
+// nn/functional.h run at once on eager tensors and record graph ops on traced ones. Each tensor
+// carries its own context: a traced one its graph (value().graph()), an eager one the EagerSession
+// its ops run in (session(); none: the default one, nn/eager_session.h).
 //
 //   namespace F = kiln::nn::functional;
 //   nn::Tensor x = nn::Tensor::from_vector<float>({1, -2, 3}, {3});
@@ -9,6 +11,7 @@
 // Inside namespace kiln::nn, `Tensor` means this type: write kiln::Tensor for engine data.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -22,19 +25,27 @@
 
 namespace kiln::nn {
 
+class EagerSession;
+class Parameter;
+
 class Tensor {
  public:
-  Tensor() = default;          // undefined: defined() is false
-  Tensor(kiln::Tensor data);   // eager; ValueError if `data` is undefined
+  Tensor() = default;  // undefined: defined() is false
+  // Eager; ValueError if `data` is undefined. Its ops run in `session`, or, without one, in the
+  // session of the op's other operands, else in default_eager_session().
+  Tensor(kiln::Tensor data, std::shared_ptr<EagerSession> session = nullptr);
   Tensor(graph::Value value);  // traced; ValueError if `value` is empty
 
   template <class T>
-  static Tensor from_vector(const std::vector<T>& values, const std::vector<int64_t>& shape) {
-    return Tensor(kiln::Tensor::from_vector<T>(values, shape));
+  static Tensor from_vector(const std::vector<T>& values, const std::vector<int64_t>& shape,
+                            std::shared_ptr<EagerSession> session = nullptr) {
+    return Tensor(kiln::Tensor::from_vector<T>(values, shape), std::move(session));
   }
-  static Tensor zeros(DType dtype, const std::vector<int64_t>& shape, DeviceRef device = DeviceRef::CPU());
+  static Tensor zeros(DType dtype, const std::vector<int64_t>& shape, DeviceRef device = DeviceRef::CPU(),
+                      std::shared_ptr<EagerSession> session = nullptr);
   // A rank-0 tensor holding `value` converted to dtype (ValueError if an integer dtype cannot hold it).
-  static Tensor scalar(double value, DType dtype, DeviceRef device = DeviceRef::CPU());
+  static Tensor scalar(double value, DType dtype, DeviceRef device = DeviceRef::CPU(),
+                       std::shared_ptr<EagerSession> session = nullptr);
 
   bool defined() const { return rep_.index() != 0; }
   bool is_eager() const { return rep_.index() == 1; }
@@ -59,8 +70,18 @@ class Tensor {
   // "nn::Tensor(f32[2, 3], cpu:0)" or "nn::Tensor(traced f32[batch, 3])".
   std::string to_string() const;
 
+  // The session an eager tensor's ops run in; null when it names none (see the constructor).
+  const std::shared_ptr<EagerSession>& session() const { return session_; }
+  // The name of the parameter an eager tensor is the data of (a Parameter used as a Tensor outside
+  // its module's stage()), else null: staging uses it to name a parameter of another module.
+  const std::string* parameter_name() const { return parameter_name_.get(); }
+
  private:
+  friend class Parameter;
+
   std::variant<std::monostate, kiln::Tensor, graph::Value> rep_;
+  std::shared_ptr<EagerSession> session_;
+  std::shared_ptr<const std::string> parameter_name_;
 };
 
 // The arguments and results of a ModuleV3's forward: a leaf, list or named tree of tensors.

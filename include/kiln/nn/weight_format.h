@@ -26,26 +26,16 @@ WeightFormat weight_format_of(DType);                    // f32/f16/bf16; ValueE
 graph::TensorType weight_type(WeightFormat format, int64_t rows, int64_t cols, DeviceRef device,
                               std::string_view what);
 
-// The format a layer with `activations` stores its weight in: `requested`, else the innermost
-// WeightFormatScope's, else the activations' own (nullopt when no format names that dtype: f64).
-// A format other than the activations' needs f32 activations: ValueError naming `layer` otherwise.
-// A scope's q8_0 for a weight whose rows (`cols` elements) are not a multiple of 32 gives f16.
+// The format a layer with `activations` stores its weight in: `requested`, else the activations' own
+// (nullopt when no format names that dtype: f64). A format other than the activations' needs f32
+// activations: ValueError naming `layer` otherwise.
 std::optional<WeightFormat> resolve_weight_format(std::string_view layer, DType activations,
-                                                  std::optional<WeightFormat> requested, int64_t cols);
+                                                  std::optional<WeightFormat> requested);
 
-// Linear and Embedding layers constructed while a scope lives (on this thread) and not given a
-// format store their weights in `format`: how nn::Transformer sets the format of the projections its
-// attention and MLP layers build. Scopes nest; the innermost wins.
-class WeightFormatScope {
- public:
-  explicit WeightFormatScope(std::optional<WeightFormat> format);
-  ~WeightFormatScope();
-  WeightFormatScope(const WeightFormatScope&) = delete;
-  WeightFormatScope& operator=(const WeightFormatScope&) = delete;
-  static std::optional<WeightFormat> current();
-
- private:
-  std::optional<WeightFormat> previous_;
-};
+// The format a model-wide choice (LlamaConfig::weight_format, the `weight_format` of MLP and
+// AttentionWithRope) gives one of its weight matrices, whose rows have `cols` elements:
+// `model_format`, except that q8_0 gives f16 where cols is not a multiple of 32 (as llama.cpp's
+// quantizer falls back per tensor). Asking one Linear for q8_0 directly stays an error there.
+std::optional<WeightFormat> model_weight_format(std::optional<WeightFormat> model_format, int64_t cols);
 
 }  // namespace kiln::nn

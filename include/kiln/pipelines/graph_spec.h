@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kiln/engine/session.h"
+#include "kiln/logging.h"
 #include "kiln/nn/module.h"
 
 namespace kiln::nn {
@@ -45,8 +46,9 @@ struct GraphSpec {
   // that compile unit (which must outlive the returned handle). ValueError for a ModuleV3 with `into`.
   graph::Graph trace(graph::Module* into = nullptr) const;
   // The arrays the graph binds, by weight name: `weights` if set, else the module's state_dict()
-  // (valid after trace(), which is what fixes the weight names).
-  WeightsRegistry weights_registry() const;
+  // (valid after trace(), which is what fixes the weight names). A ModuleV3's auto_cast warning goes
+  // to `logger` (compile_graph_specs passes its session's).
+  WeightsRegistry weights_registry(Logger& logger = *default_logger()) const;
 };
 
 // Compiles the specs and returns one runnable model per spec name. Specs sharing a group are traced
