@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/device_team.h"
+#include "engine/cpu/device_team.h"
 #include "kernels/cpu/kernels.h"
 #include "kiln/engine/session.h"
 #include "kiln/engine/signals.h"
@@ -73,7 +73,7 @@ void BM_AllreduceKernel(benchmark::State& state) {
   }
   for (const Tensor& b : signals.buffers())
     in_views.push_back({const_cast<void*>(b.data()), DType::u8, {engine::SIGNAL_BYTES}, {1}});
-  kernels::KernelFn allreduce = kernels::builtin_kernels().find(graph::Op::allreduce_sum, DeviceKind::CPU, DType::f32);
+  kernels::KernelFn allreduce = kernels::cpu_kernels().find(graph::Op::allreduce_sum, DeviceKind::CPU, DType::f32);
   engine::DeviceThreadTeam team;
   kernels::SerialParallel serial;
   const kernels::KernelContext context{&serial, &team, nullptr};

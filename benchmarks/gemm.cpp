@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/thread_pool.h"
+#include "engine/cpu/thread_pool.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 
@@ -73,7 +73,7 @@ void run_kiln(benchmark::State& state, DType dtype, bool kn, std::optional<kiln:
   kiln::graph::Attrs attrs;
   if (!kn) attrs["transpose_b"] = int64_t{1};
   const kiln::kernels::KernelFn fn =
-      kiln::kernels::builtin_kernels().find(kiln::graph::Op::matmul, kiln::DeviceKind::CPU, dtype);
+      kiln::kernels::cpu_kernels().find(kiln::graph::Op::matmul, kiln::DeviceKind::CPU, dtype);
   const kiln::kernels::KernelContext ctx{&pool};
   const TensorView inputs[] = {xv, wv};
   const TensorView outputs[] = {yv};

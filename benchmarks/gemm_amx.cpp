@@ -17,7 +17,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/thread_pool.h"
+#include "engine/cpu/thread_pool.h"
 #include "kernels/cpu/kernels.h"
 
 #if defined(KILN_HAVE_DNNL)
@@ -60,7 +60,7 @@ void run_kiln(benchmark::State& state, Mode mode) {
   const TensorView outputs[] = {{y.data(), DType::bf16, {M, N}, {N, 1}}};
   kiln::graph::Attrs attrs;
   attrs["transpose_b"] = int64_t{1};
-  const auto& registry = kiln::kernels::builtin_kernels();
+  const auto& registry = kiln::kernels::cpu_kernels();
   std::shared_ptr<const kiln::kernels::Prepared> prepared;
   if (mode == Mode::prepared) {
     const bool fixed[] = {false, true};

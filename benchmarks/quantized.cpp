@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/thread_pool.h"
+#include "engine/cpu/thread_pool.h"
 #include "kernels/cpu/kernels.h"
 #include "kiln/graph/quantization.h"
 
@@ -68,7 +68,7 @@ void gemv(benchmark::State& state, const std::string& format) {
   else
     attrs["transpose_b"] = int64_t{1};
   const kiln::kernels::KernelFn fn =
-      kiln::kernels::builtin_kernels().find(q8 ? kiln::graph::Op::qmatmul : kiln::graph::Op::matmul,
+      kiln::kernels::cpu_kernels().find(q8 ? kiln::graph::Op::qmatmul : kiln::graph::Op::matmul,
                                             kiln::DeviceKind::CPU, DType::f32);
   const int64_t cols = q8 ? kiln::graph::q8_0_row_bytes(K) : K;
   std::vector<TensorView> inputs{TensorView{x.data(), DType::f32, {M, K}, {K, 1}},

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cpu_kernel_catalog.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/graph/ops.h"
 
@@ -64,7 +65,7 @@ TEST(Compile, ChainOfElementwiseOpsReusesTwoSlots) {
   graph::TensorValue y = g.input(0);
   for (int i = 0; i < 10; ++i) y = ops::add(y, g.input(0));
   g.output({y});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("chain");
   ASSERT_EQ(plan.steps.size(), 10u);
   EXPECT_LE(plan.num_slots, 2);
@@ -83,7 +84,7 @@ TEST(Compile, DiamondKeepsBothBranchesLive) {
   auto c = ops::mul(a, b);
   auto d = ops::cos(c);
   g.output({ops::add(d, a)});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("diamond");
   EXPECT_GE(plan.num_slots, 2);
   EXPECT_LE(plan.num_slots, 3);
@@ -96,7 +97,7 @@ TEST(Compile, SlotsAreSharedOnlyWithinADType) {
   auto i = ops::cast(f, DType::i32);
   auto j = ops::add(i, i);
   g.output({ops::cast(j, DType::f32)});
-  auto compiled = compiler::compile(g.module());
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels());
   const GraphPlan& plan = compiled.plan("mixed");
   std::map<int32_t, DType> slot_dtype;
   for (const auto& v : plan.values) {
@@ -111,7 +112,7 @@ TEST(Compile, OutputsNeverShareMemoryWithInputsOrEachOther) {
   graph::Graph g("passthrough", {TensorType{DType::f32, {3}}, TensorType{DType::f32, {3}}});
   auto sum = ops::add(g.input(0), g.input(1));
   g.output({g.input(1), sum, ops::neg(sum)});
-  auto compiled = compiler::compile(g.module());
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels());
   const GraphPlan& plan = compiled.plan("passthrough");
   ASSERT_EQ(plan.outputs.size(), 3u);
   // The input stays an input (the engine returns a copy); computed outputs get fresh memory, no slot.
@@ -133,7 +134,7 @@ TEST(Compile, WeightsAndConstantsAreNotSteps) {
     auto bias = ops::constant(std::vector<float>{1, 2}, {2});
     g.output({ops::add(ops::mul(g.input(0), w), bias)});
   }
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("affine");
   ASSERT_EQ(plan.steps.size(), 2u);
   EXPECT_EQ(plan.steps[0].op, graph::Op::mul);
@@ -151,14 +152,14 @@ TEST(Compile, MissingKernelNamesGraphNodeOpAndDType) {
   // No GPU kernels exist yet, so an op on a GPU value has none.
   graph::Graph g("on_gpu", {TensorType{DType::f32, {2}, DeviceRef::GPU()}});
   g.output({ops::add(g.input(0), g.input(0))});
-  EXPECT_EQ(error_message<Error>([&] { compiler::compile(g.module()); }),
+  EXPECT_EQ(error_message<Error>([&] { compiler::compile(g.module(), kiln::testing::with_cpu_kernels()); }),
             "compile: graph 'on_gpu' node 0: no gpu kernel for add on f32");
 }
 
 TEST(Compile, CustomOpNeedsAnExtension) {
   graph::Graph g("ext", {TensorType{DType::f32, {2}}});
   g.output(ops::custom("my_op", {g.input(0)}, {TensorType{DType::f32, {2}}}));
-  auto message = error_message<ExtensionError>([&] { compiler::compile(g.module()); });
+  auto message = error_message<ExtensionError>([&] { compiler::compile(g.module(), kiln::testing::with_cpu_kernels()); });
   EXPECT_EQ(message, "compile: graph 'ext' node 0: custom op 'my_op' is not defined by any loaded extension "
                      "(loaded: none)");
 }
@@ -173,7 +174,7 @@ TEST(Compile, CallsAreInlinedRecursively) {
   auto once = ops::call("middle", {top.input(0)})[0];
   top.output({ops::call("inner", {once})[0]});
 
-  auto compiled = compiler::compile(module, kOneStepPerOp);
+  auto compiled = compiler::compile(module, kiln::testing::with_cpu_kernels(kOneStepPerOp));
   EXPECT_EQ(compiled.graph_names(), (std::vector<std::string>{"inner", "middle", "top"}));
   const GraphPlan& plan = compiled.plan("top");
   std::vector<graph::Op> ops_run;
@@ -193,7 +194,7 @@ TEST(Compile, InlinedCalleeWeightsBecomeTheCallersWeights) {
   layer.output({ops::mul(layer.input(0), layer.weight({"gain", DType::f32, {2}}))});
   graph::Graph model("model", {TensorType{DType::f32, {2}}}, &module);
   model.output({ops::call("layer", {model.input(0)})[0]});
-  auto compiled = compiler::compile(module);
+  auto compiled = compiler::compile(module, kiln::testing::with_cpu_kernels());
   const GraphPlan& plan = compiled.plan("model");
   ASSERT_EQ(plan.weights.size(), 1u);
   EXPECT_EQ(plan.weights[0].name, "gain");
@@ -202,7 +203,7 @@ TEST(Compile, InlinedCalleeWeightsBecomeTheCallersWeights) {
 TEST(Compile, UnknownGraphIsAValueErrorNamingIt) {
   graph::Graph g("only", {TensorType{DType::f32, {2}}});
   g.output({g.input(0)});
-  auto compiled = compiler::compile(g.module());
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels());
   auto message = error_message<ValueError>([&] { compiled.plan("other"); });
   EXPECT_NE(message.find("'other'"), std::string::npos) << message;
   EXPECT_NE(message.find("'only'"), std::string::npos) << message;

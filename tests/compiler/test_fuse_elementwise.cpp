@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_kernel_catalog.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/compiler/passes.h"
 #include "kiln/graph/ops.h"
@@ -27,7 +28,7 @@ std::vector<Op> ops_of(const GraphIR& g) {
 
 // Runs the pass and checks what every pass keeps: a valid module whose graphs have the same interface.
 Module fuse(const Module& before) {
-  Module after = passes::fuse_elementwise(before);
+  Module after = passes::fuse_elementwise(before, kiln::testing::cpu_kernels());
   passes::verify(after);
   for (const auto& g : before.graphs()) {
     EXPECT_EQ(after.at(g->name).input_types(), g->input_types()) << g->name;
@@ -190,7 +191,7 @@ TEST(FuseElementwise, LoneElementwiseOpsStayAsTheyAre) {
 TEST(FuseElementwise, CompileRunsItSoTheChainIsOneStep) {
   Graph g("mlp_tail", {f32({"seq", 6}), f32({"seq", 6})});
   g.output({ops::silu(g.input(0)) * g.input(1)});  // Llama's MLP gate
-  auto compiled = compiler::compile(g.module());
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels());
   const compiler::GraphPlan& plan = compiled.plan("mlp_tail");
   ASSERT_EQ(plan.steps.size(), 1u);
   EXPECT_EQ(plan.steps[0].op, Op::fused_elementwise);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_kernel_catalog.h"
 #include "../test_util.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/compiler/passes.h"
@@ -30,7 +31,7 @@ int count(const GraphIR& g, Op op) {
 
 // Runs the pass and checks what every pass keeps: a valid module with the same interface.
 Module group(const Module& before) {
-  Module after = passes::group_matmuls(before);
+  Module after = passes::group_matmuls(before, kiln::testing::cpu_kernels());
   passes::verify(after);
   for (const auto& g : before.graphs()) {
     EXPECT_EQ(after.at(g->name).input_types(), g->input_types()) << g->name;
@@ -100,7 +101,7 @@ TEST(GroupMatmuls, QkvAndGateUpBecomeOneGroupedNodeEach) {
 
 TEST(GroupMatmuls, CompileRunsThePassAfterTheOtherOptimizations) {
   Graph g = llama_like(DType::bf16, false);  // bf16 weights under f32 activations
-  const auto compiled = compiler::compile(g.module());
+  const auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels());
   int grouped = 0, matmuls = 0;
   for (const auto& step : compiled.plan("block").steps) {
     grouped += step.op == Op::grouped_matmul;
@@ -109,7 +110,7 @@ TEST(GroupMatmuls, CompileRunsThePassAfterTheOtherOptimizations) {
   EXPECT_EQ(grouped, 2);
   EXPECT_EQ(matmuls, 0);
   // Unoptimized compiles keep every matmul.
-  const auto plain = compiler::compile(g.module(), compiler::CompileOptions{.optimize = false});
+  const auto plain = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(compiler::CompileOptions{.optimize = false}));
   for (const auto& step : plain.plan("block").steps) EXPECT_NE(step.op, Op::grouped_matmul);
 }
 

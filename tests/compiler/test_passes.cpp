@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_kernel_catalog.h"
 #include "kiln/compiler/passes.h"
 #include "kiln/graph/ops.h"
 #include "kiln/graph/text.h"
@@ -52,6 +53,8 @@ std::vector<Op> ops_of(const GraphIR& g) {
 
 // Parses `text`, runs `pass`, and checks what every pass must keep: a valid module with the same
 // graphs, each with the same input and output types.
+Module constant_fold_cpu(Module m) { return passes::constant_fold(std::move(m), kiln::testing::cpu_kernels()); }
+
 Module run(Pass pass, const std::string& text) {
   Module before = parse_module(text);
   Module after = pass(before);
@@ -192,7 +195,7 @@ TEST(Canonicalize, CastsAndBroadcastsToTheSameTypeDisappear) {
 
 TEST(ConstantFold, EvaluatesChainsOfConstantOps) {
   // (a + b) * a with a = [1, 2, 3], b = [10, 20, 30]: [11, 44, 99]; then neg.
-  Module m = run(passes::constant_fold,
+  Module m = run(constant_fold_cpu,
                  "graph @g() -> (f32[3]) {\n" + f32_constant("%0", {1, 2, 3}, "[3]") +
                      f32_constant("%1", {10, 20, 30}, "[3]") +
                      "  %2 = add(%0, %1) : f32[3]\n"
@@ -212,7 +215,7 @@ TEST(ConstantFold, EvaluatesChainsOfConstantOps) {
 
 TEST(ConstantFold, FoldsEveryResultOfAMultiResultNode) {
   // split [1..6] into [2] and [4], then add the first two of the second part to the first.
-  Module m = run(passes::constant_fold,
+  Module m = run(constant_fold_cpu,
                  "graph @g() -> (f32[2], f32[4], f32[2]) {\n" +
                      f32_constant("%0", {1, 2, 3, 4, 5, 6}, "[6]") +
                      "  %1, %2 = split(%0) {axis = 0, sizes = [2, 4]} : f32[2], f32[4]\n"
@@ -236,7 +239,7 @@ TEST(ConstantFold, IntegerArithmeticFollowsTheOpSemantics) {
   // div truncates like C++; mod takes the divisor's sign like Python.
   std::string a = hex(std::vector<int32_t>{-7, 7, -7});
   std::string b = hex(std::vector<int32_t>{2, -2, 3});
-  Module m = run(passes::constant_fold,
+  Module m = run(constant_fold_cpu,
                  "graph @g() -> (i32[3], i32[3]) {\n"
                  "  %0 = constant() {device = cpu:0, dtype = i32, shape = [3], value = " + a + "} : i32[3]\n"
                  "  %1 = constant() {device = cpu:0, dtype = i32, shape = [3], value = " + b + "} : i32[3]\n"
@@ -257,7 +260,7 @@ TEST(ConstantFold, LeavesNodesWithNonConstantOperands) {
                      "  %4 = mul(%2, %1) : f32[3]\n"
                      "  return %3, %4\n"
                      "}\n";
-  Module m = run(passes::constant_fold, text);
+  Module m = run(constant_fold_cpu, text);
   EXPECT_EQ(print(m), print(parse_module(text)));
 }
 
@@ -267,18 +270,18 @@ TEST(ConstantFold, FoldsUpTo64KiBAndNoMore) {
     return "graph @g() -> (f32" + shape + ") {\n" + f32_constant("%0", {2}, "[]") +
            "  %1 = broadcast_to(%0) {shape = " + shape + "} : f32" + shape + "\n  return %1\n}\n";
   };
-  Module fits = run(passes::constant_fold, text(16384));  // 64 KiB exactly
+  Module fits = run(constant_fold_cpu, text(16384));  // 64 KiB exactly
   EXPECT_EQ(ops_of(fits.at("g")), (std::vector<Op>{Op::constant, Op::constant}));
   std::vector<float> all_twos = constant_values<float>(fits.at("g").nodes[1]);
   EXPECT_EQ(all_twos, std::vector<float>(16384, 2.0f));
-  Module too_big = run(passes::constant_fold, text(16385));
+  Module too_big = run(constant_fold_cpu, text(16385));
   EXPECT_EQ(ops_of(too_big.at("g")), (std::vector<Op>{Op::constant, Op::broadcast_to}));
 }
 
 TEST(ConstantFold, LeavesDivisionByZeroToRunTime) {
   std::string a = hex(std::vector<int32_t>{1});
   std::string zero = hex(std::vector<int32_t>{0});
-  Module m = run(passes::constant_fold,
+  Module m = run(constant_fold_cpu,
                  "graph @g() -> (i32[1]) {\n"
                  "  %0 = constant() {device = cpu:0, dtype = i32, shape = [1], value = " + a + "} : i32[1]\n"
                  "  %1 = constant() {device = cpu:0, dtype = i32, shape = [1], value = " + zero + "} : i32[1]\n"
@@ -294,7 +297,7 @@ TEST(ConstantFold, NeverFoldsSourcesOrTransfers) {
                      "  %2 = transfer_to(%0) {device = gpu:0} : f32[3]@gpu:0\n"
                      "  return %1, %2\n"
                      "}\n";
-  Module m = run(passes::constant_fold, text);
+  Module m = run(constant_fold_cpu, text);
   EXPECT_EQ(print(m), print(parse_module(text)));
 }
 
@@ -469,7 +472,7 @@ TEST(Passes, PipelineOnABuiltGraphKeepsItsInterface) {
   auto t = ops::permute(ops::permute(h, {1, 0}), {1, 0});
   g.output({ops::relu(ops::add(t, ops::matmul(x, w)))});
 
-  Module m = passes::dce(passes::cse(passes::canonicalize(passes::constant_fold(g.module()))));
+  Module m = passes::dce(passes::cse(passes::canonicalize(passes::constant_fold(g.module(), kiln::testing::cpu_kernels()))));
   passes::verify(m);
   EXPECT_EQ(print(m),
             "graph @mlp(%0: f32[batch, 4]) -> (f32[batch, 4]) {\n"

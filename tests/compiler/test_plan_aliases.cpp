@@ -9,6 +9,7 @@
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/errors.h"
 #include "kiln/graph/ops.h"
+#include "cpu_kernel_catalog.h"
 #include "test_util.h"
 
 namespace {
@@ -67,7 +68,7 @@ TEST(PlanAliases, ReshapeLaunchesNothingAndViewsItsOperand) {
   auto e = ops::exp(g.input(0));
   auto r = ops::reshape(e, std::vector<int64_t>{6});
   g.output({ops::neg(r)});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   ASSERT_EQ(plan.steps.size(), 2u);
   EXPECT_EQ(plan.steps[0].op, Op::exp);
@@ -90,7 +91,7 @@ TEST(PlanAliases, ChainsOfAliasesResolveToTheValueOwningTheMemory) {
   auto b = ops::slice(a, {{1, 2}});  // [1, 2, 6]: one contiguous block
   auto c = ops::reshape(b, std::vector<int64_t>{12});
   g.output({ops::neg(c)});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   ASSERT_EQ(plan.aliases.size(), 3u);
   for (const auto& v : {a, b, c}) {
@@ -110,7 +111,7 @@ TEST(PlanAliases, ContiguousWindowsOfBuffersAndTensorsAreAliases) {
   auto history = ops::buffer_load(g.input(0), {{1, 2}, {0, total}});
   auto rows = ops::slice(g.input(1), {{1, total}});  // rows 1.. of a row-major matrix
   g.output({ops::neg(ops::reshape(history, graph::Shape{total, 2})), ops::neg(rows)});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   EXPECT_EQ(count_steps(plan, Op::buffer_load), 0);
   EXPECT_EQ(count_steps(plan, Op::slice), 0);
@@ -127,7 +128,7 @@ TEST(PlanAliases, StridedAndPartialWindowsStayCopies) {
   auto two_rows_part = ops::buffer_load(g.input(1), {{1, 3}, {0, 5}});
   auto one_row_part = ops::slice(g.input(0), {{2, 3}, {1, 4}});  // one block: an alias
   g.output({ops::neg(columns), ops::neg(every_other), ops::neg(two_rows_part), ops::neg(one_row_part)});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   EXPECT_EQ(value_of(plan, columns).kind, ValueKind::slot);
   EXPECT_EQ(value_of(plan, every_other).kind, ValueKind::slot);
@@ -146,7 +147,7 @@ TEST(PlanAliases, RootSlotLivesUntilTheLastUseOfItsAliases) {
   graph::TensorValue chain = ops::sin(g.input(0));
   for (int i = 0; i < 4; ++i) chain = ops::cos(chain);
   g.output({ops::add(ops::reshape(chain, std::vector<int64_t>{2, 4}), view)});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   ASSERT_EQ(value_of(plan, view).kind, ValueKind::alias);
   expect_alias_roots_stay_live(plan);
@@ -160,7 +161,7 @@ TEST(PlanAliases, AnAliasReturnedAsAnOutputKeepsItsRootSlotToTheEnd) {
   graph::TensorValue chain = ops::sin(g.input(0));
   for (int i = 0; i < 4; ++i) chain = ops::cos(chain);
   g.output({view, chain});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   // The output stays an alias (the engine returns a copy of it), and e's slot is never reused.
   EXPECT_EQ(value_of(plan, view).kind, ValueKind::alias);
@@ -175,7 +176,7 @@ TEST(PlanAliases, ABufferReadAfterItsLastWriteIsAnAlias) {
   auto history = ops::buffer_load(g.input(0), {{0, 1}, {0, 4}});
   auto flat = ops::reshape(history, std::vector<int64_t>{4, 4});
   g.output({ops::neg(flat)});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   EXPECT_EQ(value_of(plan, history).kind, ValueKind::alias);
   EXPECT_EQ(value_of(plan, flat).root, g.input(0).id());
@@ -190,7 +191,7 @@ TEST(PlanAliases, ABufferReadLiveAcrossAWriteOfTheBufferStaysACopy) {
   auto other = ops::buffer_load(g.input(1));                          // another buffer: not written
   ops::buffer_store(g.input(0), ops::neg(before));
   g.output({ops::exp(flat), ops::exp(other)});                        // ...after the store
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   EXPECT_EQ(value_of(plan, before).kind, ValueKind::slot);  // a copy made before the store
   EXPECT_EQ(count_steps(plan, Op::buffer_load), 1);
@@ -205,7 +206,7 @@ TEST(PlanAliases, ABufferReadReturnedAsAnOutputIsACopyIfTheBufferIsWrittenLater)
   auto before = ops::buffer_load(g.input(0));
   ops::buffer_store(g.input(0), g.input(1));
   g.output({before});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   EXPECT_EQ(value_of(plan, before).kind, ValueKind::output);
   EXPECT_EQ(count_steps(plan, Op::buffer_load), 1);
@@ -216,7 +217,7 @@ TEST(PlanAliases, AStepReadingAnAliasOfTheBufferItWritesKeepsTheCopy) {
   graph::Graph g("g", {BufferType{DType::f32, {2, 4}}});
   auto row0 = ops::buffer_load(g.input(0), {{0, 1}});
   ops::buffer_store(g.input(0), row0, {{1, 2}});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   EXPECT_EQ(value_of(plan, row0).kind, ValueKind::slot);
 }
@@ -231,7 +232,7 @@ TEST(PlanAliases, KernelsNeverWriteAnAlias) {
     ops::buffer_store(g.input(0), ops::reshape(g.input(1), std::vector<int64_t>{2, 4}));
     g.output({ops::neg(history), ops::add(ops::reshape(w, std::vector<int64_t>{8}), g.input(1))});
   }
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   for (const auto& step : plan.steps) {
     for (int32_t v : step.outputs) EXPECT_NE(plan.values.at(static_cast<size_t>(v)).kind, ValueKind::alias);
@@ -253,7 +254,7 @@ TEST(PlanAliases, AReshapedWeightIsAnAliasOfTheWeight) {
     flat_w = ops::reshape(w, std::vector<int64_t>{3, 2});
     g.output({ops::matmul(g.input(0), flat_w)});
   }
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   const GraphPlan& plan = compiled.plan("g");
   const PlanValue& alias = value_of(plan, flat_w);
   ASSERT_EQ(alias.kind, ValueKind::alias);
@@ -263,7 +264,7 @@ TEST(PlanAliases, AReshapedWeightIsAnAliasOfTheWeight) {
 TEST(PlanAliases, PrintedPlansShowAliasesAndTheirRoots) {
   graph::Graph g("g", {TensorType{DType::f32, {2, 3}}});
   g.output({ops::reshape(ops::exp(g.input(0)), std::vector<int64_t>{6})});
-  auto compiled = compiler::compile(g.module(), kOneStepPerOp);
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   EXPECT_EQ(compiler::to_string(compiled.plan("g")),
             "graph 'g': 1 step, 1 alias, 1 slot\n"
             "%0 f32[2, 3] input 0\n"
@@ -284,7 +285,7 @@ graph::Module chain_module() {
 }
 
 TEST(PlanAliases, ArtifactsKeepAliases) {
-  auto compiled = compiler::compile(chain_module(), kOneStepPerOp);
+  auto compiled = compiler::compile(chain_module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   auto loaded = compiler::CompiledModel::deserialize(compiled.serialize());
   const GraphPlan& a = compiled.plan("g");
   const GraphPlan& b = loaded.plan("g");
@@ -305,7 +306,7 @@ TEST(PlanAliases, ArtifactsKeepAliases) {
 // A plan edited by `edit`, saved and loaded again: a LoadError naming `what`.
 template <class F>
 void expect_corrupted_plan_refused(F&& edit, const std::string& what) {
-  auto compiled = compiler::compile(chain_module(), kOneStepPerOp);
+  auto compiled = compiler::compile(chain_module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
   std::map<std::string, GraphPlan> plans = compiled.plans();
   edit(plans.at("g"));
   compiler::CompiledModel edited(compiled.ir(), std::move(plans));

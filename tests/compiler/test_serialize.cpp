@@ -13,6 +13,7 @@
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/graph/ops.h"
 #include "kiln/graph/text.h"
+#include "cpu_kernel_catalog.h"
 #include "test_util.h"
 
 namespace {
@@ -37,7 +38,7 @@ CompiledModel compile_rich_model() {
   h = ops::softmax(ops::cast(h, DType::f64), 1);
   auto r = ops::range(0.5, 0.25, 3, DType::f32);
   g.output({h, ops::cumsum(r, 0, true, false)});
-  return compiler::compile(g.module());
+  return compiler::compile(g.module(), kiln::testing::with_cpu_kernels());
 }
 
 TEST(Serialize, RoundTripKeepsEveryPlanField) {

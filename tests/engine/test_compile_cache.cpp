@@ -16,6 +16,7 @@
 
 #include "kiln/engine/compile_cache.h"
 #include "kiln/kiln.h"
+#include "cpu_kernel_catalog.h"
 #include "test_util.h"
 
 namespace {
@@ -180,7 +181,7 @@ TEST(CompileCache, EvictsLeastRecentlyUsedBeyondTheLimit) {
   for (int m = 0; m < 3; ++m) {
     graph::Module module = relu_proj_module(static_cast<float>(m + 1));  // + 0 would be folded away
     keys.push_back(CompileCache::key(module, options));
-    unbounded.store(keys.back(), compiler::compile(module));
+    unbounded.store(keys.back(), compiler::compile(module, kiln::testing::with_cpu_kernels()));
   }
   // Ages set explicitly (oldest first: 0, 1, 2), then entry 0 is used: 1 becomes the oldest.
   auto now = fs::file_time_type::clock::now();

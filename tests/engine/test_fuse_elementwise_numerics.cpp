@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cpu_kernel_catalog.h"
 #include "kiln/kiln.h"
 
 namespace {
@@ -41,8 +42,8 @@ int count_steps(const compiler::CompiledModel& compiled, const std::string& grap
 std::vector<Tensor> expect_fused_equals_unfused(const graph::Graph& g, const std::vector<Tensor>& inputs,
                                                 int fused_steps = 1) {
   engine::InferenceSession session;
-  const auto unfused = compiler::compile(g.module(), compiler::CompileOptions{.optimize = false});
-  const auto fused = compiler::compile(g.module());
+  const auto unfused = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(compiler::CompileOptions{.optimize = false}));
+  const auto fused = compiler::compile(g.module(), kiln::testing::with_cpu_kernels());
   EXPECT_EQ(count_steps(unfused, g.name(), graph::Op::fused_elementwise), 0);
   EXPECT_EQ(count_steps(fused, g.name(), graph::Op::fused_elementwise), fused_steps);
   const auto want = session.init(unfused, {}).at(g.name()).execute(inputs);

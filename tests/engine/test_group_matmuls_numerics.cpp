@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cpu_kernel_catalog.h"
 #include "kiln/compiler/passes.h"
 #include "kiln/graph/quantization.h"
 #include "kiln/kiln.h"
@@ -88,9 +89,9 @@ TEST(GroupMatmulsNumerics, GroupedBlockEqualsTheUngroupedOneBitForBit) {
     Block b;
     build(b, kind);
     const graph::Module ungrouped_ir = passes::fuse_elementwise(
-        passes::dce(passes::cse(passes::constant_fold(passes::canonicalize(b.graph.module())))));
-    const auto ungrouped = compiler::compile(ungrouped_ir, compiler::CompileOptions{.optimize = false});
-    const auto grouped = compiler::compile(b.graph.module());
+        passes::dce(passes::cse(passes::constant_fold(passes::canonicalize(b.graph.module()), kiln::testing::cpu_kernels()))), kiln::testing::cpu_kernels());
+    const auto ungrouped = compiler::compile(ungrouped_ir, kiln::testing::with_cpu_kernels(compiler::CompileOptions{.optimize = false}));
+    const auto grouped = compiler::compile(b.graph.module(), kiln::testing::with_cpu_kernels());
     EXPECT_EQ(count_steps(ungrouped, graph::Op::grouped_matmul), 0);
     EXPECT_EQ(count_steps(grouped, graph::Op::grouped_matmul), 2);
     for (int threads : {1, 2}) {
@@ -118,7 +119,7 @@ TEST(GroupMatmulsNumerics, GroupedProjectionsAreTheProducts) {
   Block b;
   build(b, Weights::f32);
   engine::InferenceSession session({DeviceRef::CPU()}, {}, engine::SessionOptions{.num_threads = 2, .compile_cache = false});
-  auto model = session.init(compiler::compile(b.graph.module()), b.weights).at("block");
+  auto model = session.init(compiler::compile(b.graph.module(), kiln::testing::with_cpu_kernels()), b.weights).at("block");
   const int64_t seq = 2;
   const std::vector<float> x = random_values(seq * kDim, 77);
   const auto out = model.execute({Tensor::from_vector(x, {seq, kDim})});

@@ -11,6 +11,7 @@
 
 #include "kiln/tensor/device_memory.h"
 #include "kiln/kiln.h"
+#include "cpu_kernel_catalog.h"
 #include "test_util.h"
 
 // Counts heap allocations of the whole test binary, so a test can measure those of one execute().
@@ -228,7 +229,7 @@ engine::Model chain_model(const InferenceSession& session, int length) {
   for (int i = 0; i < length; ++i)
     y = ops::reshape(ops::neg(y), std::vector<int64_t>{i % 2 ? 4 : 2, i % 2 ? 4 : 8});
   g.output({y});
-  return session.init(compiler::compile(g.module(), {.optimize = false}), {}).at("chain");
+  return session.init(compiler::compile(g.module(), kiln::testing::with_cpu_kernels({.optimize = false})), {}).at("chain");
 }
 
 int64_t heap_allocations_of_one_run(const engine::Model& model, const Tensor& x) {

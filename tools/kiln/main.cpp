@@ -331,7 +331,13 @@ int main(int argc, char** argv) {
     } else if (app.got_subcommand("check")) {
       graph::Module module = graph::parse_module(read_file(file));
       compiler::passes::verify(module);
-      std::cout << graph::print(optimized ? compiler::compile(module).ir() : module);
+      if (optimized) {
+        // Compiled as a session compiles it: with its kernels, which folding and fusion consult.
+        engine::InferenceSession session({DeviceRef::CPU()}, {}, {.num_threads = 1, .compile_cache = false});
+        std::cout << graph::print(compiler::compile(module, {.kernels = &session.kernel_catalog()}).ir());
+      } else {
+        std::cout << graph::print(module);
+      }
     } else if (app.got_subcommand("run")) {
       return run(file, dims, seed, graph_name);
     } else if (app.got_subcommand("generate")) {
