@@ -504,8 +504,7 @@ TEST(CollectiveErrors, OneSignalBufferForTwoDevicesIsReported) {
 
 TEST(CollectiveErrors, SeveralDevicesWithoutADeviceTeamIsAnError) {
   // The kernel itself, called without the engine's team.
-  kernels::KernelFn allreduce = kernels::cpu_kernels().find(graph::Op::allreduce_sum, DeviceKind::CPU, DType::f32);
-  ASSERT_NE(allreduce, nullptr);
+  const graph::KernelKey key{graph::Op::allreduce_sum, DeviceKind::CPU, DType::f32};
   engine::Signals signals(cpus(2));
   std::vector<float> a{1, 2}, b{3, 4}, out0(2), out1(2);
   auto view = [](void* data, DType dtype, int64_t size) { return kernels::TensorView{data, dtype, {size}, {1}}; };
@@ -515,9 +514,15 @@ TEST(CollectiveErrors, SeveralDevicesWithoutADeviceTeamIsAnError) {
   std::vector<kernels::TensorView> outputs{view(out0.data(), DType::f32, 2), view(out1.data(), DType::f32, 2)};
   kernels::SerialParallel serial;
   kernels::KernelContext context{&serial};
-  expect_error<ExecutionError>([&] { allreduce(context, {{"processes", int64_t{1}}}, inputs, outputs); },
-                               {"allreduce_sum", "2 devices need a device team"});
-  expect_error<ExecutionError>([&] { allreduce(context, {{"processes", int64_t{2}}}, inputs, outputs); },
+  auto allreduce = [&](int64_t processes) {
+    const graph::Attrs attrs{{"processes", processes}};
+    const kernels::KernelInit init{key.op, &attrs, inputs, {}, nullptr};
+    const auto kernel = kernels::cpu_kernels().build(key, init);
+    ASSERT_NE(kernel, nullptr);
+    kernel->run(context, inputs, outputs);
+  };
+  expect_error<ExecutionError>([&] { allreduce(1); }, {"allreduce_sum", "2 devices need a device team"});
+  expect_error<ExecutionError>([&] { allreduce(2); },
                                {"allreduce_sum", "spans 2 processes but no process group was given"});
 }
 

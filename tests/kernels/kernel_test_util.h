@@ -136,6 +136,15 @@ inline void run_kernel(graph::Op op, const graph::Attrs& attrs, const std::vecto
   kernel->run(ctx, inputs, outputs);
 }
 
+// Runs a built kernel on these operands, on the calling thread unless a `parallel` is given.
+inline void run_built(const Kernel& kernel, const std::vector<TensorView>& inputs,
+                      const std::vector<TensorView>& outputs, Parallel* parallel = nullptr) {
+  SerialParallel serial;
+  KernelContext ctx;
+  ctx.parallel = parallel ? parallel : &serial;
+  kernel.run(ctx, inputs, outputs);
+}
+
 // Runs a single-result op and returns its (contiguous) result.
 inline HostTensor run_op(graph::Op op, const graph::Attrs& attrs, const std::vector<TensorView>& inputs,
                          DType out_dtype, std::vector<int64_t> out_shape) {

@@ -198,6 +198,36 @@ TEST(DataMovementKernels, SliceOutOfBoundsOrSymbolicBoundIsAnError) {
   EXPECT_THROW(run_op(Op::slice, slice_attrs({0}, {4}, {1}), {in.view()}, DType::f32, {3}), ShapeError);
 }
 
+// A symbolic bound becomes a slot of the run's dims at build, read per launch: one kernel, two runs.
+TEST(DataMovementKernels, SymbolicSliceBoundsAreTheRunsDims) {
+  struct Slots final : SymbolSlots {
+    int32_t slot_of(const graph::Dim& dim) override {
+      names.push_back(dim.to_string());
+      return static_cast<int32_t>(names.size() - 1);
+    }
+    std::vector<std::string> names;
+  } slots;
+  const HostTensor in = iota(DType::f32, {6});
+  const Attrs attrs = slice_attrs({"a"}, {"b"}, {2});
+  const std::vector<TensorView> inputs{in.view()};
+  const KernelInit init{Op::slice, &attrs, inputs, {}, &slots};
+  const auto kernel = cpu_kernels().build({Op::slice, DeviceKind::CPU, DType::f32}, init);
+  ASSERT_NE(kernel, nullptr);
+  EXPECT_EQ(slots.names, (std::vector<std::string>{"a", "b"}));
+  SerialParallel serial;
+  for (const auto& [start, stop] : {std::pair<int64_t, int64_t>{1, 4}, {0, 6}}) {
+    const int64_t dims[] = {start, stop};
+    KernelContext ctx{&serial};
+    ctx.dims = dims;
+    HostTensor out(DType::f32, {(stop - start + 1) / 2});
+    const TensorView outputs[] = {out.view()};
+    kernel->run(ctx, inputs, outputs);
+    std::vector<float> want;
+    for (int64_t i = start; i < stop; i += 2) want.push_back(static_cast<float>(i));
+    EXPECT_EQ(out.values<float>(), want) << start << ":" << stop;
+  }
+}
+
 TEST(DataMovementKernels, BufferLoadReadsASliceOrAllOfTheBuffer) {
   HostTensor buffer = tensor<float>({3, 2}, {0, 1, 2, 3, 4, 5});
   EXPECT_EQ(run_op(Op::buffer_load, slice_attrs({1, 0}, {3, 1}, {1, 1}), {buffer.view()}, DType::f32,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
@@ -31,7 +32,9 @@ namespace {
 
 using gemm::Isa;
 using graph::Op;
+using kernel_test::build_kernel;
 using kernel_test::HostTensor;
+using kernel_test::run_built;
 using kernel_test::run_kernel;
 using kernel_test::tensor_from_doubles;
 using kernel_test::ThreadedParallel;
@@ -233,11 +236,9 @@ TEST(Gemm, TwoThreadsGiveTheSameBitsAsOne) {
   }
 }
 
-// The f32 weight packed at init (the matmul kernel's prepare function) against packing per call:
-// the same bits, on every ISA level, both rhs layouts, 1 and 2 threads, shapes around the blocks.
+// The f32 weight packed at build (the matmul kernel of a fixed rhs) against packing per call: the
+// same bits, on every ISA level, both rhs layouts, 1 and 2 threads, shapes around the blocks.
 TEST(Gemm, PreparedWeightGivesTheSameBitsAsPackingPerCall) {
-  const PrepareFn prepare = cpu_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
-  ASSERT_NE(prepare, nullptr);
   ThreadedParallel two(2);
   SerialParallel serial;
   uint32_t seed = 300;
@@ -254,21 +255,17 @@ TEST(Gemm, PreparedWeightGivesTheSameBitsAsPackingPerCall) {
         lhs_at_init.dtype = DType::f32;
         lhs_at_init.shape = {s.M, s.K};
         lhs_at_init.strides = {s.K, 1};
-        const std::vector<TensorView> at_init = {lhs_at_init, o.b_view};
-        const std::shared_ptr<const Prepared> prepared = prepare(o.attrs, at_init, std::span<const bool>(fixed));
+        HostTensor with(DType::f32, {s.M, s.N});
+        const auto kernel = build_kernel(Op::matmul, o.attrs, {lhs_at_init, o.b_view}, {with.view()}, fixed);
         const std::string what = label(isa, DType::f32, rhs, s.M, s.N, s.K);
         if (isa == Isa::generic) {
-          EXPECT_EQ(prepared, nullptr) << what << ": nothing to pack without SIMD kernels";
+          EXPECT_EQ(matmul_packing(*kernel), MatmulPacking::none) << what << ": nothing to pack without SIMD kernels";
           continue;
         }
-        ASSERT_NE(prepared, nullptr) << what;
+        ASSERT_EQ(matmul_packing(*kernel), MatmulPacking::f32_panels) << what;
         for (Parallel* parallel : {static_cast<Parallel*>(&serial), static_cast<Parallel*>(&two)}) {
           const HostTensor unprepared = run(o, {s.M, s.N}, parallel);
-          HostTensor with(DType::f32, {s.M, s.N});
-          const KernelFn fn = cpu_kernels().find(Op::matmul, DeviceKind::CPU, DType::f32);
-          const TensorView inputs[] = {o.a_view, o.b_view};
-          const TensorView outputs[] = {with.view()};
-          fn(KernelContext{parallel, nullptr, nullptr, prepared.get()}, o.attrs, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+          run_built(*kernel, {o.a_view, o.b_view}, {with.view()}, parallel);
           EXPECT_EQ(unprepared.bytes, with.bytes) << what << " threads " << parallel->num_threads();
           expect_matches_naive(o, 0, s.M, s.N, s.K, with, what + " prepared");
         }
@@ -276,49 +273,48 @@ TEST(Gemm, PreparedWeightGivesTheSameBitsAsPackingPerCall) {
   }
 }
 
-// The panels packed at init are what a prepared launch reads: changing the weight's bytes afterwards
-// (which a fixed weight never does) leaves its result at the packed values. Without the state, or
-// with the state of another rhs, the launch reads the rhs it is given.
+// The panels packed at build are what a launch of that kernel reads: changing the weight's bytes
+// afterwards (which a fixed weight never does) leaves its result at the packed values. A kernel
+// built without the weight fixed, or launched with another rhs, reads the rhs it is given.
 TEST(Gemm, PreparedLaunchReadsThePanelsPackedAtInit) {
   if (gemm::best_isa() == Isa::generic) GTEST_SKIP() << "no SIMD level on this CPU";
-  const PrepareFn prepare = cpu_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
-  const KernelFn fn = cpu_kernels().find(Op::matmul, DeviceKind::CPU, DType::f32);
   const int64_t M = 20, N = 70, K = 40;
   Operands o = make_operands(DType::f32, 0, 0, M, N, K, Rhs::transposed, 11);
   const Operands other = make_operands(DType::f32, 0, 0, M, N, K, Rhs::transposed, 12);
   const bool fixed[] = {false, true};
-  const std::vector<TensorView> at_init = {o.a_view, o.b_view};
-  const std::shared_ptr<const Prepared> prepared = prepare(o.attrs, at_init, std::span<const bool>(fixed));
-  ASSERT_NE(prepared, nullptr);
+  HostTensor shape_only(DType::f32, {M, N});
+  const auto prepared = build_kernel(Op::matmul, o.attrs, {o.a_view, o.b_view}, {shape_only.view()}, fixed);
+  const auto unprepared = build_kernel(Op::matmul, o.attrs, {o.a_view, o.b_view}, {shape_only.view()});
+  ASSERT_EQ(matmul_packing(*prepared), MatmulPacking::f32_panels);
   const HostTensor before = run(o, {M, N});
   std::memcpy(o.b.bytes.data(), other.b.bytes.data(), o.b.bytes.size());  // same buffer, new values
-  SerialParallel serial;
-  auto launch = [&](const Operands& x, const Prepared* state) {
+  auto launch = [&](const Operands& x, const Kernel& kernel) {
     HostTensor out(DType::f32, {M, N});
-    const TensorView inputs[] = {x.a_view, x.b_view};
-    const TensorView outputs[] = {out.view()};
-    fn(KernelContext{&serial, nullptr, nullptr, state}, x.attrs, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+    run_built(kernel, {x.a_view, x.b_view}, {out.view()});
     return out;
   };
-  EXPECT_EQ(launch(o, prepared.get()).bytes, before.bytes);
+  EXPECT_EQ(launch(o, *prepared).bytes, before.bytes);
   Operands changed = o;
   changed.b_vals = other.b_vals;
   changed.b_view.data = changed.b.bytes.data();
-  expect_matches_naive(changed, 0, M, N, K, launch(changed, nullptr), "without the state");
-  expect_matches_naive(other, 0, M, N, K, launch(other, prepared.get()), "another rhs");
+  expect_matches_naive(changed, 0, M, N, K, launch(changed, *unprepared), "without the state");
+  expect_matches_naive(other, 0, M, N, K, launch(other, *prepared), "another rhs");
 }
 
 // Only a GEMM reads the panels: a lhs whose rows are statically <= 8 (decode) gets no packed copy.
 TEST(Gemm, PrepareSkipsWeightsOnlyEverUsedForSmallM) {
   if (gemm::best_isa() == Isa::generic) GTEST_SKIP() << "no SIMD level on this CPU";
-  const PrepareFn prepare = cpu_kernels().find_prepare(Op::matmul, DeviceKind::CPU, DType::f32);
   const Operands o = make_operands(DType::f32, 0, 0, 8, 70, 40, Rhs::transposed, 13);
   const bool fixed[] = {false, true}, none_fixed[] = {false, false};
-  EXPECT_EQ(prepare(o.attrs, std::vector<TensorView>{o.a_view, o.b_view}, std::span<const bool>(fixed)), nullptr);
+  HostTensor out(DType::f32, {8, 70});
+  auto packing = [&](const TensorView& lhs, std::span<const bool> which) {
+    return matmul_packing(*build_kernel(Op::matmul, o.attrs, {lhs, o.b_view}, {out.view()}, which));
+  };
+  EXPECT_EQ(packing(o.a_view, fixed), MatmulPacking::none);
   TensorView symbolic_lhs;  // a symbolic shape: could be a prefill
   symbolic_lhs.dtype = DType::f32;
-  EXPECT_NE(prepare(o.attrs, std::vector<TensorView>{symbolic_lhs, o.b_view}, std::span<const bool>(fixed)), nullptr);
-  EXPECT_EQ(prepare(o.attrs, std::vector<TensorView>{symbolic_lhs, o.b_view}, std::span<const bool>(none_fixed)), nullptr);
+  EXPECT_EQ(packing(symbolic_lhs, fixed), MatmulPacking::f32_panels);
+  EXPECT_EQ(packing(symbolic_lhs, none_fixed), MatmulPacking::none);
 }
 
 TEST(Gemm, SpecialValuesPropagate) {

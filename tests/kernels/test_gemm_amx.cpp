@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
 
@@ -118,32 +119,38 @@ graph::Attrs attrs_of(const C& c) {
   return attrs;
 }
 
-// The registered matmul prepare function of the case's lhs dtype ((matmul, CPU, bf16) or (matmul,
-// CPU, f32)) on a case, the lhs given its static shape or none (symbolic).
+// The registered matmul kernel of the case's lhs dtype ((matmul, CPU, bf16) or (matmul, CPU, f32))
+// built as a step with the weight fixed, the lhs given its static shape or none (symbolic).
 template <class C>
-std::shared_ptr<const Prepared> prepare(const C& c, bool lhs_shape_known = false) {
+std::unique_ptr<const Kernel> build_prepared(const C& c, bool lhs_shape_known = false) {
   constexpr DType lhs_dtype = std::is_same_v<typename decltype(c.a)::value_type, float> ? DType::f32 : DType::bf16;
-  const PrepareFn fn = cpu_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, lhs_dtype);
-  if (!fn) return nullptr;
   TensorView lhs{nullptr, lhs_dtype, {}, {}};
   if (lhs_shape_known) {
     lhs.shape = {c.M, c.K};
     lhs.strides = {c.K, 1};
   }
-  const TensorView inputs[] = {lhs, weight_view(c)};
   const bool fixed[] = {false, true};
-  return fn(attrs_of(c), std::span<const TensorView>(inputs), std::span<const bool>(fixed));
+  return kernel_test::build_kernel(graph::Op::matmul, attrs_of(c), {lhs, weight_view(c)}, {}, fixed);
+}
+// What that kernel packed at build.
+template <class C>
+MatmulPacking packing(const C& c, bool lhs_shape_known = false) {
+  return matmul_packing(*build_prepared(c, lhs_shape_known));
 }
 
-// Through the registered matmul kernel, with `prepared` state or none.
-std::vector<uint16_t> run_matmul(const Case& c, const Prepared* prepared, Parallel* parallel = nullptr) {
-  SerialParallel serial;
-  const KernelContext ctx{parallel ? parallel : &serial, nullptr, nullptr, prepared};
+// Through `prepared` (build_prepared) or, with nullptr, the registered matmul kernel built without a
+// fixed weight.
+template <class C, class T>
+void run_matmul(const C& c, const Kernel* prepared, Parallel* parallel, TensorView lhs, std::vector<T>& out) {
+  const std::vector<TensorView> inputs{lhs, weight_view(c)};
+  const std::vector<TensorView> outputs{TensorView{out.data(), lhs.dtype, {c.M, c.N}, {c.N, 1}}};
+  if (prepared) return kernel_test::run_built(*prepared, inputs, outputs, parallel);
+  kernel_test::run_built(*kernel_test::build_kernel(graph::Op::matmul, attrs_of(c), inputs, outputs), inputs, outputs,
+                         parallel);
+}
+std::vector<uint16_t> run_matmul(const Case& c, const Kernel* prepared, Parallel* parallel = nullptr) {
   std::vector<uint16_t> out(static_cast<size_t>(c.M * c.N), 0xFFFF);
-  const TensorView inputs[] = {lhs_view(c), weight_view(c)};
-  const TensorView outputs[] = {TensorView{out.data(), DType::bf16, {c.M, c.N}, {c.N, 1}}};
-  cpu_kernels().find(graph::Op::matmul, DeviceKind::CPU, DType::bf16)(
-      ctx, attrs_of(c), std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+  run_matmul(c, prepared, parallel, lhs_view(c), out);
   return out;
 }
 
@@ -271,8 +278,8 @@ TEST(AmxMatmul, PreparedAndUnpreparedKernelMatchNaiveLoopAndEachOther) {
     for (const auto& [N, K] : {std::pair{17, 33}, std::pair{100, 512}, std::pair{96, 64}})
       for (bool weight_nk : {true, false}) {
         const Case c = make_case(M, N, K, weight_nk, seed++);
-        const auto prepared = prepare(c);
-        ASSERT_NE(prepared, nullptr) << label(c) << ": a fixed bf16 weight is packed";
+        const auto prepared = build_prepared(c);
+        ASSERT_EQ(matmul_packing(*prepared), MatmulPacking::amx_tiles) << label(c) << ": a fixed bf16 weight is packed";
         const std::vector<uint16_t> with = run_matmul(c, prepared.get());
         expect_matches_naive(c, with, label(c) + " prepared");
         EXPECT_EQ(with, run_amx(c)) << label(c) << ": the prepared kernel is the AMX GEMM";
@@ -288,29 +295,32 @@ TEST(AmxMatmul, PreparedAndUnpreparedKernelMatchNaiveLoopAndEachOther) {
 
 TEST(AmxMatmul, PreparedStateOfAnotherWeightIsIgnored) {
   SKIP_WITHOUT_AMX();
-  // A launch handed state packed from different data (or a different layout) computes from its rhs.
+  // A launch of a kernel packed from different data (or a different layout) computes from its rhs.
   Case c = make_case(40, 50, 70, true, 31);
   const Case other{40, 50, 70, true, c.a, random_bf16(50 * 70, 32)};
-  const auto prepared = prepare(c);
-  ASSERT_NE(prepared, nullptr);
+  const auto prepared = build_prepared(c);
+  ASSERT_EQ(matmul_packing(*prepared), MatmulPacking::amx_tiles);
   expect_matches_naive(other, run_matmul(other, prepared.get()), "other weight data");
-  // The very buffer it was packed from (moving a vector keeps it), read as [K, N]: other strides.
-  const Case kn{40, 70, 50, false, random_bf16(40 * 50, 33), std::move(c.w)};
-  expect_matches_naive(kn, run_matmul(kn, prepared.get()), "same data, other layout");
+  // The very buffer it was packed from (moving a vector keeps it), a [K, N] array read as the [N, K]
+  // the kernel's transpose_b wants through a transposed view: other strides.
+  const Case kn{40, 50, 70, false, random_bf16(40 * 70, 33), std::move(c.w)};
+  std::vector<uint16_t> out(static_cast<size_t>(kn.M * kn.N), 0xFFFF);
+  kernel_test::run_built(*prepared, {lhs_view(kn), kernel_test::permuted(weight_view(kn), {1, 0})},
+                         {TensorView{out.data(), DType::bf16, {kn.M, kn.N}, {kn.N, 1}}});
+  expect_matches_naive(kn, out, "same data, other layout");
 }
 
 TEST(AmxMatmul, PrepareSkipsDecodeOnlyStepsAndOperandsThatChange) {
   SKIP_WITHOUT_AMX();
   const Case decode = make_case(1, 64, 64, true, 3), prefill = make_case(9, 64, 64, true, 4);
-  EXPECT_EQ(prepare(decode, /*lhs_shape_known=*/true), nullptr) << "a static M of 1 never reaches AMX";
-  EXPECT_EQ(prepare(make_case(8, 64, 64, true, 5), true), nullptr) << "M = 8 keeps the GEMV";
-  EXPECT_NE(prepare(prefill, true), nullptr);
-  EXPECT_NE(prepare(decode, /*lhs_shape_known=*/false), nullptr) << "a symbolic M may be prefill";
-  const PrepareFn fn = cpu_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::bf16);
-  const TensorView inputs[] = {lhs_view(prefill), weight_view(prefill)};
+  EXPECT_EQ(packing(decode, /*lhs_shape_known=*/true), MatmulPacking::none) << "a static M of 1 never reaches AMX";
+  EXPECT_EQ(packing(make_case(8, 64, 64, true, 5), true), MatmulPacking::none) << "M = 8 keeps the GEMV";
+  EXPECT_EQ(packing(prefill, true), MatmulPacking::amx_tiles);
+  EXPECT_EQ(packing(decode, /*lhs_shape_known=*/false), MatmulPacking::amx_tiles) << "a symbolic M may be prefill";
   const bool not_fixed[] = {true, false};
-  EXPECT_EQ(fn(attrs_of(prefill), std::span<const TensorView>(inputs), std::span<const bool>(not_fixed)),
-            nullptr)
+  EXPECT_EQ(matmul_packing(*kernel_test::build_kernel(graph::Op::matmul, attrs_of(prefill),
+                                                      {lhs_view(prefill), weight_view(prefill)}, {}, not_fixed)),
+            MatmulPacking::none)
       << "an rhs that changes is not packed";
 }
 
@@ -325,7 +335,7 @@ TEST(AmxMatmul, Bf16MatmulWithoutAmxIsUnchangedAndCorrect) {
   for (int64_t M : {1, 9, 33, 128})
     for (bool weight_nk : {true, false}) {
       const Case c = make_case(M, 70, 130, weight_nk, seed++);
-      EXPECT_EQ(prepare(c), nullptr) << label(c) << ": nothing is packed without AMX";
+      EXPECT_EQ(packing(c), MatmulPacking::none) << label(c) << ": nothing is packed without AMX";
       expect_matches_naive(c, run_matmul(c, nullptr), label(c) + " without AMX");
     }
 }
@@ -422,16 +432,12 @@ std::vector<float> run_amx(const MixedCase& c, Parallel* parallel = nullptr) {
   return out;
 }
 
-// Through the registered matmul kernel (dispatched on the f32 lhs), with `prepared` state or none.
-std::vector<float> run_matmul(const MixedCase& c, const Prepared* prepared, Parallel* parallel = nullptr) {
-  SerialParallel serial;
-  const KernelContext ctx{parallel ? parallel : &serial, nullptr, nullptr, prepared};
+// Through the registered matmul kernel (dispatched on the f32 lhs), `prepared` or built without a
+// fixed weight.
+std::vector<float> run_matmul(const MixedCase& c, const Kernel* prepared, Parallel* parallel = nullptr) {
   std::vector<float> out(static_cast<size_t>(c.M * c.N), std::nanf(""));
-  const TensorView inputs[] = {TensorView{const_cast<float*>(c.a.data()), DType::f32, {c.M, c.K}, {c.K, 1}},
-                               weight_view(c)};
-  const TensorView outputs[] = {TensorView{out.data(), DType::f32, {c.M, c.N}, {c.N, 1}}};
-  cpu_kernels().find(graph::Op::matmul, DeviceKind::CPU, DType::f32)(
-      ctx, attrs_of(c), std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+  run_matmul(c, prepared, parallel, TensorView{const_cast<float*>(c.a.data()), DType::f32, {c.M, c.K}, {c.K, 1}},
+             out);
   return out;
 }
 
@@ -446,8 +452,8 @@ TEST(AmxMixedMatmul, RoundedActivationsMatchNaiveLoopPreparedOrNotOnAnyThreadCou
           const MixedCase c = make_mixed_case(M, N, K, weight_nk, seed++);
           const std::vector<float> direct = run_amx(c);
           expect_mixed_matches_naive(c, direct, /*round_activations=*/true, label(c));
-          const auto prepared = prepare(c);
-          ASSERT_NE(dynamic_cast<const amx::PreparedMatmul*>(prepared.get()), nullptr)
+          const auto prepared = build_prepared(c);
+          ASSERT_EQ(matmul_packing(*prepared), MatmulPacking::amx_tiles)
               << label(c) << ": a fixed bf16 weight under f32 activations is packed for AMX";
           EXPECT_EQ(run_matmul(c, prepared.get()), direct) << label(c) << " prepared";
           EXPECT_EQ(run_matmul(c, nullptr), direct) << label(c) << " unprepared (packed per call)";
@@ -515,18 +521,17 @@ TEST(AmxMixedMatmul, DecodeRowsAndF32WeightsKeepTheExactPaths) {
   // M <= 8 (decode) keeps the GEMV on exact f32 activations, prepared or not.
   for (int64_t M : {1, 8}) {
     const MixedCase c = make_mixed_case(M, 40, 300, true, 1400 + static_cast<uint32_t>(M));
-    EXPECT_EQ(prepare(c, /*lhs_shape_known=*/true), nullptr) << "M = " << M << " never reaches AMX";
-    expect_mixed_matches_naive(c, run_matmul(c, prepare(c).get()), false, label(c) + " (decode)");
+    EXPECT_EQ(packing(c, /*lhs_shape_known=*/true), MatmulPacking::none) << "M = " << M << " never reaches AMX";
+    expect_mixed_matches_naive(c, run_matmul(c, build_prepared(c).get()), false, label(c) + " (decode)");
   }
   // An f32 weight is still packed into the SIMD GEMM's panels, not for AMX.
   const std::vector<float> w(64 * 64, 0.5f);
-  const TensorView inputs[] = {TensorView{nullptr, DType::f32, {}, {}},
-                               TensorView{const_cast<float*>(w.data()), DType::f32, {64, 64}, {64, 1}}};
   const bool fixed[] = {false, true};
-  const auto prepared = cpu_kernels().find_prepare(graph::Op::matmul, DeviceKind::CPU, DType::f32)(
-      {}, std::span<const TensorView>(inputs), std::span<const bool>(fixed));
-  EXPECT_NE(prepared, nullptr);
-  EXPECT_EQ(dynamic_cast<const amx::PreparedMatmul*>(prepared.get()), nullptr);
+  const auto prepared = kernel_test::build_kernel(
+      graph::Op::matmul, {},
+      {TensorView{nullptr, DType::f32, {}, {}}, TensorView{const_cast<float*>(w.data()), DType::f32, {64, 64}, {64, 1}}},
+      {}, fixed);
+  EXPECT_EQ(matmul_packing(*prepared), MatmulPacking::f32_panels);
 }
 
 TEST(AmxMixedMatmul, WithoutAmxF32ActivationsStayExact) {
@@ -539,8 +544,8 @@ TEST(AmxMixedMatmul, WithoutAmxF32ActivationsStayExact) {
   for (int64_t M : {1, 9, 33, 128})
     for (bool weight_nk : {true, false}) {
       const MixedCase c = make_mixed_case(M, 70, 130, weight_nk, seed++);
-      const auto prepared = prepare(c);
-      EXPECT_EQ(prepared, nullptr) << label(c) << ": a bf16 weight is not packed without AMX";
+      const auto prepared = build_prepared(c);
+      EXPECT_EQ(matmul_packing(*prepared), MatmulPacking::none) << label(c) << ": a bf16 weight is not packed without AMX";
       expect_mixed_matches_naive(c, run_matmul(c, prepared.get()), /*round_activations=*/false,
                                  label(c) + " without AMX");
     }

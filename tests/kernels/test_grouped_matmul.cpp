@@ -13,6 +13,7 @@
 
 #include "../test_util.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
@@ -46,20 +47,16 @@ class CountingParallel final : public Parallel {
   Parallel& inner_;
 };
 
-// Runs `op`'s registered CPU kernel with an explicit context.
+// Builds `op`'s registered CPU kernel (none of its operands fixed) and runs it with an explicit context.
 void launch(Op op, const KernelContext& ctx, const graph::Attrs& attrs, const std::vector<TensorView>& inputs,
             const std::vector<TensorView>& outputs) {
-  const KernelFn fn = cpu_kernels().find(op, DeviceKind::CPU, inputs.at(0).dtype);
-  ASSERT_NE(fn, nullptr) << graph::op_name(op);
-  fn(ctx, attrs, inputs, outputs);
+  kernel_test::build_kernel(op, attrs, inputs, outputs)->run(ctx, inputs, outputs);
 }
 
-// The grouped op's prepared state, as the executor builds it at init: the weights fixed, the lhs
-// known by its static shape only.
-std::shared_ptr<const Prepared> prepare_group(const graph::Attrs& attrs, const TensorView& lhs,
-                                              const std::vector<HostTensor>& weights) {
-  const PrepareFn prepare = cpu_kernels().find_prepare(Op::grouped_matmul, DeviceKind::CPU, lhs.dtype);
-  if (!prepare) return nullptr;
+// The grouped op's kernel as the executor builds it at init: the weights fixed, the lhs known by
+// its static shape only.
+std::unique_ptr<const Kernel> build_group(const graph::Attrs& attrs, const TensorView& lhs,
+                                          const std::vector<HostTensor>& weights) {
   TensorView lhs_at_init = lhs;
   lhs_at_init.data = nullptr;
   std::vector<TensorView> inputs{lhs_at_init};
@@ -69,7 +66,8 @@ std::shared_ptr<const Prepared> prepare_group(const graph::Attrs& attrs, const T
     inputs.push_back(weights[i].view());
     fixed[i + 1] = true;
   }
-  return prepare(attrs, inputs, std::span<const bool>(fixed.get(), weights.size() + 1));
+  return kernel_test::build_kernel(Op::grouped_matmul, attrs, inputs, {},
+                                   std::span<const bool>(fixed.get(), weights.size() + 1));
 }
 
 // lhs [rows, K] (as `lhs_shape`) times each weight: the grouped results, then matmul's (qmatmul's)
@@ -89,14 +87,16 @@ Results run_both(const graph::Attrs& attrs, const TensorView& lhs, const std::ve
     r.single.emplace_back(out_dtype, out_shapes[i]);
     outputs.push_back(r.grouped.back().view());
   }
-  const auto state = prepared ? prepare_group(attrs, lhs, weights) : nullptr;
+  const auto kernel = prepared ? build_group(attrs, lhs, weights)
+                               : kernel_test::build_kernel(Op::grouped_matmul, attrs, inputs, outputs);
   // f32 weights are packed into GEMM panels for a prefill-sized lhs wherever a SIMD level runs.
   if (prepared && lhs.dtype == DType::f32 && weights[0].dtype == DType::f32 && gemm::active_isa() != Isa::generic) {
-    EXPECT_EQ(state != nullptr, lhs.numel() / lhs.shape.back() > gemm::kSmallM) << "prepared state";
+    for (size_t i = 0; i < weights.size(); ++i)
+      EXPECT_EQ(matmul_packing(*grouped_matmul_part(*kernel, i)) == MatmulPacking::f32_panels,
+                lhs.numel() / lhs.shape.back() > gemm::kSmallM)
+          << "prepared state of rhs " << i;
   }
-  KernelContext ctx{&pool};
-  ctx.prepared = state.get();
-  launch(Op::grouped_matmul, ctx, attrs, inputs, outputs);
+  kernel->run(KernelContext{&pool}, inputs, outputs);
   for (size_t i = 0; i < weights.size(); ++i)
     launch(single, KernelContext{&pool}, attrs, {lhs, weights[i].view()}, {r.single[i].view()});
   return r;

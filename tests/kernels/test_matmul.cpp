@@ -325,7 +325,7 @@ TEST(Matmul, RejectsBadOperandsWithClearErrors) {
             std::string::npos);
   EXPECT_EQ(error_of<ShapeError>(a.view(), b4.view(), {3, 2}, DType::f32),
             "matmul: result f32[3, 2] should be f32[2, 3] (lhs f32[2, 4], rhs f32[4, 3])");
-  EXPECT_EQ(cpu_kernels().find(Op::matmul, DeviceKind::CPU, DType::boolean), nullptr);
+  EXPECT_FALSE(cpu_kernels().contains({Op::matmul, DeviceKind::CPU, DType::boolean}));
 }
 
 }  // namespace

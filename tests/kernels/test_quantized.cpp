@@ -17,6 +17,7 @@
 
 #include "../test_util.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quantized.h"
 #include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
@@ -251,12 +252,10 @@ TEST(QMatmul, OneAndTwoThreadsGiveIdenticalBitsOnEveryIsa) {
   }
 }
 
-// The weight's GEMM panels packed at init (qmatmul's prepare function) against packing per call: the
-// same bits on 1 and 2 threads, for row counts that are not a multiple of the 32-row panel, a
-// symbolic lhs (empty shape at init) and a static one; decode-sized lhs shapes prepare nothing.
+// The weight's GEMM panels packed at build (the qmatmul kernel of a fixed weight) against packing per
+// call: the same bits on 1 and 2 threads, for row counts that are not a multiple of the 32-row panel,
+// a symbolic lhs (empty shape at init) and a static one; decode-sized lhs shapes prepare nothing.
 TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
-  const PrepareFn prepare = cpu_kernels().find_prepare(Op::qmatmul, DeviceKind::CPU, DType::f32);
-  ASSERT_NE(prepare, nullptr);
   for (Isa isa : supported_isas()) {
     ForcedIsa forced(isa);
     const bool vnni = (isa == Isa::avx512 || isa == Isa::avx512_bf16) && __builtin_cpu_supports("avx512vnni");
@@ -272,20 +271,16 @@ TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
           lhs_at_init.shape = {c.M, c.K};
           lhs_at_init.strides = {c.K, 1};
         }
-        const std::vector<TensorView> at_init{lhs_at_init, w.view()};
-        const auto prepared = prepare(kQ8Attrs, at_init, std::span<const bool>(fixed));
+        const auto prepared = kernel_test::build_kernel(Op::qmatmul, kQ8Attrs, {lhs_at_init, w.view()}, {}, fixed);
         const std::string what = std::string(gemm::isa_name(isa)) + " M " + std::to_string(c.M);
-        EXPECT_EQ(prepared != nullptr, vnni) << what << ": panels are packed exactly where the VNNI GEMM runs";
-        if (!prepared) continue;
+        EXPECT_EQ(qmatmul_packed_panels(*prepared), vnni)
+            << what << ": panels are packed exactly where the VNNI GEMM runs";
+        if (!qmatmul_packed_panels(*prepared)) continue;
         for (int threads : {1, 2}) {
           const HostTensor want = qmatmul(x, w, c.M, c.K, c.N, threads);
           HostTensor got(DType::f32, {c.M, c.N});
           ThreadedParallel pool(threads);
-          KernelContext ctx{&pool};
-          ctx.prepared = prepared.get();
-          const KernelFn fn = cpu_kernels().find(Op::qmatmul, DeviceKind::CPU, DType::f32);
-          const std::vector<TensorView> in{xt.view(), w.view()}, out{got.view()};
-          fn(ctx, kQ8Attrs, in, out);
+          kernel_test::run_built(*prepared, {xt.view(), w.view()}, {got.view()}, &pool);
           EXPECT_EQ(got.bytes, want.bytes) << what << " threads " << threads;
         }
       }
@@ -293,7 +288,7 @@ TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
       decode_lhs.dtype = DType::f32;
       decode_lhs.shape = {1, c.K};
       decode_lhs.strides = {c.K, 1};
-      EXPECT_EQ(prepare(kQ8Attrs, std::vector<TensorView>{decode_lhs, w.view()}, std::span<const bool>(fixed)), nullptr);
+      EXPECT_FALSE(qmatmul_packed_panels(*kernel_test::build_kernel(Op::qmatmul, kQ8Attrs, {decode_lhs, w.view()}, {}, fixed)));
     }
   }
 }

@@ -302,23 +302,37 @@ void single_device(Op op, const TensorView& in, const TensorView& out, int64_t a
 
 // ==== the kernels ===================================================================================
 
+// The attributes, read once: how many processes the collective spans, and allgather's axis.
+struct CollectiveParams {
+  explicit CollectiveParams(const KernelInit& init)
+      : op(init.op),
+        processes(init.attr<int64_t>("processes")),
+        axis(op == Op::allgather ? init.attr<int64_t>("axis") : -1) {
+    if (processes < 1)
+      throw ExecutionError(fmt::format("{}: processes must be >= 1, got {}", graph::op_name(op), processes));
+  }
+  Op op;
+  int64_t processes;
+  int64_t axis;
+};
+
 // Everything a participant could trip over is checked here, before any starts: a participant that
 // threw half-way would leave its peers waiting for it.
-Collective check_collective(Op op, const KernelContext& ctx, const graph::Attrs& attrs,
-                            std::span<const TensorView> inputs, std::span<const TensorView> outputs,
-                            int64_t axis) {
+Collective check_collective(const KernelContext& ctx, const CollectiveParams& params,
+                            std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+  const Op op = params.op;
+  const int64_t axis = params.axis;
   const std::string name(graph::op_name(op));
   Collective c;
   c.op = op;
   c.n = static_cast<int>(outputs.size());
-  c.processes = graph::get_attr<int64_t>(attrs, "processes", op);
+  c.processes = params.processes;
   c.group = ctx.process_group;
   const size_t n = outputs.size();
   if (n == 0 || n > static_cast<size_t>(MAX_SIGNAL_PEERS) ||
       !(inputs.size() == 2 * n || (n == 1 && inputs.size() == 1)))
     throw ExecutionError(fmt::format("{}: {} results need as many inputs and signal buffers, got {} operands",
                                      name, n, inputs.size()));
-  if (c.processes < 1) throw ExecutionError(fmt::format("{}: processes must be >= 1, got {}", name, c.processes));
   if (c.processes > 1) {
     if (!c.group)
       throw ExecutionError(fmt::format("{}: spans {} processes but no process group was given (set "
@@ -400,17 +414,17 @@ void run_participants(const KernelContext& ctx, const Collective& c,
 }
 
 template <class T>
-void allreduce_sum_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void allreduce_sum_kernel(const KernelContext& ctx, const CollectiveParams& params, std::span<const TensorView> inputs,
                           std::span<const TensorView> outputs) {
-  const Collective c = check_collective(Op::allreduce_sum, ctx, attrs, inputs, outputs, -1);
+  const Collective c = check_collective(ctx, params, inputs, outputs);
   if (c.n == 1) return single_device(Op::allreduce_sum, inputs[0], outputs[0], -1, c.processes, c.group);
   run_participants(ctx, c, [&](int me) { return allreduce_participant<T>(c, me, inputs[me], outputs[me]); });
 }
 
-void allgather_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void allgather_kernel(const KernelContext& ctx, const CollectiveParams& params, std::span<const TensorView> inputs,
                       std::span<const TensorView> outputs) {
-  const int64_t axis = graph::get_attr<int64_t>(attrs, "axis", Op::allgather);
-  const Collective c = check_collective(Op::allgather, ctx, attrs, inputs, outputs, axis);
+  const int64_t axis = params.axis;
+  const Collective c = check_collective(ctx, params, inputs, outputs);
   if (c.n == 1) return single_device(Op::allgather, inputs[0], outputs[0], axis, c.processes, c.group);
   run_participants(ctx, c, [&](int me) { return allgather_participant(c, me, inputs[me], outputs[me], axis); });
 }
@@ -419,14 +433,14 @@ void allgather_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::
 
 void register_cpu_collectives(KernelRegistry& r) {
   using D = DType;
-  r.add(Op::allreduce_sum, DeviceKind::CPU, {D::f32}, allreduce_sum_kernel<float>);
-  r.add(Op::allreduce_sum, DeviceKind::CPU, {D::f16}, allreduce_sum_kernel<f16_t>);
-  r.add(Op::allreduce_sum, DeviceKind::CPU, {D::bf16}, allreduce_sum_kernel<bf16_t>);
-  r.add(Op::allreduce_sum, DeviceKind::CPU, {D::f64}, allreduce_sum_kernel<double>);
+  r.add(Op::allreduce_sum, DeviceKind::CPU, {D::f32}, with_params<CollectiveParams, allreduce_sum_kernel<float>>);
+  r.add(Op::allreduce_sum, DeviceKind::CPU, {D::f16}, with_params<CollectiveParams, allreduce_sum_kernel<f16_t>>);
+  r.add(Op::allreduce_sum, DeviceKind::CPU, {D::bf16}, with_params<CollectiveParams, allreduce_sum_kernel<bf16_t>>);
+  r.add(Op::allreduce_sum, DeviceKind::CPU, {D::f64}, with_params<CollectiveParams, allreduce_sum_kernel<double>>);
   // Gathering moves bytes, so one kernel serves every dtype.
   r.add(Op::allgather, DeviceKind::CPU,
         {D::f32, D::f16, D::bf16, D::f64, D::i8, D::i16, D::i32, D::i64, D::u8, D::u16, D::u32, D::u64, D::boolean},
-        allgather_kernel);
+        with_params<CollectiveParams, allgather_kernel>);
 }
 
 }  // namespace kiln::kernels

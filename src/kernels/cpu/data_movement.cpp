@@ -2,7 +2,6 @@
 // so one instantiation serves every dtype. Operands may be strided; results are contiguous.
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -26,14 +25,18 @@ int64_t product(std::span<const int64_t> dims) {
   return n;
 }
 
-// A normalized axis attribute; ExecutionError when outside [0, rank).
-int64_t axis_attr(const graph::Attrs& attrs, Op op, int64_t rank) {
-  const int64_t axis = graph::get_attr<int64_t>(attrs, "axis", op);
-  if (axis < 0 || axis >= rank)
-    throw ExecutionError(
-        fmt::format("{}: axis {} is out of range for rank {}", graph::op_name(op), axis, rank));
-  return axis;
-}
+// The axis attribute of concat, split, gather and scatter, read once; checked per launch against the
+// rank (ExecutionError when outside [0, rank)), which a symbolic operand shows only then.
+struct AxisParams {
+  explicit AxisParams(const KernelInit& init) : op(init.op), axis(init.attr<int64_t>("axis")) {}
+  int64_t checked(int64_t rank) const {
+    if (axis < 0 || axis >= rank)
+      throw ExecutionError(fmt::format("{}: axis {} is out of range for rank {}", graph::op_name(op), axis, rank));
+    return axis;
+  }
+  Op op;
+  int64_t axis;
+};
 
 // `view` advanced by `offset` elements.
 const void* element_at(const TensorView& view, int64_t offset) {
@@ -45,8 +48,7 @@ void* element_at(void* data, DType dtype, int64_t offset) {
 
 // ---- reshape, transpose, broadcast_to, transfer_to: one strided copy ------------------------------
 
-void reshape_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<const TensorView> inputs,
-                    std::span<const TensorView> outputs) {
+void reshape_kernel(const KernelContext& ctx, std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];
   const TensorView& out = outputs[0];
   if (in.numel() != out.numel())
@@ -57,11 +59,16 @@ void reshape_kernel(const KernelContext& ctx, const graph::Attrs&, std::span<con
   copy_strided(ctx, in.dtype, in.shape, in.data, in.strides, out.data);
 }
 
-void transpose_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                      std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+struct TransposeParams {
+  explicit TransposeParams(const KernelInit& init) : perm(init.attr<std::vector<int64_t>>("perm")) {}
+  std::vector<int64_t> perm;
+};
+
+void transpose_kernel(const KernelContext& ctx, const TransposeParams& params, std::span<const TensorView> inputs,
+                      std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];
   const TensorView& out = outputs[0];
-  const auto& perm = graph::get_attr<std::vector<int64_t>>(attrs, "perm", Op::transpose);
+  const std::vector<int64_t>& perm = params.perm;
   const size_t rank = in.shape.size();
   std::vector<bool> seen(rank, false);
   std::vector<int64_t> shape(rank), strides(rank);
@@ -79,8 +86,9 @@ void transpose_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
   copy_strided(ctx, in.dtype, shape, in.data, strides, out.data);
 }
 
-void broadcast_to_kernel(const KernelContext& ctx, const graph::Attrs&,
-                         std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+// The result's (concrete) shape is the target: the possibly symbolic "shape" attribute is not needed.
+void broadcast_to_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
+                         std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];
   const TensorView& out = outputs[0];
   bool ok = in.shape.size() <= out.shape.size();
@@ -95,24 +103,18 @@ void broadcast_to_kernel(const KernelContext& ctx, const graph::Attrs&,
   copy_strided(ctx, in.dtype, out.shape, in.data, strides, out.data);
 }
 
-void transfer_to_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                        std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
-  if (attrs.count("device")) {
-    const DeviceRef target = graph::get_attr<DeviceRef>(attrs, "device", Op::transfer_to);
-    if (target.kind != DeviceKind::CPU)
-      throw ExecutionError(fmt::format(
-          "transfer_to: the CPU kernel copies only between CPU devices, not to {}", target.to_string()));
-  }
+void transfer_to_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
+                        std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];
   copy_strided(ctx, in.dtype, in.shape, in.data, in.strides, outputs[0].data);
 }
 
 // ---- concat and split: copies between a whole tensor and its parts along an axis ----------------
 
-void concat_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                   std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+void concat_kernel(const KernelContext& ctx, const AxisParams& params, std::span<const TensorView> inputs,
+                   std::span<const TensorView> outputs) {
   const TensorView& out = outputs[0];
-  const int64_t axis = axis_attr(attrs, Op::concat, static_cast<int64_t>(out.shape.size()));
+  const int64_t axis = params.checked(static_cast<int64_t>(out.shape.size()));
   const std::vector<int64_t> out_strides = row_major_strides(out.shape);
   int64_t at = 0;  // where the next part starts along axis
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -135,10 +137,10 @@ void concat_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
 }
 
 // The result shapes are concrete, so the (possibly symbolic) "sizes" attribute is not needed.
-void split_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                  std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+void split_kernel(const KernelContext& ctx, const AxisParams& params, std::span<const TensorView> inputs,
+                  std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];
-  const int64_t axis = axis_attr(attrs, Op::split, static_cast<int64_t>(in.shape.size()));
+  const int64_t axis = params.checked(static_cast<int64_t>(in.shape.size()));
   const auto ax = static_cast<size_t>(axis);
   int64_t at = 0;
   for (size_t k = 0; k < outputs.size(); ++k) {
@@ -166,37 +168,45 @@ struct Window {
   std::vector<int64_t> strides;
 };
 
-// The window attrs starts/stops/steps select in a tensor of `shape` and `strides`. The executor has
-// replaced symbolic bounds by static ones; nothing is clamped: a bound past the dim is an error.
-// Axes past the attrs' length are taken whole; no attrs at all is the whole tensor.
-Window slice_window(Op op, const graph::Attrs& attrs, const std::vector<int64_t>& shape,
+// The window starts/stops/steps select, read once: a symbolic bound becomes the slot of its dim
+// evaluated per run (an ExecutionError without symbol slots). No starts at all is the whole tensor.
+struct WindowParams {
+  explicit WindowParams(const KernelInit& init) : op(init.op), whole(!init.has_attr("starts")) {
+    if (whole) return;
+    const graph::Shape& start_dims = init.attr<graph::Shape>("starts");
+    const graph::Shape& stop_dims = init.attr<graph::Shape>("stops");
+    steps = init.attr<std::vector<int64_t>>("steps");
+    if (stop_dims.rank() != start_dims.rank() || steps.size() != static_cast<size_t>(start_dims.rank()))
+      throw ExecutionError(fmt::format("{}: {} starts, {} stops and {} steps", graph::op_name(op), start_dims.rank(),
+                                       stop_dims.rank(), steps.size()));
+    for (size_t d = 0; d < steps.size(); ++d)
+      if (steps[d] < 1)
+        throw ExecutionError(fmt::format("{}: step {} of axis {} must be at least 1", graph::op_name(op), steps[d], d));
+    starts = init.dims(start_dims);
+    stops = init.dims(stop_dims);
+  }
+  Op op;
+  bool whole;
+  DimRefs starts, stops;
+  std::vector<int64_t> steps;
+};
+
+// The window `params` select in a tensor of `shape` and `strides` for this launch. Nothing is
+// clamped: a bound past the dim is an error. Axes past the bounds' length are taken whole.
+Window slice_window(const KernelContext& ctx, const WindowParams& params, const std::vector<int64_t>& shape,
                     const std::vector<int64_t>& strides) {
   Window w{0, shape, strides};
-  if (!attrs.count("starts")) return w;
-  const graph::Shape& starts = graph::get_attr<graph::Shape>(attrs, "starts", op);
-  const graph::Shape& stops = graph::get_attr<graph::Shape>(attrs, "stops", op);
-  const auto& steps = graph::get_attr<std::vector<int64_t>>(attrs, "steps", op);
+  if (params.whole) return w;
+  const Op op = params.op;
   const size_t rank = shape.size();
-  if (static_cast<size_t>(starts.rank()) > rank || stops.rank() != starts.rank() ||
-      steps.size() != static_cast<size_t>(starts.rank()))
+  if (params.starts.size() > rank)
     throw ExecutionError(fmt::format("{}: {} starts, {} stops and {} steps for a tensor of rank {}",
-                                     graph::op_name(op), starts.rank(), stops.rank(), steps.size(),
-                                     rank));
-  auto bound = [&](const graph::Dim& dim, const char* what, size_t axis) {
-    std::optional<int64_t> v = dim.try_static();
-    if (!v)
-      throw ExecutionError(fmt::format("{}: {} of axis {} is symbolic ({}); it must be evaluated "
-                                       "before the kernel runs",
-                                       graph::op_name(op), what, axis, dim.to_string()));
-    return *v;
-  };
-  for (size_t d = 0; d < static_cast<size_t>(starts.rank()); ++d) {
-    const int64_t start = bound(starts[static_cast<int64_t>(d)], "start", d);
-    const int64_t stop = bound(stops[static_cast<int64_t>(d)], "stop", d);
-    const int64_t step = steps[d];
-    if (step < 1)
-      throw ExecutionError(fmt::format("{}: step {} of axis {} must be at least 1",
-                                       graph::op_name(op), step, d));
+                                     graph::op_name(op), params.starts.size(), params.stops.size(),
+                                     params.steps.size(), rank));
+  for (size_t d = 0; d < params.starts.size(); ++d) {
+    const int64_t start = params.starts[d].get(ctx);
+    const int64_t stop = params.stops[d].get(ctx);
+    const int64_t step = params.steps[d];
     if (start > stop || stop > shape[d])
       throw ExecutionError(fmt::format("{}: slice {}:{} of axis {} is out of bounds for size {}",
                                        graph::op_name(op), start, stop, d, shape[d]));
@@ -213,25 +223,25 @@ void check_window_shape(Op op, const Window& w, const std::vector<int64_t>& shap
                                  graph::op_name(op), shape_text(w.shape), what, shape_text(shape)));
 }
 
-template <Op kOp>
-void slice_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                  std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+// slice and buffer_load.
+void slice_kernel(const KernelContext& ctx, const WindowParams& params, std::span<const TensorView> inputs,
+                  std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];
   const TensorView& out = outputs[0];
-  const Window w = slice_window(kOp, attrs, in.shape, in.strides);
-  check_window_shape(kOp, w, out.shape, "result");
+  const Window w = slice_window(ctx, params, in.shape, in.strides);
+  check_window_shape(params.op, w, out.shape, "result");
   copy_strided(ctx, in.dtype, w.shape, element_at(in, w.offset), w.strides, out.data);
 }
 
 // Writes `value` into a window of the buffer in place; there are no results.
-void buffer_store_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                         std::span<const TensorView> inputs, std::span<const TensorView>) {
+void buffer_store_kernel(const KernelContext& ctx, const WindowParams& params, std::span<const TensorView> inputs,
+                         std::span<const TensorView>) {
   const TensorView& buffer = inputs[0];
   const TensorView& value = inputs[1];
   if (buffer.dtype != value.dtype)
     throw DTypeError(fmt::format("buffer_store: value is {} but the buffer is {}",
                                  dtype_name(value.dtype), dtype_name(buffer.dtype)));
-  const Window w = slice_window(Op::buffer_store, attrs, buffer.shape, buffer.strides);
+  const Window w = slice_window(ctx, params, buffer.shape, buffer.strides);
   check_window_shape(Op::buffer_store, w, value.shape, "value");
   copy_view(ctx, value.dtype, w.shape, value.data, value.strides,
             element_at(buffer.data, buffer.dtype, w.offset), w.strides);
@@ -272,11 +282,11 @@ const uint8_t* contiguous_data(const KernelContext& ctx, const TensorView& view,
 }
 
 // out = input[:axis] + indices.shape + input[axis+1:]; each selected row is `inner` elements.
-void gather_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                   std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+void gather_kernel(const KernelContext& ctx, const AxisParams& params, std::span<const TensorView> inputs,
+                   std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];  // [outer..., dim, inner...]
   const TensorView& out = outputs[0];  // [outer..., indices..., inner...]
-  const int64_t axis = axis_attr(attrs, Op::gather, static_cast<int64_t>(in.shape.size()));
+  const int64_t axis = params.checked(static_cast<int64_t>(in.shape.size()));
   const auto ax = static_cast<size_t>(axis);
   const std::vector<int64_t> index = read_indices(Op::gather, inputs[1], in.shape[ax], axis);
   std::vector<int64_t> expected(in.shape.begin(), in.shape.begin() + axis);
@@ -309,13 +319,13 @@ void gather_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
 
 // A copy of input with input[..., indices[i], ...] = updates[..., i, ...] along axis; indices are
 // rank 1 and applied in order, so the last write to a row wins.
-void scatter_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
-                    std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+void scatter_kernel(const KernelContext& ctx, const AxisParams& params, std::span<const TensorView> inputs,
+                    std::span<const TensorView> outputs) {
   const TensorView& in = inputs[0];       // [outer..., dim, inner...]
   const TensorView& updates = inputs[1];  // [outer..., count, inner...]
   const TensorView& indices = inputs[2];  // [count]
   const TensorView& out = outputs[0];     // like in
-  const int64_t axis = axis_attr(attrs, Op::scatter, static_cast<int64_t>(in.shape.size()));
+  const int64_t axis = params.checked(static_cast<int64_t>(in.shape.size()));
   const auto ax = static_cast<size_t>(axis);
   if (indices.shape.size() != 1)
     throw ShapeError(fmt::format("scatter: indices have shape {}; expected rank 1",
@@ -343,21 +353,32 @@ void scatter_kernel(const KernelContext& ctx, const graph::Attrs& attrs,
                   src + static_cast<size_t>(o * count + i) * row_bytes, row_bytes);
 }
 
+// The target device is checked at build; the copy needs nothing of it.
+std::unique_ptr<const Kernel> make_transfer_to_kernel(const KernelInit& init) {
+  if (init.has_attr("device")) {
+    const DeviceRef target = init.attr<DeviceRef>("device");
+    if (target.kind != DeviceKind::CPU)
+      throw ExecutionError(fmt::format(
+          "transfer_to: the CPU kernel copies only between CPU devices, not to {}", target.to_string()));
+  }
+  return stateless<transfer_to_kernel>(init);
+}
+
 }  // namespace
 
 void register_cpu_data_movement(KernelRegistry& r) {
   for (DType d : kAllDTypes) {
-    r.add(Op::reshape, DeviceKind::CPU, {d}, reshape_kernel);
-    r.add(Op::transpose, DeviceKind::CPU, {d}, transpose_kernel);
-    r.add(Op::broadcast_to, DeviceKind::CPU, {d}, broadcast_to_kernel);
-    r.add(Op::concat, DeviceKind::CPU, {d}, concat_kernel);
-    r.add(Op::split, DeviceKind::CPU, {d}, split_kernel);
-    r.add(Op::slice, DeviceKind::CPU, {d}, slice_kernel<Op::slice>);
-    r.add(Op::gather, DeviceKind::CPU, {d}, gather_kernel);
-    r.add(Op::scatter, DeviceKind::CPU, {d}, scatter_kernel);
-    r.add(Op::buffer_load, DeviceKind::CPU, {d}, slice_kernel<Op::buffer_load>);
-    r.add(Op::buffer_store, DeviceKind::CPU, {d}, buffer_store_kernel);
-    r.add(Op::transfer_to, DeviceKind::CPU, {d}, transfer_to_kernel);
+    r.add(Op::reshape, DeviceKind::CPU, {d}, stateless<reshape_kernel>);
+    r.add(Op::transpose, DeviceKind::CPU, {d}, with_params<TransposeParams, transpose_kernel>);
+    r.add(Op::broadcast_to, DeviceKind::CPU, {d}, stateless<broadcast_to_kernel>);
+    r.add(Op::concat, DeviceKind::CPU, {d}, with_params<AxisParams, concat_kernel>);
+    r.add(Op::split, DeviceKind::CPU, {d}, with_params<AxisParams, split_kernel>);
+    r.add(Op::slice, DeviceKind::CPU, {d}, with_params<WindowParams, slice_kernel>);
+    r.add(Op::gather, DeviceKind::CPU, {d}, with_params<AxisParams, gather_kernel>);
+    r.add(Op::scatter, DeviceKind::CPU, {d}, with_params<AxisParams, scatter_kernel>);
+    r.add(Op::buffer_load, DeviceKind::CPU, {d}, with_params<WindowParams, slice_kernel>);
+    r.add(Op::buffer_store, DeviceKind::CPU, {d}, with_params<WindowParams, buffer_store_kernel>);
+    r.add(Op::transfer_to, DeviceKind::CPU, {d}, make_transfer_to_kernel);
   }
 }
 

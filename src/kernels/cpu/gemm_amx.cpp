@@ -20,7 +20,6 @@
 #include <cstring>
 #include <new>
 #include <type_traits>
-#include <variant>
 
 #include "kernels/cpu/strided.h"
 #include "kiln/errors.h"
@@ -586,33 +585,23 @@ void gemm(const KernelContext& ctx, const float* a, int64_t a_row, int64_t a_col
   gemm_on_tiles(ctx, a, a_row, a_col, M, b, c, ldc);
 }
 
-std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::span<const TensorView> inputs,
-                                               std::span<const bool> fixed) {
-  if (!available() || inputs.size() != 2 || fixed.size() != 2 || !fixed[1]) return nullptr;
-  const TensorView &lhs = inputs[0], &w = inputs[1];
+std::optional<PackedRhs> pack_matmul_rhs(const TensorView& lhs, const TensorView& w, bool transpose_b) {
+  if (!available()) return std::nullopt;
   if ((lhs.dtype != DType::bf16 && lhs.dtype != DType::f32) || w.dtype != DType::bf16 || w.shape.size() != 2 ||
       w.data == nullptr)
-    return nullptr;
-  auto it = attrs.find("transpose_b");
-  const int64_t* flag = it == attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);
-  const bool transposed = flag && *flag != 0;
-  const int64_t K = transposed ? w.shape[1] : w.shape[0], N = transposed ? w.shape[0] : w.shape[1];
-  const int64_t b_row = transposed ? w.strides[1] : w.strides[0],
-                b_col = transposed ? w.strides[0] : w.strides[1];
-  if (K == 0 || N == 0) return nullptr;
+    return std::nullopt;
+  const int64_t K = transpose_b ? w.shape[1] : w.shape[0], N = transpose_b ? w.shape[0] : w.shape[1];
+  const int64_t b_row = transpose_b ? w.strides[1] : w.strides[0],
+                b_col = transpose_b ? w.strides[0] : w.strides[1];
+  if (K == 0 || N == 0) return std::nullopt;
   if (!lhs.shape.empty()) {  // a static lhs: skip decode-only steps and mismatches (the kernel reports those)
     int64_t rows = 1;
     for (size_t d = 0; d + 1 < lhs.shape.size(); ++d) rows *= lhs.shape[d];
-    if (rows <= kMinRows || lhs.shape.back() != K) return nullptr;
+    if (rows <= kMinRows || lhs.shape.back() != K) return std::nullopt;
   }
-  auto prepared = std::make_shared<PreparedMatmul>();
-  prepared->source = w.data;
-  prepared->b_row = b_row;
-  prepared->b_col = b_col;
   SerialParallel serial;
-  prepared->packed =
-      PackedB::pack(KernelContext{&serial}, static_cast<const uint16_t*>(w.data), b_row, b_col, K, N);
-  return prepared;
+  return PackedRhs{w.data, b_row, b_col,
+                   PackedB::pack(KernelContext{&serial}, static_cast<const uint16_t*>(w.data), b_row, b_col, K, N)};
 }
 
 double run_tile_chains(int64_t iterations) {

@@ -7,9 +7,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
-#include "kernels/cpu/kernels.h"
+#include "kernels/kernel.h"
 
 namespace kiln::kernels::amx {
 
@@ -71,19 +72,18 @@ void gemm(const KernelContext& ctx, const uint16_t* a, int64_t a_row, int64_t a_
 void gemm(const KernelContext& ctx, const float* a, int64_t a_row, int64_t a_col, int64_t M, const PackedB& b,
           float* c, int64_t ldc);
 
-// The prepared state of a bf16 matmul whose rhs is a fixed weight: the weight packed, and which
-// view it was packed from (the kernel uses it only for that same view).
-struct PreparedMatmul final : Prepared {
+// A fixed bf16 rhs of a matmul (a weight) packed once, at build, with the view it was packed from:
+// the kernel uses it only for that same view.
+struct PackedRhs {
   const void* source = nullptr;
   int64_t b_row = 0, b_col = 0;  // the rhs strides along K and N it was read with
   PackedB packed;
 };
 
-// The PrepareFn of (matmul, CPU, bf16), and of (matmul, CPU, f32) when the rhs is bf16: packs a
-// fixed 2-D bf16 rhs (transpose_b honoured) for a bf16 or f32 lhs when available(), unless the lhs
-// has a static shape with at most kMinRows rows (decode-only steps).
-std::shared_ptr<const Prepared> prepare_matmul(const graph::Attrs& attrs, std::span<const TensorView> inputs,
-                                               std::span<const bool> fixed);
+// The matmul kernel's packing of its fixed 2-D bf16 rhs `w` (read transposed when `transpose_b`) for
+// a bf16 or f32 lhs when available(); nullopt when the lhs has a static shape with at most kMinRows
+// rows (decode-only steps) or the operands do not fit (the launch reports them).
+std::optional<PackedRhs> pack_matmul_rhs(const TensorView& lhs, const TensorView& w, bool transpose_b);
 
 // Products with more rows than this run on AMX with a prepared (packed) weight; at most this many
 // (decode) keep the GEMV of gemm.h, which streams the weight's original rows.

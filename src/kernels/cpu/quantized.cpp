@@ -136,25 +136,8 @@ const void* contiguous(const KernelContext& ctx, const TensorView& v, std::vecto
   return copy.data();
 }
 
-// A fixed Q8_0 weight's GEMM panels (quantized.h), packed once at init, with the view they came from:
-// a launch uses them only for that same weight.
-struct PackedQ8Panels final : Prepared {
-  const void* source = nullptr;
-  int64_t N = 0, K = 0, row_stride = 0;
-  AlignedScratch<uint8_t> panels;
-};
-
-const uint8_t* packed_panels_for(const KernelContext& ctx, const TensorView& w, int64_t K) {
-  const auto* prepared = dynamic_cast<const PackedQ8Panels*>(ctx.prepared);
-  if (!prepared || prepared->source != w.data || prepared->N != w.shape[0] || prepared->K != K ||
-      prepared->row_stride != w.strides[0])
-    return nullptr;
-  return prepared->panels.data();
-}
-
-QuantizationEncoding encoding_of(const graph::Attrs& attrs, Op op) {
-  return graph::parse_encoding(graph::get_attr<std::string>(attrs, "encoding", op));
-}
+// The encoding attribute, checked at build: q8_0 is the only one, so the kernels keep nothing of it.
+void check_encoding(const KernelInit& init) { graph::parse_encoding(init.attr<std::string>("encoding")); }
 
 // The f32 lhs as `elements` contiguous values: its own memory, or a copy in this thread's scratch.
 const float* lhs_rows(const KernelContext& ctx, const TensorView& a, int64_t elements) {
@@ -201,8 +184,7 @@ struct QmatmulShape {
 };
 
 // qmatmul's operands checked: lhs f32 [..., K], rhs u8 [N, row_bytes of K], result f32 [..., N].
-QmatmulShape check_qmatmul(const graph::Attrs& attrs, const TensorView& a, const TensorView& w, const TensorView& out) {
-  encoding_of(attrs, Op::qmatmul);  // q8_0 is the only encoding; this rejects anything else
+QmatmulShape check_qmatmul(const TensorView& a, const TensorView& w, const TensorView& out) {
   const auto operands = [&] { return " (lhs " + describe(a) + ", rhs " + describe(w) + ")"; };
   if (a.dtype != DType::f32 || w.dtype != DType::u8 || out.dtype != DType::f32)
     throw DTypeError("qmatmul: expected lhs f32, rhs u8 and an f32 result" + operands());
@@ -219,21 +201,73 @@ QmatmulShape check_qmatmul(const graph::Attrs& attrs, const TensorView& a, const
 
 }  // namespace
 
-std::optional<quantized::Q8_0GemvTarget> quantized::qmatmul_gemv_target(const graph::Attrs& attrs, const TensorView& a,
-                                                                          const TensorView& w, const TensorView& out) {
-  const QmatmulShape s = check_qmatmul(attrs, a, w, out);
+std::optional<quantized::Q8_0GemvTarget> quantized::qmatmul_gemv_target(const TensorView& a, const TensorView& w,
+                                                                          const TensorView& out) {
+  const QmatmulShape s = check_qmatmul(a, w, out);
   if (s.M > gemm::kSmallM) return std::nullopt;
   return Q8_0GemvTarget{w.as<uint8_t>(), w.strides[0], s.N, out.as<float>()};
 }
 
 namespace {
 
-void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
-                    std::span<const TensorView> outputs) {
+// A fixed Q8_0 weight's GEMM panels (quantized.h), packed once at build, with the view they came from:
+// a launch uses them only for that same weight.
+struct PackedQ8Panels {
+  const void* source = nullptr;
+  int64_t N = 0, K = 0, row_stride = 0;
+  AlignedScratch<uint8_t> panels;
+};
+
+class QmatmulKernel final : public Kernel {
+ public:
+  explicit QmatmulKernel(const KernelInit& init);
+  void run(const KernelContext& ctx, std::span<const TensorView> inputs,
+           std::span<const TensorView> outputs) const override;
+  bool packed() const { return panels_.has_value(); }
+
+ private:
+  const uint8_t* panels_for(const TensorView& w, int64_t K) const {
+    if (!panels_ || panels_->source != w.data || panels_->N != w.shape[0] || panels_->K != K ||
+        panels_->row_stride != w.strides[0])
+      return nullptr;
+    return panels_->panels.data();
+  }
+
+  std::optional<PackedQ8Panels> panels_;
+};
+
+// A fixed weight's GEMM panels, where the VNNI GEMM runs and some launch can have more than kSmallM
+// rows (decode's GEMV reads the rows in place). The panels cost the weight's size once more (36
+// bytes per 32 weights); packing per call was a fifth of a stories110M q8_0 prefill's GEMM time.
+QmatmulKernel::QmatmulKernel(const KernelInit& init) {
+  check_encoding(init);
+  const quantized::Q8_0PackFn pack = quantized::avx512_vnni_q8_0_pack();
+  if (init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni()) return;
+  const TensorView &a = init.inputs[0], &w = init.inputs[1];  // a's shape is empty when symbolic
+  if (a.dtype != DType::f32 || w.dtype != DType::u8 || w.shape.size() != 2 || w.strides[1] != 1 || w.shape[0] == 0 ||
+      w.shape[1] == 0 || w.shape[1] % graph::kQ8_0BlockBytes != 0)
+    return;  // the launch reports what is wrong
+  const int64_t N = w.shape[0], K = w.shape[1] / graph::kQ8_0BlockBytes * graph::kQ8_0BlockSize;
+  if (!a.shape.empty()) {  // a static lhs of at most kSmallM rows never reaches the GEMM
+    int64_t rows = 1;
+    for (size_t d = 0; d + 1 < a.shape.size(); ++d) rows *= a.shape[d];
+    if (rows <= gemm::kSmallM || a.shape.back() != K) return;
+  }
+  PackedQ8Panels& p = panels_.emplace();
+  p.source = w.data;
+  p.N = N;
+  p.K = K;
+  p.row_stride = w.strides[0];
+  const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
+  pack(w.as<uint8_t>(), w.strides[0], N, K, p.panels.get(static_cast<size_t>(panels * quantized::gemm_panel_bytes(K))));
+}
+
+void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> inputs,
+                        std::span<const TensorView> outputs) const {
   if (inputs.size() != 2 || outputs.size() != 1)
     throw ValueError("qmatmul: expected 2 operands and 1 result");
   const TensorView &a = inputs[0], &w = inputs[1], &out = outputs[0];
-  const auto [M, K, N] = check_qmatmul(attrs, a, w, out);
+  const auto [M, K, N] = check_qmatmul(a, w, out);
   const uint8_t* wq = w.as<uint8_t>();
   const int64_t w_row = w.strides[0];
   float* y = out.as<float>();  // [M, N]
@@ -254,7 +288,7 @@ void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
   if (vnni) {
     const quantized::Q8_0GemmFn fn = quantized::avx512_vnni_q8_0_gemm();
     const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
-    const uint8_t* packed = packed_panels_for(ctx, w, K);
+    const uint8_t* packed = panels_for(w, K);
     for_each_thread_chunk(ctx, panels, 1, [&](int64_t begin, int64_t end) {
       uint8_t* panel = packed ? nullptr : t_scratch.panel.get(static_cast<size_t>(quantized::gemm_panel_bytes(K)));
       fn(acts, wq, w_row, begin * quantized::kGemmRows, std::min(N, end * quantized::kGemmRows), y, N, packed,
@@ -269,10 +303,9 @@ void qmatmul_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::sp
   if (!gemm::run(ctx, p)) portable_gemm(ctx, xhat, M, K, wq, w_row, N, y);
 }
 
-void dequantize_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std::span<const TensorView> inputs,
+void dequantize_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
                        std::span<const TensorView> outputs) {
   if (inputs.size() != 1 || outputs.size() != 1) throw ValueError("dequantize: expected 1 operand and 1 result");
-  encoding_of(attrs, Op::dequantize);
   const TensorView &in = inputs[0], &out = outputs[0];
   if (in.dtype != DType::u8 || out.dtype != DType::f32 || in.shape.empty())
     throw DTypeError("dequantize: expected u8 rows and an f32 result, got " + describe(in) + " -> " + describe(out));
@@ -288,40 +321,25 @@ void dequantize_kernel(const KernelContext& ctx, const graph::Attrs& attrs, std:
   });
 }
 
-// A fixed weight's GEMM panels, where the VNNI GEMM runs and some launch can have more than kSmallM
-// rows (decode's GEMV reads the rows in place). The panels cost the weight's size once more (36
-// bytes per 32 weights); packing per call was a fifth of a stories110M q8_0 prefill's GEMM time.
-std::shared_ptr<const Prepared> prepare_qmatmul(const graph::Attrs& attrs, std::span<const TensorView> inputs,
-                                                std::span<const bool> fixed) {
-  const quantized::Q8_0PackFn pack = quantized::avx512_vnni_q8_0_pack();
-  if (inputs.size() != 2 || !fixed[1] || !pack || !use_vnni()) return nullptr;
-  encoding_of(attrs, Op::qmatmul);
-  const TensorView &a = inputs[0], &w = inputs[1];  // a's shape is empty when symbolic
-  if (a.dtype != DType::f32 || w.dtype != DType::u8 || w.shape.size() != 2 || w.strides[1] != 1 || w.shape[0] == 0 ||
-      w.shape[1] == 0 || w.shape[1] % graph::kQ8_0BlockBytes != 0)
-    return nullptr;  // the launch reports what is wrong
-  const int64_t N = w.shape[0], K = w.shape[1] / graph::kQ8_0BlockBytes * graph::kQ8_0BlockSize;
-  if (!a.shape.empty()) {  // a static lhs of at most kSmallM rows never reaches the GEMM
-    int64_t rows = 1;
-    for (size_t d = 0; d + 1 < a.shape.size(); ++d) rows *= a.shape[d];
-    if (rows <= gemm::kSmallM || a.shape.back() != K) return nullptr;
-  }
-  auto out = std::make_shared<PackedQ8Panels>();
-  out->source = w.data;
-  out->N = N;
-  out->K = K;
-  out->row_stride = w.strides[0];
-  const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
-  pack(w.as<uint8_t>(), w.strides[0], N, K, out->panels.get(static_cast<size_t>(panels * quantized::gemm_panel_bytes(K))));
-  return out;
+std::unique_ptr<const Kernel> make_dequantize_kernel(const KernelInit& init) {
+  check_encoding(init);
+  return stateless<dequantize_kernel>(init);
 }
 
 }  // namespace
 
+std::unique_ptr<const Kernel> make_qmatmul_kernel(const KernelInit& init) {
+  return std::make_unique<QmatmulKernel>(init);
+}
+
+bool qmatmul_packed_panels(const Kernel& qmatmul) {
+  const auto* kernel = dynamic_cast<const QmatmulKernel*>(&qmatmul);
+  return kernel && kernel->packed();
+}
+
 void register_cpu_quantized(KernelRegistry& r) {
-  r.add(Op::qmatmul, DeviceKind::CPU, {DType::f32}, qmatmul_kernel);
-  r.add_prepare(Op::qmatmul, DeviceKind::CPU, {DType::f32}, prepare_qmatmul);
-  r.add(Op::dequantize, DeviceKind::CPU, {DType::u8}, dequantize_kernel);
+  r.add(Op::qmatmul, DeviceKind::CPU, {DType::f32}, make_qmatmul_kernel);
+  r.add(Op::dequantize, DeviceKind::CPU, {DType::u8}, make_dequantize_kernel);
 }
 
 }  // namespace kiln::kernels

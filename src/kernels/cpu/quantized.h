@@ -12,14 +12,15 @@
 // * GEMM (prefill): 32 weight rows at a time, +128, in a panel whose vectors hold 16 rows x 4
 //   quants, so one activation dword broadcast feeds 16 rows; the correction -128 * sum(q_x) per
 //   activation block starts each int32 accumulator. A fixed weight's panels are packed once at init
-//   (the qmatmul kernel's prepared state); otherwise each thread packs a panel at a time into L2.
+//   (built with the qmatmul kernel); otherwise each thread packs a panel at a time into L2.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 
-#include "kernels/cpu/kernels.h"
+#include "kernels/kernel.h"
 
 namespace kiln::kernels::quantized {
 
@@ -71,15 +72,17 @@ struct Q8_0GemvTarget {
 // job, so grouped_matmul's q, k and v cost one pool round trip. Each result has the bits qmatmul
 // gives for its target alone.
 void q8_0_gemv_group(const KernelContext& ctx, const TensorView& lhs, std::span<const Q8_0GemvTarget> targets);
-// qmatmul(lhs, w) -> out checked as qmatmul checks it (its errors); its GEMV target when lhs has at
-// most gemm::kSmallM rows, nullopt when qmatmul runs its GEMM instead.
-std::optional<Q8_0GemvTarget> qmatmul_gemv_target(const graph::Attrs& attrs, const TensorView& lhs,
-                                                  const TensorView& w, const TensorView& out);
+// qmatmul(lhs, w) -> out checked as qmatmul checks it (its errors; the encoding is checked when the
+// kernel is built); its GEMV target when lhs has at most gemm::kSmallM rows, nullopt when qmatmul
+// runs its GEMM instead.
+std::optional<Q8_0GemvTarget> qmatmul_gemv_target(const TensorView& lhs, const TensorView& w, const TensorView& out);
 
 }  // namespace kiln::kernels::quantized
 
 namespace kiln::kernels {
-class KernelRegistry;
-// qmatmul (f32 x Q8_0 rows) and dequantize; register_cpu_matmul calls it.
-void register_cpu_quantized(KernelRegistry&);
+// The qmatmul kernel of a step: its encoding checked once, and a fixed weight's GEMM panels packed
+// at build where the VNNI GEMM runs and some launch can have more than gemm::kSmallM rows.
+std::unique_ptr<const Kernel> make_qmatmul_kernel(const KernelInit& init);
+// Tests: whether a qmatmul kernel (make_qmatmul_kernel) packed its fixed weight's panels at build.
+bool qmatmul_packed_panels(const Kernel& qmatmul);
 }  // namespace kiln::kernels
