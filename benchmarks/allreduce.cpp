@@ -73,12 +73,15 @@ void BM_AllreduceKernel(benchmark::State& state) {
   }
   for (const Tensor& b : signals.buffers())
     in_views.push_back({const_cast<void*>(b.data()), DType::u8, {engine::SIGNAL_BYTES}, {1}});
-  kernels::KernelFn allreduce = kernels::cpu_kernels().find(graph::Op::allreduce_sum, DeviceKind::CPU, DType::f32);
+  const graph::Attrs attrs{{"processes", int64_t{1}}};
+  const auto allreduce = kernels::cpu_kernels().build({graph::Op::allreduce_sum, DeviceKind::CPU, DType::f32},
+                                                      {graph::Op::allreduce_sum, &attrs, in_views, {}, nullptr});
   engine::DeviceThreadTeam team;
   kernels::SerialParallel serial;
-  const kernels::KernelContext context{&serial, &team, nullptr};
-  const graph::Attrs attrs{{"processes", int64_t{1}}};
-  for (auto _ : state) allreduce(context, attrs, in_views, out_views);
+  kernels::KernelContext context;
+  context.parallel = &serial;
+  context.team = &team;
+  for (auto _ : state) allreduce->run(context, in_views, out_views);
   state.SetBytesProcessed(state.iterations() * count * 4);
 }
 

@@ -72,13 +72,14 @@ void run_kiln(benchmark::State& state, DType dtype, bool kn, std::optional<kiln:
   const TensorView yv{y.data(), dtype, {M, N}, {N, 1}};
   kiln::graph::Attrs attrs;
   if (!kn) attrs["transpose_b"] = int64_t{1};
-  const kiln::kernels::KernelFn fn =
-      kiln::kernels::cpu_kernels().find(kiln::graph::Op::matmul, kiln::DeviceKind::CPU, dtype);
-  const kiln::kernels::KernelContext ctx{&pool};
   const TensorView inputs[] = {xv, wv};
   const TensorView outputs[] = {yv};
+  const auto kernel = kiln::kernels::cpu_kernels().build({kiln::graph::Op::matmul, kiln::DeviceKind::CPU, dtype},
+                                                         {kiln::graph::Op::matmul, &attrs, inputs, {}, nullptr});
+  kiln::kernels::KernelContext ctx;
+  ctx.parallel = &pool;
   for (auto _ : state) {
-    fn(ctx, attrs, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+    kernel->run(ctx, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }

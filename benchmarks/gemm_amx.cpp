@@ -60,19 +60,16 @@ void run_kiln(benchmark::State& state, Mode mode) {
   const TensorView outputs[] = {{y.data(), DType::bf16, {M, N}, {N, 1}}};
   kiln::graph::Attrs attrs;
   attrs["transpose_b"] = int64_t{1};
-  const auto& registry = kiln::kernels::cpu_kernels();
-  std::shared_ptr<const kiln::kernels::Prepared> prepared;
-  if (mode == Mode::prepared) {
-    const bool fixed[] = {false, true};
-    prepared = registry.find_prepare(kiln::graph::Op::matmul, kiln::DeviceKind::CPU, DType::bf16)(
-        attrs, std::span<const TensorView>(inputs), std::span<const bool>(fixed));
-  }
+  // Prepared: the weight is fixed at build, so the kernel packs it into AMX tiles once.
+  const bool fixed[] = {false, mode == Mode::prepared};
+  const auto kernel = kiln::kernels::cpu_kernels().build(
+      {kiln::graph::Op::matmul, kiln::DeviceKind::CPU, DType::bf16},
+      {kiln::graph::Op::matmul, &attrs, inputs, std::span<const bool>(fixed), nullptr});
   amx::disable_for_testing(mode == Mode::avx512);
-  const kiln::kernels::KernelFn fn =
-      registry.find(kiln::graph::Op::matmul, kiln::DeviceKind::CPU, DType::bf16);
-  const kiln::kernels::KernelContext ctx{&pool, nullptr, nullptr, prepared.get()};
+  kiln::kernels::KernelContext ctx;
+  ctx.parallel = &pool;
   for (auto _ : state) {
-    fn(ctx, attrs, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
+    kernel->run(ctx, std::span<const TensorView>(inputs), std::span<const TensorView>(outputs));
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }

@@ -67,17 +67,18 @@ void gemv(benchmark::State& state, const std::string& format) {
     attrs["encoding"] = std::string("q8_0");
   else
     attrs["transpose_b"] = int64_t{1};
-  const kiln::kernels::KernelFn fn =
-      kiln::kernels::cpu_kernels().find(q8 ? kiln::graph::Op::qmatmul : kiln::graph::Op::matmul,
-                                            kiln::DeviceKind::CPU, DType::f32);
+  const kiln::graph::Op op = q8 ? kiln::graph::Op::qmatmul : kiln::graph::Op::matmul;
   const int64_t cols = q8 ? kiln::graph::q8_0_row_bytes(K) : K;
   std::vector<TensorView> inputs{TensorView{x.data(), DType::f32, {M, K}, {K, 1}},
                                  TensorView{weights.data(), wd, {N, cols}, {cols, 1}}};
+  // Built with nothing fixed: the weight copies rotate, so nothing is packed at build.
+  const auto kernel = kiln::kernels::cpu_kernels().build({op, kiln::DeviceKind::CPU, DType::f32},
+                                                         {op, &attrs, inputs, {}, nullptr});
   const std::vector<TensorView> outputs{TensorView{y.data(), DType::f32, {M, N}, {N, 1}}};
   size_t c = 0;
   for (auto _ : state) {
     inputs[1].data = weights.data() + c * one.size();
-    fn(ctx, attrs, inputs, outputs);
+    kernel->run(ctx, inputs, outputs);
     benchmark::DoNotOptimize(y.data());
     c = (c + 1) % copies;
   }

@@ -65,7 +65,6 @@ struct KernelContext {
   Parallel* parallel = nullptr;
   DeviceTeam* team = nullptr;              // for collectives over several devices
   ProcessGroup* process_group = nullptr;   // for collectives with processes > 1
-  const struct Prepared* prepared = nullptr;  // transitional: legacy kernels' state (kernels/cpu/kernels.h)
   std::span<const int64_t> dims = {};
 };
 

@@ -23,10 +23,4 @@ const KernelRegistry& cpu_kernels() {
   return registry;
 }
 
-DType kernel_dtype(graph::Op, const std::vector<DType>& input_dtypes, const std::vector<DType>& output_dtypes) {
-  if (!input_dtypes.empty()) return input_dtypes.front();
-  if (!output_dtypes.empty()) return output_dtypes.front();
-  return DType::f32;
-}
-
 }  // namespace kiln::kernels
