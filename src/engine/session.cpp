@@ -85,8 +85,7 @@ InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
   if (options.num_threads < 0)
     throw ValueError(fmt::format("InferenceSession: num_threads must be >= 0, got {}", options.num_threads));
   std::vector<std::shared_ptr<Backend>> backends = std::move(options.backends);
-  if (std::none_of(backends.begin(), backends.end(), [](const auto& b) { return b && b->kind() == DeviceKind::CPU; }))
-    backends.push_back(make_cpu_backend(options.num_threads));
+  add_cpu_backend_unless_given(backends, options.num_threads);
   for (const DeviceRef& d : devices)
     if (std::none_of(backends.begin(), backends.end(), [&](const auto& b) { return b && b->kind() == d.kind; }))
       throw ValueError(fmt::format("InferenceSession: device {} is not supported (no backend runs {} devices)",

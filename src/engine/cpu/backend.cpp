@@ -44,4 +44,10 @@ class CpuBackend final : public Backend {
 
 std::shared_ptr<Backend> make_cpu_backend(int num_threads) { return std::make_shared<CpuBackend>(num_threads); }
 
+void add_cpu_backend_unless_given(std::vector<std::shared_ptr<Backend>>& backends, int num_threads) {
+  for (const auto& b : backends)
+    if (b && b->kind() == DeviceKind::CPU) return;
+  backends.push_back(make_cpu_backend(num_threads));
+}
+
 }  // namespace kiln::engine
