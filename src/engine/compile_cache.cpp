@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 
+#include "graph/hash.h"
 #include "kiln/errors.h"
 #include "kiln/ext/extensions.h"
 
@@ -86,13 +87,9 @@ uint64_t CompileCache::default_max_bytes() {
 std::string CompileCache::key(const graph::Module& module, const compiler::CompileOptions& options) {
   static const std::string features = cpu_features();
   static const std::string build = build_id();
-  uint32_t hash = 2166136261u;
-  auto mix = [&](std::string_view bytes) {
-    for (unsigned char c : bytes) hash = (hash ^ c) * 16777619u;
-    hash = (hash ^ 0xffu) * 16777619u;
-  };
-  mix(features);
-  mix(build);
+  Fnv1a64 hash;
+  hash.field(features);
+  hash.field(build);
   // An artifact names the libraries it calls by path (cache_key covers their content only): an
   // entry made against a library at another path must not be reused.
   for (const auto& g : module.graphs())
@@ -100,8 +97,8 @@ std::string CompileCache::key(const graph::Module& module, const compiler::Compi
       if ((node.op == graph::Op::custom || node.op == graph::Op::inplace_custom) && options.extensions)
         if (const ext::CustomOp* op =
                 options.extensions->find(graph::get_attr<std::string>(node.attrs, "symbol", node.op)))
-          mix(op->library().path().string());
-  return fmt::format("{}-{:08x}", compiler::cache_key(module, options), hash);
+          hash.field(op->library().path().string());
+  return fmt::format("{}-{:016x}", compiler::cache_key(module, options), hash.value);
 }
 
 std::optional<compiler::CompiledModel> CompileCache::find(const std::string& key) const {

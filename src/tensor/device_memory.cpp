@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/cpu/scratch.h"
+#include "tensor/host_memory.h"
 #include "kiln/errors.h"
 
 namespace kiln {
@@ -55,7 +55,7 @@ struct DeviceAllocator {
       }
     }
     system_allocations.fetch_add(1, std::memory_order_relaxed);
-    return kernels::allocate_aligned(size);
+    return allocate_aligned(size);
   }
   void give_back(void* p, size_t size) {
     if (size >= kCachedMin) {

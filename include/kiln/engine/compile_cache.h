@@ -36,7 +36,7 @@ class CompileCache {
   static uint64_t default_max_bytes();
   // compiler::cache_key plus the CPU features kernels dispatch on, the running executable's build
   // (path, size, mtime: development builds share KILN_VERSION) and the paths of the custom-op
-  // libraries called (an artifact refers to them by path): 16 hex digits, '-', 8 hex digits.
+  // libraries called (an artifact refers to them by path): 16 hex digits, '-', 16 hex digits.
   static std::string key(const graph::Module& module, const compiler::CompileOptions& options);
 
   const std::filesystem::path& dir() const { return dir_; }
