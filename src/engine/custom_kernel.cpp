@@ -1,5 +1,5 @@
-// Custom ops (ext/) as kernel objects: the extension's op resolved once at init, its kernel called
-// with DLTensor views per launch.
+// Custom ops (ext/) as kernel objects: the extension's op, its kernel and its parameters resolved once
+// at init; each launch passes DLTensor views.
 #include <fmt/format.h>
 
 #include "engine/executor_util.h"
@@ -14,12 +14,13 @@ class CustomKernel final : public kernels::Kernel {
  public:
   CustomKernel(std::shared_ptr<const ext::Library> library, const ext::CustomOp& op, DeviceKind device,
                graph::Attrs attrs)
-      : library_(std::move(library)), op_(op), device_(device), attrs_(std::move(attrs)) {}
+      : library_(std::move(library)), op_(op), device_(device), attrs_(std::move(attrs)),
+        call_(op_.bind(device_, attrs_)) {}
 
   void run(const kernels::KernelContext&, std::span<const kernels::TensorView> inputs,
            std::span<const kernels::TensorView> outputs) const override {
     // DLTensor views borrow the shapes and strides of the operand views, which outlive the call.
-    op_.run(device_, dl_tensors(inputs), dl_tensors(outputs), attrs_);
+    op_.run(call_, dl_tensors(inputs), dl_tensors(outputs));
   }
 
  private:
@@ -42,7 +43,8 @@ class CustomKernel final : public kernels::Kernel {
   std::shared_ptr<const ext::Library> library_;  // keeps op_ loaded
   const ext::CustomOp& op_;
   DeviceKind device_;
-  graph::Attrs attrs_;
+  graph::Attrs attrs_;               // call_'s string parameters point into it
+  ext::CustomOp::BoundCall call_;    // the kernel and its parameters, resolved once
 };
 
 }  // namespace

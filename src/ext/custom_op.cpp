@@ -243,22 +243,30 @@ void CustomOp::check_call(graph::Op op, const std::vector<Type>& inputs, const A
         name_, library_path().string(), types_text(declared), types_text(computed), types_text(inputs)));
 }
 
-void CustomOp::run(DeviceKind device, const std::vector<DLTensor>& inputs, const std::vector<DLTensor>& outputs,
-                   const Attrs& attrs) const {
+CustomOp::BoundCall CustomOp::bind(DeviceKind device, const Attrs& attrs) const {
   auto kernel = std::find_if(kernels_.begin(), kernels_.end(),
                              [&](const auto& k) { return k.first == to_dl_device(device); });
   if (kernel == kernels_.end())
     throw ExtensionError(fmt::format("custom op '{}' of {} has no {} kernel", name_, library_path().string(),
-                                     device == DeviceKind::CPU ? "cpu" : "gpu"));
-  std::vector<KilnExtParamValue> params = marshal_params(*this, attrs);
+                                     device_kind_name(device)));
+  return {kernel->second, marshal_params(*this, attrs)};
+}
+
+void CustomOp::run(const BoundCall& call, const std::vector<DLTensor>& inputs,
+                   const std::vector<DLTensor>& outputs) const {
   std::array<char, kMessageSize> message{};
   KilnExtKernelArgs args{KILN_EXT_KERNEL_ARGS_STRUCT_SIZE, inputs.data(), inputs.size(), outputs.data(),
-                         outputs.size(), params.data(), params.size(), user_data_, message.data(),
+                         outputs.size(), call.params.data(), call.params.size(), user_data_, message.data(),
                          message.size()};
-  if (KilnExtStatus status = kernel->second(&args); status != KILN_EXT_OK)
+  if (KilnExtStatus status = call.kernel(&args); status != KILN_EXT_OK)
     throw_library_error(status, fmt::format("custom op '{}' of {}: kernel failed with {}: {}", name_,
                                             library_path().string(), status_name(status),
                                             library_message(message)));
+}
+
+void CustomOp::run(DeviceKind device, const std::vector<DLTensor>& inputs, const std::vector<DLTensor>& outputs,
+                   const Attrs& attrs) const {
+  run(bind(device, attrs), inputs, outputs);
 }
 
 }  // namespace kiln::ext

@@ -53,6 +53,15 @@ class CustomOp {
   // library, the op and the code, with the library's message.
   void run(DeviceKind device, const std::vector<DLTensor>& inputs, const std::vector<DLTensor>& outputs,
            const graph::Attrs& attrs) const;
+  // The same call with the kernel and its parameters resolved once (a plan step's, at init): `attrs`
+  // must outlive the BoundCall (string parameters point into it). Errors as run()'s, the missing
+  // kernel and bad parameters at bind().
+  struct BoundCall {
+    KilnExtKernelFn kernel = nullptr;
+    std::vector<KilnExtParamValue> params;
+  };
+  BoundCall bind(DeviceKind device, const graph::Attrs& attrs) const;
+  void run(const BoundCall& call, const std::vector<DLTensor>& inputs, const std::vector<DLTensor>& outputs) const;
 
  private:
   friend class Library;
