@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for kiln and builds it: installs the Debian packages kiln needs
 # (DESIGN.md's dependency table) when any is missing, configures with CMake + Ninja, and builds.
-# Usage: bash tools/bootstrap.sh [preset]     (preset: default | debug | sanitize; default: default)
+# Usage: bash tools/bootstrap.sh [preset]     (preset: default | debug | sanitize | tsan; default: default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${1:-default}"
