@@ -23,8 +23,9 @@
 //   // 3. Run it: "batch" is bound from the input's shape.
 //   std::vector<Tensor> out = model.execute({Tensor::zeros(DType::f32, {3, 4})});  // f32[3, 2]
 //
-// Layers (DESIGN.md): graph (types, IR, ops, text) -> compiler (passes, plans) -> engine (tensors,
-// sessions, models) -> kernels. Each header below is one concept.
+// Layers (DESIGN.md, docs/architecture.md): graph (types, IR, ops, text); tensor (memory, DLPack);
+// compiler (passes, plans); engine (sessions, models, backends); nn (modules); pipelines. Each
+// header below is one concept.
 #pragma once
 
 #include "kiln/errors.h"
@@ -39,7 +40,10 @@
 #include "kiln/graph/types.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/compiler/passes.h"
+#include "kiln/engine/model.h"
 #include "kiln/engine/session.h"
+#include "kiln/logging.h"
+#include "kiln/tensor/device_memory.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/nn/module.h"
 #include "kiln/pipelines/graph_spec.h"

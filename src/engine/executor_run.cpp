@@ -29,6 +29,10 @@ class Executor::FrameLease {
     if (!frame_) frame_ = executor_.new_frame();
   }
   ~FrameLease() {
+    // An idle frame holds no caller memory (inputs, handed-out outputs), whether the run ended or threw.
+    for (size_t v = 0; v < executor_.plan_.values.size(); ++v)
+      if (executor_.plan_.values[v].kind == ValueKind::output) frame_->tensors[v] = Tensor();
+    for (Tensor& t : frame_->inputs) t = Tensor();
     std::lock_guard lock(executor_.frames_mutex_);
     executor_.idle_frames_.push_back(std::move(frame_));
   }
@@ -66,10 +70,6 @@ std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) const {
     const auto v = static_cast<size_t>(plan.outputs[i]);
     results.push_back(fresh_outputs_[i] ? frame.tensors[v] : copy_of(tensor_of(frame, v)));
   }
-  // Hold no caller memory between runs.
-  for (size_t v = 0; v < plan.values.size(); ++v)
-    if (plan.values[v].kind == ValueKind::output) frame.tensors[v] = Tensor();
-  for (Tensor& t : frame.inputs) t = Tensor();
   return results;
 }
 
