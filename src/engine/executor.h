@@ -7,7 +7,7 @@
 //
 // The executor's work is split by phase: executor_init.cpp (building), executor_shapes.cpp (inputs
 // and per-run shapes), executor_aliases.cpp (views into other values' memory), executor_run.cpp
-// (one run, launches, profiling) and executor_replay.cpp (launch lists).
+// (one run, its launches), executor_profile.cpp (profiling) and executor_replay.cpp (launch lists).
 #pragma once
 
 #include <atomic>
