@@ -33,8 +33,8 @@ class Backend {
   virtual kernels::DeviceTeam* team() const = 0;
 };
 
-// The CPU backend (engine/cpu/backend.cpp): the CPU kernels, the session's thread pool (num_threads, 0: one per core) and one
-// team thread per extra device.
+// The CPU backend (engine/cpu/backend.cpp): the CPU kernels, the session's thread pool
+// (num_threads, 0: one per core) and one team thread per extra device.
 std::shared_ptr<Backend> make_cpu_backend(int num_threads);
 // Appends make_cpu_backend(num_threads) to `backends` unless one of them already runs cpu devices.
 void add_cpu_backend_unless_given(std::vector<std::shared_ptr<Backend>>& backends, int num_threads);
