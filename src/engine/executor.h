@@ -95,6 +95,9 @@ class Executor {
     std::unique_ptr<const kernels::Kernel> kernel;
     const Backend* backend = nullptr;
     std::vector<int32_t> dim_slots;  // the interned dims its kernel's parameters read
+    // Per operand, then result: what a run must copy from the value's view into the step's list.
+    enum class Refresh : uint8_t { none, data, view };
+    std::vector<Refresh> refresh;
     std::string label;               // "op 'matmul'", "custom op 'scale_add'": for errors and profiles
   };
   // Per alias: its window, with symbolic bounds as interned dims.

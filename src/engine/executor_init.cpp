@@ -116,7 +116,7 @@ void Executor::bind_constants() {
     }
     if (!kernel)
       throw Error(fmt::format("init: graph '{}' node {}: no {} kernel", plan_.name, step.node, step.kernel.to_string()));
-    StepInfo info{std::move(kernel), &backend, {}, std::string(graph::op_name(step.op))};
+    StepInfo info{std::move(kernel), &backend, {}, {}, std::string(graph::op_name(step.op))};
     try {
       info.kernel->run(context(info, nullptr), {}, views);
     } catch (const std::exception& e) {
@@ -175,6 +175,16 @@ void Executor::build_kernels() {
       throw Error(fmt::format("init: graph '{}' node {}: no {} kernel for {} on {}", plan_.name, step.node,
                               device_kind_name(step.kernel.device), graph::op_name(step.op),
                               dtype_name(step.kernel.dtype)));
+    // A weight's or constant's view never changes; a static shape's only in its data pointer (a slot
+    // grows, an output is fresh each run); an input's and a symbolic shape's wholly.
+    auto refresh_of = [&](int32_t value) {
+      const auto v = static_cast<size_t>(value);
+      if (bound_[v].defined()) return StepInfo::Refresh::none;
+      if (plan_.values[v].kind == ValueKind::input || !static_shapes_[v]) return StepInfo::Refresh::view;
+      return StepInfo::Refresh::data;
+    };
+    for (int32_t v : step.inputs) info.refresh.push_back(refresh_of(v));
+    for (int32_t v : step.outputs) info.refresh.push_back(refresh_of(v));
     steps_.push_back(std::move(info));
   }
 }
@@ -200,9 +210,13 @@ std::unique_ptr<Executor::Frame> Executor::new_frame() const {
       set_contiguous_strides(view);
     }
   }
+  // Each step's list starts as its values' views: what never changes (weights, static shapes) is
+  // set once here, and a run copies only what it changes (StepInfo::refresh).
   frame->step_views.resize(plan_.steps.size());
-  for (size_t s = 0; s < plan_.steps.size(); ++s)
-    frame->step_views[s].resize(plan_.steps[s].inputs.size() + plan_.steps[s].outputs.size());
+  for (size_t s = 0; s < plan_.steps.size(); ++s) {
+    for (int32_t v : plan_.steps[s].inputs) frame->step_views[s].push_back(frame->views[static_cast<size_t>(v)]);
+    for (int32_t v : plan_.steps[s].outputs) frame->step_views[s].push_back(frame->views[static_cast<size_t>(v)]);
+  }
   return frame;
 }
 

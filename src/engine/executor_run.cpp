@@ -55,9 +55,15 @@ std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) const {
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const Step& step = plan.steps[s];
     std::vector<kernels::TensorView>& views = frame.step_views[s];
+    const std::vector<StepInfo::Refresh>& refresh = steps_[s].refresh;
     size_t i = 0;
-    for (int32_t v : step.inputs) views[i++] = frame.views[static_cast<size_t>(v)];
-    for (int32_t v : step.outputs) views[i++] = frame.views[static_cast<size_t>(v)];
+    for (const auto* values : {&step.inputs, &step.outputs})
+      for (int32_t v : *values) {
+        const kernels::TensorView& view = frame.views[static_cast<size_t>(v)];
+        if (refresh[i] == StepInfo::Refresh::view) views[i] = view;
+        else if (refresh[i] == StepInfo::Refresh::data) views[i].data = view.data;
+        ++i;
+      }
     check_dims(step, steps_[s].dim_slots, frame);
     launch(s, context(steps_[s], &frame), views);
   }
