@@ -123,7 +123,8 @@ class Executor {
 
   // executor_shapes.cpp
   void check_inputs(const std::vector<Tensor>& given, std::vector<Tensor>& inputs) const;
-  graph::SymbolBindings bind_inputs(const std::vector<Tensor>& inputs) const;
+  // Binds the symbols of the input types from the inputs' shapes (into `bindings`, cleared first).
+  void bind_inputs(const std::vector<Tensor>& inputs, graph::SymbolBindings& bindings) const;
   void evaluate_symbolic_dims(Frame& frame) const;
   // A value's shape for this run into view (with contiguous strides), from frame.dims.
   void evaluate_shape_into(size_t value, const Frame& frame, kernels::TensorView& view) const;

@@ -68,12 +68,17 @@ void Executor::check_inputs(const std::vector<Tensor>& given, std::vector<Tensor
   }
 }
 
-graph::SymbolBindings Executor::bind_inputs(const std::vector<Tensor>& inputs) const {
-  struct Origin {
-    size_t input, dim;
+void Executor::bind_inputs(const std::vector<Tensor>& inputs, graph::SymbolBindings& bindings) const {
+  // The first input dim that binds `symbol`, for the error naming where its value came from.
+  auto origin = [&](const std::string& symbol) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const graph::Shape& shape = graph::shape_of(plan_.input_types[i]);
+      for (int64_t d = 0; d < shape.rank(); ++d)
+        if (shape[d].is_symbolic() && shape[d].symbol() == symbol) return std::pair<size_t, int64_t>{i, d};
+    }
+    return std::pair<size_t, int64_t>{0, 0};
   };
-  graph::SymbolBindings bindings;
-  std::map<std::string, Origin> origins;
+  bindings.clear();
   std::vector<std::pair<size_t, size_t>> algebraic;  // (input, dim) checked once all symbols are bound
   for (size_t i = 0; i < inputs.size(); ++i) {
     const graph::Type& type = plan_.input_types[i];
@@ -87,13 +92,11 @@ graph::SymbolBindings Executor::bind_inputs(const std::vector<Tensor>& inputs) c
                                        dim.static_value(), describe_type(type)));
       } else if (dim.is_symbolic()) {
         auto [it, inserted] = bindings.emplace(dim.symbol(), actual);
-        if (inserted) {
-          origins[dim.symbol()] = {i, d};
-        } else if (it->second != actual) {
-          const Origin& o = origins.at(dim.symbol());
+        if (!inserted && it->second != actual) {
+          const auto [input, input_dim] = origin(dim.symbol());
           throw ValueError(fmt::format(
               "execute: input {} dim {} is {} but symbol '{}' was bound to {} by input {} dim {}", i, d,
-              actual, dim.symbol(), it->second, o.input, o.dim));
+              actual, dim.symbol(), it->second, input, input_dim));
         }
       } else {
         algebraic.emplace_back(i, d);
@@ -113,7 +116,6 @@ graph::SymbolBindings Executor::bind_inputs(const std::vector<Tensor>& inputs) c
       throw ValueError(fmt::format("execute: input {} dim {} is {}, expected {} = {} ({})", i, d, actual,
                                    dim.to_string(), expected, describe_type(plan_.input_types[i])));
   }
-  return bindings;
 }
 
 void Executor::evaluate_symbolic_dims(Frame& frame) const {
@@ -190,7 +192,7 @@ void Executor::evaluate_shape_checked(size_t value, const graph::SymbolBindings&
 
 void Executor::prepare(Frame& frame) const {
   const GraphPlan& plan = plan_;
-  frame.bindings = bind_inputs(frame.inputs);
+  bind_inputs(frame.inputs, frame.bindings);
   evaluate_symbolic_dims(frame);
 
   // Memory for every value: the caller's inputs, bound weights and constants (set in new_frame),
