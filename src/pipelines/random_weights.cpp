@@ -36,8 +36,14 @@ void parallel_ranges(int64_t n, const std::function<void(int64_t, int64_t)>& fn)
 // Hot for big shapes (llama-1B draws 1.2 G values): out[2p], out[2p + 1] for pairs
 // first_pair .. first_pair + pairs - 1, uniform in [-0.05, 0.05) from 24 bits each of one hash.
 // Cloned for AVX-512 (64-bit multiplies in vectors) and vectorised (the dynamic cost model allows
-// the remainder loop that GCC's -O2 default refuses).
-__attribute__((target_clones("arch=x86-64-v4", "default"), optimize("vect-cost-model=dynamic"))) void
+// the remainder loop that GCC's -O2 default refuses). Not cloned under ThreadSanitizer: the clones'
+// resolver runs during relocation, before the TSan runtime it is instrumented for exists.
+#if defined(__SANITIZE_THREAD__)
+#define KILN_UNIFORM_PAIRS_CLONES
+#else
+#define KILN_UNIFORM_PAIRS_CLONES target_clones("arch=x86-64-v4", "default"),
+#endif
+__attribute__((KILN_UNIFORM_PAIRS_CLONES optimize("vect-cost-model=dynamic"))) void
 uniform_pairs(float* out, int64_t first_pair, int64_t pairs, uint64_t key) {
   constexpr float kScale = 0.1f * 0x1p-24f;
   for (int64_t p = 0; p < pairs; ++p) {
