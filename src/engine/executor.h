@@ -70,6 +70,8 @@ class Executor {
   // otherwise) into the list's input buffers and reruns the launches; buffer inputs are copied back.
   // One list is replayed by one thread at a time (the caller's lock).
   void replay(LaunchList& list, const std::vector<Tensor>& inputs) const;
+  // A copy of `source` in fresh memory on its device, through that device's backend.
+  Tensor copy_of(const Tensor& source) const;
 
  private:
   // Every value's memory for one run: checked inputs, bound weights and constants, fresh outputs,
@@ -142,7 +144,6 @@ class Executor {
   void launch(size_t step, const kernels::KernelContext& ctx, std::span<const kernels::TensorView> views) const;
   // A value's memory as a Tensor (aliases and slots borrow theirs), e.g. to copy an output from.
   Tensor tensor_of(const Frame& frame, size_t value) const;
-  Tensor copy_of(const Tensor& source) const;  // fresh memory on the source's device
   void copy_into(const Tensor& dst, const Tensor& src) const;
 
   compiler::GraphPlan plan_;

@@ -47,7 +47,7 @@ std::vector<Tensor> Model::execute(const std::vector<Tensor>& inputs) const {
   ProfiledRun profiled(state.executor);
   state.executor.replay(*state.device_graph, inputs);
   std::vector<Tensor> results;
-  for (const Tensor& t : state.device_graph->results) results.push_back(t.clone());
+  for (const Tensor& t : state.device_graph->results) results.push_back(state.executor.copy_of(t));
   return results;
 }
 

@@ -59,8 +59,9 @@ void check_process_group(const GraphPlan& plan, const ProcessGroup* group) {
   }
 }
 
-// The launch list of a device graph, recorded at init on zero inputs of its (static) input shapes.
-LaunchList record_device_graph(const Executor& executor) {
+// The launch list of a device graph, recorded at init on inputs of its (static) input shapes, made by
+// their devices' backends.
+LaunchList record_device_graph(const Executor& executor, const Backends& backends) {
   std::vector<Tensor> inputs;
   const GraphPlan& plan = executor.plan();
   const auto& types = plan.input_types;
@@ -70,9 +71,10 @@ LaunchList record_device_graph(const Executor& executor) {
       throw ValueError(fmt::format("init: graph '{}' is a device graph, whose shapes are fixed at init, but "
                                    "input {} has symbolic shape {} (give it static dims)",
                                    plan.name, i, graph::to_string(types[i])));
-    inputs.push_back(Tensor::zeros(graph::dtype_of(types[i]), shape.static_dims(), graph::device_of(types[i])));
+    const DeviceRef device = graph::device_of(types[i]);
+    inputs.push_back(backends.at(device.kind).allocate(graph::dtype_of(types[i]), shape.static_dims(), device));
   }
-  // Not run now: the first execute() replays it with real inputs (zeros might not be valid data).
+  // Not run now, so the inputs' contents do not matter: the first execute() replays it with real ones.
   return executor.record(inputs, /*run=*/false);
 }
 
@@ -169,7 +171,7 @@ std::map<std::string, Model> InferenceSession::init(const CompiledModel& compile
   for (const auto& [name, plan] : compiled.plans()) {
     auto impl = std::make_shared<Model::Impl>(state_, plan, weights, state_->backends, state_->process_group.get());
     if (std::find(device_graphs.begin(), device_graphs.end(), name) != device_graphs.end())
-      impl->device_graph = record_device_graph(impl->executor);
+      impl->device_graph = record_device_graph(impl->executor, state_->backends);
     models.emplace(name, Model(std::move(impl)));
   }
   return models;

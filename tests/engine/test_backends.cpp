@@ -151,6 +151,30 @@ TEST(Backends, ASecondDeviceKindRegisteredFromTheTestRunsAGraphEndToEnd) {
   EXPECT_EQ(gpu_backend->counters.launches.load(), 6);
 }
 
+TEST(Backends, ADeviceGraphOnTheEmulatedKindHandsOutResultsInItsMemory) {
+  auto gpu_backend = std::make_shared<EmulatedGpu>();
+  const DeviceRef gpu = DeviceRef::GPU(0);
+  graph::Graph g("gpu_relu", {graph::TensorType{DType::f32, {4}, gpu}});
+  {
+    graph::Graph::Scope scope(g);
+    g.output({ops::relu(g.input(0))});
+  }
+  engine::InferenceSession session({gpu}, {}, {.compile_cache = false, .backends = {gpu_backend}});
+  auto models = session.init(session.compile(g.module()), {}, {"gpu_relu"});
+  engine::Model model = models.at("gpu_relu");
+  ASSERT_TRUE(model.is_device_graph());
+  for (float sign : {1.0f, -1.0f}) {
+    const Tensor x = EmulatedGpu::on_device(Tensor::from_vector<float>({sign, -2 * sign, 3 * sign, 0}, {4}), gpu);
+    const int copies_before = gpu_backend->counters.copies.load();
+    std::vector<Tensor> y = model.execute({x});
+    EXPECT_EQ(y[0].device(), gpu);
+    // The input copied into the launch list, the result copied out: both by the emulated backend.
+    EXPECT_EQ(gpu_backend->counters.copies.load() - copies_before, 2);
+    const Tensor host = Tensor::borrow(const_cast<void*>(y[0].data()), DType::f32, {4});
+    EXPECT_EQ(host.to_vector<float>(), sign > 0 ? (std::vector<float>{1, 0, 3, 0}) : (std::vector<float>{0, 2, 0, 0}));
+  }
+}
+
 TEST(Backends, EachKindsKernelsRunOnlyItsOwnValues) {
   // One graph per device kind in one session: the cpu graph runs the cpu kernels, the gpu graph the
   // emulated ones.
