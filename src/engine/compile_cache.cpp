@@ -2,6 +2,7 @@
 #include "kiln/engine/compile_cache.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -103,16 +104,21 @@ std::string CompileCache::key(const graph::Module& module, const compiler::Compi
 
 std::optional<compiler::CompiledModel> CompileCache::find(const std::string& key) const {
   fs::path file = dir_ / (key + std::string(kEntrySuffix));
-  std::error_code missing;
-  if (!fs::exists(file, missing)) return std::nullopt;
+  struct stat before {};
+  if (::stat(file.c_str(), &before) != 0) return std::nullopt;
   try {
     compiler::CompiledModel compiled = compiler::CompiledModel::load(file);
     std::error_code ignored;  // another process may have evicted it meanwhile: still a hit
     fs::last_write_time(file, fs::file_time_type::clock::now(), ignored);
     return compiled;
   } catch (const LoadError&) {
-    std::error_code ignored;
-    fs::remove(file, ignored);
+    // Remove the bad entry, unless a store has replaced it meanwhile (a store renames a whole new
+    // file over the old one, so the path then names another inode): a good entry must stay.
+    struct stat now {};
+    if (::stat(file.c_str(), &now) == 0 && now.st_ino == before.st_ino && now.st_dev == before.st_dev) {
+      std::error_code ignored;
+      fs::remove(file, ignored);
+    }
     return std::nullopt;
   }
 }
