@@ -95,12 +95,12 @@ class Executor {
 
   struct StepInfo {
     std::unique_ptr<const kernels::Kernel> kernel;
-    const Backend* backend = nullptr;
     std::vector<int32_t> dim_slots;  // the interned dims its kernel's parameters read
     // Per operand, then result: what a run must copy from the value's view into the step's list.
     enum class Refresh : uint8_t { none, data, view };
     std::vector<Refresh> refresh;
-    std::string label;               // "op 'matmul'", "custom op 'scale_add'": for errors and profiles
+    std::string label;               // the op's name, or a custom op's symbol: for errors and profiles
+    kernels::KernelContext context;  // its backend's threads and the process group; dims set per run
   };
   // Per alias: its window, with symbolic bounds as interned dims.
   struct AliasInfo {
@@ -108,10 +108,6 @@ class Executor {
     kernels::DimRefs starts, stops;
     std::vector<int64_t> steps;
     std::vector<int32_t> dim_slots;  // the interned dims its bounds read
-  };
-  struct ShapeDim {  // a dim of a value's shape: static, or an interned symbolic dim
-    int32_t symbolic = -1;
-    int64_t size = 0;
   };
   class Interner;  // kernels::SymbolSlots over symbolic_dims_
 
@@ -121,7 +117,8 @@ class Executor {
   void build_kernels();
   void bind_static_aliases();
   std::unique_ptr<Frame> new_frame() const;  // views of weights, constants and static shapes filled in
-  kernels::KernelContext context(const StepInfo& step, const Frame* frame) const;
+  // A launch's context: the step's backend's threads (fixed at init) and this run's dim values.
+  static kernels::KernelContext context(const StepInfo& step, std::span<const int64_t> dims);
 
   // executor_shapes.cpp
   void check_inputs(const std::vector<Tensor>& given, std::vector<Tensor>& inputs) const;
@@ -153,11 +150,11 @@ class Executor {
   std::vector<Tensor> bound_;                           // per value: weights, constants, their aliases
   std::vector<std::optional<std::vector<int64_t>>> static_shapes_;  // per value, when static
   // Symbolic shapes compiled at init: each distinct symbolic dim (by its text) of a value's shape or a
-  // kernel's parameters is evaluated once per run. Per value with a symbolic shape, per dim: an index
-  // into symbolic_dims_, or -1 and the static size.
+  // kernel's parameters is evaluated once per run. Per value with a symbolic shape, per dim: a static
+  // size or a slot of symbolic_dims_.
   std::vector<graph::Dim> symbolic_dims_;
   std::map<std::string, int32_t> dim_slots_;            // a dim's text -> its index in symbolic_dims_
-  std::vector<std::vector<ShapeDim>> symbolic_shapes_;
+  std::vector<kernels::DimRefs> symbolic_shapes_;
   std::vector<AliasInfo> aliases_;
   std::vector<uint8_t> fresh_outputs_;                   // per output: returned as is (not copied)
   std::vector<DeviceRef> slot_devices_;                  // per arena slot: the device of its values

@@ -116,9 +116,11 @@ void Executor::bind_constants() {
     }
     if (!kernel)
       throw Error(fmt::format("init: graph '{}' node {}: no {} kernel", plan_.name, step.node, step.kernel.to_string()));
-    StepInfo info{std::move(kernel), &backend, {}, {}, std::string(graph::op_name(step.op))};
+    StepInfo info{std::move(kernel), {}, {}, std::string(graph::op_name(step.op)), {}};
+    info.context.parallel = backend.parallel();
+    info.context.team = backend.team();
     try {
-      info.kernel->run(context(info, nullptr), {}, views);
+      info.kernel->run(info.context, {}, views);
     } catch (const std::exception& e) {
       throw ExecutionError(fmt::format("init: graph '{}' op '{}' (node {}): {}", plan_.name,
                                        graph::op_name(step.op), step.node, e.what()));
@@ -134,7 +136,9 @@ void Executor::build_kernels() {
     if (!backend)
       throw Error(fmt::format("init: graph '{}' node {}: no backend runs {} devices in this session", plan_.name,
                               step.node, device_kind_name(step.kernel.device)));
-    info.backend = backend;
+    info.context.parallel = backend->parallel();
+    info.context.team = backend->team();
+    info.context.process_group = process_group_;
     const bool custom = step.op == graph::Op::custom || step.op == graph::Op::inplace_custom;
     info.label = custom ? graph::get_attr<std::string>(step.attrs, "symbol", step.op) : std::string(graph::op_name(step.op));
     // Operands fixed for the model's life (weights, constants, fixed windows of them) with their data;
@@ -220,12 +224,9 @@ std::unique_ptr<Executor::Frame> Executor::new_frame() const {
   return frame;
 }
 
-kernels::KernelContext Executor::context(const StepInfo& step, const Frame* frame) const {
-  kernels::KernelContext ctx;
-  ctx.parallel = step.backend->parallel();
-  ctx.team = step.backend->team();
-  ctx.process_group = process_group_;
-  if (frame) ctx.dims = frame->dims;
+kernels::KernelContext Executor::context(const StepInfo& step, std::span<const int64_t> dims) {
+  kernels::KernelContext ctx = step.context;
+  ctx.dims = dims;
   return ctx;
 }
 

@@ -12,15 +12,6 @@ namespace kiln::engine {
 using compiler::GraphPlan;
 using compiler::Step;
 
-namespace {
-
-kernels::KernelContext with_dims(kernels::KernelContext ctx, const std::vector<int64_t>& dims) {
-  ctx.dims = dims;
-  return ctx;
-}
-
-}  // namespace
-
 LaunchList Executor::record(const std::vector<Tensor>& given, bool run) const {
   const GraphPlan& plan = plan_;
   LaunchList list;
@@ -55,8 +46,7 @@ LaunchList Executor::record(const std::vector<Tensor>& given, bool run) const {
   list.slots = std::move(frame->slots);
   if (!run) return list;
   // The first run, through the same path every replay takes.
-  for (const LaunchList::Launch& l : list.launches)
-    launch(l.step, with_dims(context(steps_[l.step], nullptr), list.dims), l.views);
+  for (const LaunchList::Launch& l : list.launches) launch(l.step, context(steps_[l.step], list.dims), l.views);
   for (const auto& [source, index] : list.copied_results) copy_into(list.results[index], source);
   for (size_t i = 0; i < given.size(); ++i)
     if (graph::is_buffer(plan.input_types[i])) copy_into(given[i], list.inputs[i]);
@@ -82,8 +72,7 @@ void Executor::replay(LaunchList& list, const std::vector<Tensor>& given) const 
       throw ValueError(fmt::format("replay: graph '{}' input {} is a buffer and must be contiguous", plan.name, i));
   }
   for (size_t i = 0; i < given.size(); ++i) copy_into(list.inputs[i], given[i]);
-  for (const LaunchList::Launch& l : list.launches)
-    launch(l.step, with_dims(context(steps_[l.step], nullptr), list.dims), l.views);
+  for (const LaunchList::Launch& l : list.launches) launch(l.step, context(steps_[l.step], list.dims), l.views);
   for (const auto& [source, index] : list.copied_results) copy_into(list.results[index], source);
   // Buffers are written in place: the caller's buffer gets what the graph wrote to the captured copy.
   for (size_t i = 0; i < given.size(); ++i)

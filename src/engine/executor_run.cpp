@@ -65,7 +65,7 @@ std::vector<Tensor> Executor::run(const std::vector<Tensor>& given) const {
         ++i;
       }
     check_dims(step, steps_[s].dim_slots, frame);
-    launch(s, context(steps_[s], &frame), views);
+    launch(s, context(steps_[s], frame.dims), views);
   }
 
   // Results: fresh memory, never the caller's inputs, the model's weights and constants or an alias

@@ -149,16 +149,16 @@ void Executor::check_dims(const Step& step, const std::vector<int32_t>& slots, c
 
 void Executor::evaluate_shape_into(size_t value, const Frame& frame, kernels::TensorView& view) const {
   if (static_shapes_[value]) return evaluate_shape_checked(value, frame.bindings, view);
-  const std::vector<ShapeDim>& dims = symbolic_shapes_[value];
+  const kernels::DimRefs& dims = symbolic_shapes_[value];
   view.dtype = graph::dtype_of(plan_.values[value].type);
   view.shape.resize(dims.size());
   for (size_t d = 0; d < dims.size(); ++d) {
-    const ShapeDim& dim = dims[d];
-    if (dim.symbolic < 0) {
-      view.shape[d] = dim.size;
+    const kernels::DimRef& dim = dims[d];
+    if (dim.slot < 0) {
+      view.shape[d] = dim.value;
       continue;
     }
-    const auto slot = static_cast<size_t>(dim.symbolic);
+    const auto slot = static_cast<size_t>(dim.slot);
     if (frame.dim_failed[slot] || frame.dims[slot] < 0) return evaluate_shape_checked(value, frame.bindings, view);
     view.shape[d] = frame.dims[slot];
   }
