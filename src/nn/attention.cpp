@@ -98,6 +98,64 @@ TensorValue attend_with_cache(const TensorValue& q_rows, const TensorValue& k_ro
   return ops::reshape(out, Shape{seq, heads * head_dim});
 }
 
+namespace {
+
+graph::BufferType checked_paged_cache_type(const PagedKVCache& cache, const char* who) {
+  if (!cache.k.valid() || !cache.v.valid())
+    throw ValueError(fmt::format("{}: the paged cache's k and v must be buffer values of the graph", who));
+  const auto& k = cache.k.buffer_type();
+  const auto& v = cache.v.buffer_type();
+  if (k.rank() != 5 || !(k == v))
+    throw ShapeError(fmt::format(
+        "{}: paged cache k and v must both be buffer<[n_layers, num_blocks, block_size, n_kv_heads, head_dim]>, "
+        "got {} and {}",
+        who, k.to_string(), v.to_string()));
+  return k;
+}
+
+void expect_token_vector(const TensorValue& t, const char* name) {
+  if (!t.valid() || t.rank() != 1 || t.dtype() != DType::i64)
+    throw ShapeError(fmt::format("make_paged_attention_context: {} must be i64[tokens], got {}", name,
+                                 t.valid() ? t.tensor_type().to_string() : "an empty value"));
+}
+
+}  // namespace
+
+PagedAttentionContext make_paged_attention_context(const PagedKVCache& cache, const TensorValue& positions,
+                                                   const TensorValue& seq_ids, const TensorValue& slots,
+                                                   const TensorValue& block_tables, const RotaryEmbedding& rope) {
+  const graph::BufferType cache_type = checked_paged_cache_type(cache, "make_paged_attention_context");
+  if (!(cache_type.shape[4] == Dim(rope.head_dim())))
+    throw ShapeError(fmt::format("make_paged_attention_context: cache {} has head_dim {}, the rotary embedding {}",
+                                 cache_type.to_string(), cache_type.shape[4].to_string(), rope.head_dim()));
+  expect_token_vector(positions, "positions");
+  expect_token_vector(seq_ids, "seq_ids");
+  expect_token_vector(slots, "slots");
+  if (!block_tables.valid() || block_tables.rank() != 2 || block_tables.dtype() != DType::i64)
+    throw ShapeError(fmt::format("make_paged_attention_context: block_tables must be i64[seqs, max_blocks], got {}",
+                                 block_tables.valid() ? block_tables.tensor_type().to_string() : "an empty value"));
+  auto [cos, sin] = rope.cos_sin(positions);  // [tokens, head_dim]
+  return PagedAttentionContext{cache, positions, seq_ids, slots, block_tables, cos, sin};
+}
+
+TensorValue attend_paged(const TensorValue& q_rows, const TensorValue& k_rows, const TensorValue& v_rows,
+                         int64_t layer, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         const PagedAttentionContext& ctx) {
+  const Dim tokens = q_rows.shape()[0];
+  auto q = ops::reshape(q_rows, Shape{tokens, heads, head_dim});
+  auto k = ops::reshape(k_rows, Shape{tokens, kv_heads, head_dim});
+  auto v = ops::reshape(v_rows, Shape{tokens, kv_heads, head_dim});
+  q = RotaryEmbedding::apply(q, ctx.cos, ctx.sin);
+  k = RotaryEmbedding::apply(k, ctx.cos, ctx.sin);
+  // Stores first (program order, kept for buffer ops), so each token also sees its own K/V and those
+  // of the earlier tokens of its chunk.
+  ops::paged_kv_store(ctx.cache.k, k, ctx.slots, layer);
+  ops::paged_kv_store(ctx.cache.v, v, ctx.slots, layer);
+  auto out = ops::paged_attention(q, ctx.cache.k, ctx.cache.v, ctx.block_tables, ctx.seq_ids, ctx.positions, layer,
+                                  1.0 / std::sqrt(static_cast<double>(head_dim)));  // [tokens, heads, head_dim]
+  return ops::reshape(out, Shape{tokens, heads * head_dim});
+}
+
 AttentionWithRope::AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads,
                                      int64_t n_kv_heads, int64_t head_dim, DType dtype, bool has_bias,
                                      DeviceRef device, std::optional<WeightFormat> weight_format)
@@ -134,6 +192,21 @@ TensorValue AttentionWithRope::operator()(const TensorValue& x, const AttentionC
                                  x.valid() ? x.tensor_type().to_string() : "an empty value"));
   return (*o_proj_)(attend_with_cache((*q_proj_)(x), (*k_proj_)(x), (*v_proj_)(x), layer_index_, n_heads_,
                                        n_kv_heads_, head_dim_, ctx));
+}
+
+TensorValue AttentionWithRope::operator()(const TensorValue& x, const PagedAttentionContext& ctx) const {
+  const graph::BufferType cache_type = checked_paged_cache_type(ctx.cache, "AttentionWithRope");
+  const Shape& cs = cache_type.shape;
+  auto n_layers = cs[0].try_static();
+  if (!n_layers || layer_index_ >= *n_layers || !(cs[3] == Dim(n_kv_heads_)) || !(cs[4] == Dim(head_dim_)))
+    throw ShapeError(fmt::format("AttentionWithRope '{}': layer {} with {} kv heads of dim {} does not fit the "
+                                 "paged cache {}",
+                                 path(), layer_index_, n_kv_heads_, head_dim_, cache_type.to_string()));
+  if (!x.valid() || x.rank() != 2)
+    throw ShapeError(fmt::format("AttentionWithRope '{}': x must be [tokens, hidden], got {}", path(),
+                                 x.valid() ? x.tensor_type().to_string() : "an empty value"));
+  return (*o_proj_)(attend_paged((*q_proj_)(x), (*k_proj_)(x), (*v_proj_)(x), layer_index_, n_heads_, n_kv_heads_,
+                                  head_dim_, ctx));
 }
 
 }  // namespace kiln::nn

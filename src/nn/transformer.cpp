@@ -60,6 +60,11 @@ TensorValue TransformerBlock::operator()(const TensorValue& x, const AttentionCo
   return h + (*mlp_)((*post_attention_layernorm_)(h));
 }
 
+TensorValue TransformerBlock::operator()(const TensorValue& x, const PagedAttentionContext& ctx) const {
+  TensorValue h = x + (*self_attn_)((*input_layernorm_)(x), ctx);  // [tokens, hidden]
+  return h + (*mlp_)((*post_attention_layernorm_)(h));
+}
+
 // ==== TransformerModel ==========================================================================
 
 TransformerModel::TransformerModel(const LlamaConfig& c) {
@@ -73,6 +78,12 @@ TransformerModel::TransformerModel(const LlamaConfig& c) {
 
 TensorValue TransformerModel::operator()(const TensorValue& tokens, const AttentionContext& ctx) const {
   TensorValue h = (*embed_tokens_)(tokens);  // [seq, hidden]
+  for (const auto& layer : *layers_) h = (*layer)(h, ctx);
+  return (*norm_)(h);
+}
+
+TensorValue TransformerModel::operator()(const TensorValue& tokens, const PagedAttentionContext& ctx) const {
+  TensorValue h = (*embed_tokens_)(tokens);  // [tokens, hidden]
   for (const auto& layer : *layers_) h = (*layer)(h, ctx);
   return (*norm_)(h);
 }
@@ -103,7 +114,33 @@ Transformer::Transformer(const LlamaConfig& config, int64_t max_seq_len, ReturnL
                                             model_weight_format(config_.weight_format, config_.hidden_size)));
 }
 
+Transformer::Transformer(const LlamaConfig& config, PagedKVLayout paged, int64_t max_seq_len)
+    : Transformer(config, max_seq_len, ReturnLogits::all) {
+  if (paged.block_size < 1)
+    throw ValueError(fmt::format("Transformer: the paged cache's block_size must be >= 1, got {}", paged.block_size));
+  if (paged.dtype != DType::f32 && paged.dtype != DType::bf16 && paged.dtype != DType::f16)
+    throw ValueError(fmt::format("Transformer: the paged cache's dtype must be f32, bf16 or f16, got {}",
+                                 dtype_name(paged.dtype)));
+  paged_ = paged;
+}
+
 std::optional<TypeTree> Transformer::input_tree() const {
+  if (paged_) {
+    const graph::InputType cache = graph::BufferType{
+        paged_->dtype,
+        {config_.num_hidden_layers, "num_blocks", paged_->block_size, config_.num_key_value_heads,
+         config_.resolved_head_dim()}};
+    const graph::InputType per_token = graph::TensorType{DType::i64, {"tokens"}};
+    return TypeTree::map({
+        {"tokens", TypeTree(per_token)},
+        {"positions", TypeTree(per_token)},
+        {"seq_ids", TypeTree(per_token)},
+        {"slots", TypeTree(per_token)},
+        {"block_tables", TypeTree(graph::TensorType{DType::i64, {"seqs", "max_blocks"}})},
+        {"logit_rows", TypeTree(graph::TensorType{DType::i64, {"rows"}})},
+        {"cache", TypeTree::map({{"k", TypeTree(cache)}, {"v", TypeTree(cache)}})},
+    });
+  }
   const graph::InputType cache = graph::BufferType{
       DType::f32,
       {config_.num_hidden_layers, max_seq_len_, config_.num_key_value_heads, config_.resolved_head_dim()}};
@@ -122,6 +159,10 @@ Values Transformer::forward(const std::vector<Values>& args) {
         "Transformer: forward takes one named tree (input_tree()), got {} argument(s)", args.size()));
   const Values& in = args[0];
   const Values& cache = in["cache"];
+  if (paged_)
+    return Values((*this)(in["tokens"].leaf(), in["positions"].leaf(), in["seq_ids"].leaf(), in["slots"].leaf(),
+                          in["block_tables"].leaf(), in["logit_rows"].leaf(),
+                          PagedKVCache{cache["k"].leaf(), cache["v"].leaf()}));
   return Values((*this)(in["tokens"].leaf(), in["attention_mask"].leaf(),
                         KVCache{cache["k"].leaf(), cache["v"].leaf()}));
 }
@@ -138,6 +179,23 @@ TensorValue Transformer::operator()(const TensorValue& tokens, const TensorValue
   TensorValue logits = lm_head_ ? (*lm_head_)(h) : model_->embed_tokens().attend(h);
   if (logits.dtype() != DType::f32) logits = ops::cast(logits, DType::f32);
   return logits;  // [seq, vocab]
+}
+
+TensorValue Transformer::operator()(const TensorValue& tokens, const TensorValue& positions, const TensorValue& seq_ids,
+                                    const TensorValue& slots, const TensorValue& block_tables,
+                                    const TensorValue& logit_rows, const PagedKVCache& cache) const {
+  if (!tokens.valid() || tokens.rank() != 1)
+    throw ShapeError(fmt::format("Transformer: tokens must be [tokens] (a ragged batch), got {}",
+                                 tokens.valid() ? tokens.tensor_type().to_string() : "an empty value"));
+  if (!logit_rows.valid() || logit_rows.rank() != 1 || logit_rows.dtype() != DType::i64)
+    throw ShapeError(fmt::format("Transformer: logit_rows must be i64[rows], got {}",
+                                 logit_rows.valid() ? logit_rows.tensor_type().to_string() : "an empty value"));
+  PagedAttentionContext ctx = make_paged_attention_context(cache, positions, seq_ids, slots, block_tables, rope_);
+  TensorValue h = (*model_)(tokens, ctx);  // [tokens, hidden]
+  h = ops::gather(h, logit_rows, 0);       // [rows, hidden]: only the rows that are sampled
+  TensorValue logits = lm_head_ ? (*lm_head_)(h) : model_->embed_tokens().attend(h);
+  if (logits.dtype() != DType::f32) logits = ops::cast(logits, DType::f32);
+  return logits;  // [rows, vocab]
 }
 
 }  // namespace kiln::nn

@@ -67,11 +67,12 @@ void KvBlockPool::retain(int32_t block) {
   ++refs_[static_cast<size_t>(block)];
 }
 
-void KvBlockPool::release(int32_t block) {
+void KvBlockPool::release(int32_t block, bool keep_cached) {
   check_in_use(block, "release");
   const auto b = static_cast<size_t>(block);
   if (--refs_[b] > 0) return;
   --in_use_;
+  if (!keep_cached) forget_key(block);
   if (keys_[b]) {
     lru_.push_back(block);
     lru_pos_[b] = std::prev(lru_.end());
@@ -174,8 +175,8 @@ bool BlockTable::append(KvBlockPool& pool, std::span<const int64_t> tokens) {
   return true;
 }
 
-void BlockTable::release(KvBlockPool& pool) {
-  for (int32_t block : blocks_) pool.release(block);
+void BlockTable::release(KvBlockPool& pool, bool keep_cached) {
+  for (int32_t block : blocks_) pool.release(block, keep_cached);
   blocks_.clear();
   tokens_.clear();
   keyed_blocks_ = 0;

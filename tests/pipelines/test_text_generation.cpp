@@ -22,7 +22,7 @@ namespace {
 
 using namespace kiln;
 using pipelines::GenerationOptions;
-using pipelines::StopReason;
+using pipelines::FinishReason;
 using pipelines::TextGenerationPipeline;
 
 nn::LlamaConfig small_config(int64_t vocab = 64) {
@@ -194,8 +194,9 @@ TEST(TextGeneration, SameSeedGivesSameTokensAnotherSeedDiffers) {
   EXPECT_NE(a, c);
 }
 
-// Greedy decoding through the KV cache equals recomputing the whole sequence from scratch at each
-// step (a fresh cache, the full sequence as one prefill) and taking the host argmax of the last row.
+// Greedy decoding through the paged KV cache equals recomputing the whole sequence from scratch at
+// each step (a fresh cache, the full sequence as one prefill of the "model" graph) and taking the
+// host argmax of its logits.
 TEST(TextGeneration, CachedDecodeEqualsFullRecomputation) {
   auto pipe = random_pipeline();
   const std::vector<int64_t> prompt{5, 9, 17, 2};
@@ -203,19 +204,25 @@ TEST(TextGeneration, CachedDecodeEqualsFullRecomputation) {
   auto cached = pipe.generate_ids(prompt, o).ids;
 
   const nn::LlamaConfig& c = pipe.config();
-  std::vector<int64_t> cache_shape{c.num_hidden_layers, pipe.max_seq_len(), c.num_key_value_heads,
-                                   c.resolved_head_dim()};
+  const int64_t block = pipe.engine().options().kv_block_size;
   std::vector<int64_t> sequence = prompt;
   std::vector<int64_t> recomputed;
   for (int step = 0; step < 12; ++step) {
     const auto n = static_cast<int64_t>(sequence.size());
+    const int64_t blocks = (n + block - 1) / block;
+    std::vector<int64_t> positions(sequence.size()), table(static_cast<size_t>(blocks));
+    for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = i;
+    for (int64_t b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = blocks - 1 - b;  // any order
+    std::vector<int64_t> slots(sequence.size());
+    for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = table[static_cast<size_t>(i / block)] * block + i % block;
+    const std::vector<int64_t> cache_shape{c.num_hidden_layers, blocks, block, c.num_key_value_heads,
+                                           c.resolved_head_dim()};
     auto out = pipe.models().at("model").execute(
-        {Tensor::from_vector(sequence, {n}),
-         Tensor::from_vector(std::vector<int64_t>(sequence.size(), 1), {n}),
+        {Tensor::from_vector(sequence, {n}), Tensor::from_vector(positions, {n}),
+         Tensor::from_vector(std::vector<int64_t>(sequence.size(), 0), {n}), Tensor::from_vector(slots, {n}),
+         Tensor::from_vector(table, {1, blocks}), Tensor::from_vector<int64_t>({n - 1}, {1}),
          Tensor::zeros(DType::f32, cache_shape), Tensor::zeros(DType::f32, cache_shape)});
-    std::vector<float> all = out.at(0).to_vector<float>();
-    std::vector<float> last(all.end() - c.vocab_size, all.end());
-    recomputed.push_back(naive_argmax(last));
+    recomputed.push_back(naive_argmax(out.at(0).to_vector<float>()));
     sequence.push_back(recomputed.back());
   }
   EXPECT_EQ(cached, recomputed);
@@ -228,7 +235,7 @@ TEST(TextGeneration, MaxNewTokensIsRespected) {
   auto r = pipe.generate_ids({1, 2}, o, [&](int64_t id) { streamed.push_back(id); });
   EXPECT_EQ(r.ids.size(), 7u);
   EXPECT_EQ(streamed, r.ids);
-  EXPECT_EQ(r.stats.stop_reason, StopReason::max_new_tokens);
+  EXPECT_EQ(r.stats.finish_reason, FinishReason::length);
   EXPECT_EQ(r.stats.prompt_tokens, 2);
   EXPECT_EQ(r.stats.generated_tokens, 7);
   EXPECT_GT(r.stats.prefill_seconds, 0);
@@ -242,7 +249,7 @@ TEST(TextGeneration, PromptLongerThanTheCacheIsAValueErrorNamingBothLengths) {
   std::vector<int64_t> prompt(9, 1);
   std::string msg = error_message<ValueError>([&] { pipe.generate_ids(prompt, {}); });
   EXPECT_NE(msg.find("9 tokens"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("8 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_seq_len 8"), std::string::npos) << msg;
 }
 
 TEST(TextGeneration, BadOptionsAndIdsAreValueErrors) {
@@ -260,7 +267,7 @@ TEST(TextGeneration, StopsWhenTheSequenceFillsTheCache) {
   auto pipe = random_pipeline({.max_seq_len = 8});
   auto r = pipe.generate_ids({1, 2, 3, 4, 5}, {.max_new_tokens = 100, .stop_at_eos = false});
   EXPECT_EQ(r.ids.size(), 3u);  // 5 + 3 = 8 tokens
-  EXPECT_EQ(r.stats.stop_reason, StopReason::cache_full);
+  EXPECT_EQ(r.stats.finish_reason, FinishReason::length);
 }
 
 // ---- a model whose greedy output is known: token t is followed by successor(t) ----------------------
@@ -343,7 +350,7 @@ TEST(TextGeneration, EosStopsGeneration) {
   auto pipe = chain_pipeline();
   auto r = pipe.generate_ids({kBos, 8}, {.max_new_tokens = 20, .temperature = 0.0});
   EXPECT_EQ(r.ids, (std::vector<int64_t>{9, 10, 11, kEos}));
-  EXPECT_EQ(r.stats.stop_reason, StopReason::eos);
+  EXPECT_EQ(r.stats.finish_reason, FinishReason::stop);
   auto ignoring =
       pipe.generate_ids({kBos, 8}, {.max_new_tokens = 6, .temperature = 0.0, .stop_at_eos = false});
   EXPECT_EQ(ignoring.ids.size(), 6u);
@@ -396,9 +403,9 @@ TEST(TextGeneration, KilnTinyGreedyMatchesPyTorchReference) {
     auto r = pipe.generate(prompt, greedy);
     EXPECT_EQ(r.ids, expected) << prompt;
     EXPECT_EQ(prompt + r.text, c.at("text").get<std::string>()) << prompt;
-    EXPECT_EQ(r.stats.stop_reason, expected.back() == doc.at("eos_token_id").get<int64_t>()
-                                       ? StopReason::eos
-                                       : StopReason::max_new_tokens)
+    EXPECT_EQ(r.stats.finish_reason, expected.back() == doc.at("eos_token_id").get<int64_t>()
+                                       ? FinishReason::stop
+                                       : FinishReason::length)
         << prompt;
   }
 }

@@ -1,6 +1,6 @@
 // `kiln bench`: how fast kiln runs on this machine, beside what bounds it, measured in the same run.
 //   kiln bench --model stories15M,DIR --threads 1,2 [--dtype f32] [--prompt-tokens 128]
-//              [--gen-tokens 64] [--repetitions 3] [--json]
+//              [--gen-tokens 64] [--repetitions 3] [--concurrency 1,4,16,64] [--json]
 //       prefill and decode tokens/s; each (model, threads) first measures the streaming read
 //       bandwidth, so decode is also a fraction of its roofline (weight bytes per token / bandwidth)
 //   kiln bench gemm --m 1024 --n 1024 --k 1024 [--dtype f32|bf16] [--threads 1,2] [--json]
@@ -105,6 +105,31 @@ nn::LlamaConfig resolve_model_config(const std::string& model);
 // options; DTypeError for a weight format the model cannot run yet.
 ModelBenchResult bench_model(const ModelBenchOptions& options, const BandwidthResult& bandwidth);
 
+// ---- many requests at once (the generation engine) ----------------------------------------------------
+
+// `kiln bench --model M --concurrency 1,4,16,64`: at each level that many requests (seeded prompts of
+// prompt_tokens, distinct so no prefix is shared; gen_tokens + 1 greedy tokens each, EOS ignored) are
+// submitted together to one engine.
+struct ConcurrencyBenchResult {
+  std::string model;
+  WeightFormat format = WeightFormat::f32;
+  int threads = 1;
+  int64_t concurrency = 1;
+  int64_t prompt_tokens = 0;
+  int64_t gen_tokens = 0;
+  double seconds = 0;                        // from the submissions to the last token
+  int64_t output_tokens = 0;                 // over all requests
+  double aggregate_decode_tokens_per_s = 0;  // output_tokens / seconds
+  double ttft_p50_s = 0, ttft_p99_s = 0;     // time to first token, over the requests
+  double tpot_p50_s = 0, tpot_p99_s = 0;     // time per output token after the first
+  int64_t kv_blocks_peak = 0;                // most KV blocks in use at once
+  int64_t kv_blocks_total = 0;
+  int64_t preemptions = 0;
+};
+// One engine for all levels (its max_num_seqs is the highest level). ValueError for bad options.
+std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& options,
+                                                      const std::vector<int64_t>& levels);
+
 // ---- GEMM benchmark ----------------------------------------------------------------------------------
 
 struct GemmBenchOptions {
@@ -152,6 +177,9 @@ std::string onednn_description();
 nlohmann::json to_json(const ModelBenchResult& r);
 nlohmann::json to_json(const GemmBenchResult& r);
 nlohmann::json to_json(const BandwidthResult& r);
+nlohmann::json to_json(const ConcurrencyBenchResult& r);
+std::string concurrency_table_header(int64_t prompt_tokens, int64_t gen_tokens);
+std::string table_row(const ConcurrencyBenchResult& r);
 // Table rows for people, and the header line each table starts with.
 std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens);
 std::string table_row(const ModelBenchResult& r);
@@ -184,6 +212,7 @@ class BenchCommand {
   int repetitions_ = 3;
   uint64_t seed_ = 0;
   bool profile_ = false;
+  std::vector<int64_t> concurrency_;
   int64_t m_ = 1024, n_ = 1024, k_ = 1024;
   double min_seconds_ = 0.5;
   int64_t buffer_mib_ = 1024;

@@ -54,6 +54,11 @@ BenchCommand::BenchCommand(CLI::App& app) {
   bench_->add_option("--repetitions", repetitions_, "timed runs; the best is reported")
       ->capture_default_str();
   bench_->add_option("--seed", seed_, "seed of the random weights and the prompt")->capture_default_str();
+  bench_
+      ->add_option("--concurrency", concurrency_,
+                   "requests submitted together to the generation engine, comma-separated levels (e.g. "
+                   "1,4,16,64): aggregate tokens/s, TTFT and TPOT per level")
+      ->delimiter(',');
   bench_->add_flag("--profile", profile_,
                    "after the timed runs, profile one more generation's decode: each op's time per token");
 
@@ -132,6 +137,23 @@ int BenchCommand::run() const {
   for (const auto& name : dtypes_) formats.push_back(nn::parse_weight_format(name));
   for (const auto& model : models_) resolve_model_config(model);
   print_preamble(json_);
+  if (!concurrency_.empty()) {
+    if (profile_) throw ValueError("kiln bench: --profile is for single-stream runs, not --concurrency");
+    if (!json_) std::cout << concurrency_table_header(prompt_tokens_, gen_tokens_) << "\n";
+    for (const auto& model : models_)
+      for (WeightFormat format : formats)
+        for (int t : threads)
+          for (const ConcurrencyBenchResult& r : bench_concurrency({.model = model,
+                                                                    .format = format,
+                                                                    .threads = t,
+                                                                    .prompt_tokens = prompt_tokens_,
+                                                                    .gen_tokens = gen_tokens_,
+                                                                    .repetitions = repetitions_,
+                                                                    .seed = seed_},
+                                                                   concurrency_))
+            emit(to_json(r), table_row(r));
+    return 0;
+  }
   if (!json_) std::cout << model_table_header(prompt_tokens_, gen_tokens_) << "\n";
   for (const auto& model : models_)
     for (WeightFormat format : formats)

@@ -14,6 +14,10 @@
 #include "kiln/pipelines/hf_config.h"
 #include "kiln/pipelines/text_generation.h"
 
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+
 namespace kiln::bench {
 
 // ==== weight formats and the bytes a decode step reads ================================================
@@ -190,6 +194,109 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
   r.repetitions = o.repetitions;
   set_bandwidth(r, bandwidth.read_bytes_per_s);
   return r;
+}
+
+// ==== many requests at once ================================================================================
+
+namespace {
+
+// Nearest-rank percentile of unsorted values (0 when empty).
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(values.size())));
+  return values[std::clamp<size_t>(rank, 1, values.size()) - 1];
+}
+
+}  // namespace
+
+std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o, const std::vector<int64_t>& levels) {
+  check_model_options(o);
+  if (levels.empty()) throw ValueError("kiln bench: --concurrency needs at least one level");
+  for (int64_t level : levels)
+    if (level < 1 || level > 4096)
+      throw ValueError(fmt::format("kiln bench: --concurrency levels must be in [1, 4096], got {}", level));
+  const nn::LlamaConfig config = resolve_model_config(o.model);
+  const int64_t needed = o.prompt_tokens + o.gen_tokens + 1;
+  if (needed > config.max_position_embeddings)
+    throw ValueError(fmt::format("kiln bench: {} prompt + {} generated tokens exceed {}'s {} positions",
+                                 o.prompt_tokens, o.gen_tokens, o.model, config.max_position_embeddings));
+  const int64_t top = *std::max_element(levels.begin(), levels.end());
+  pipelines::EngineOptions engine_options{.max_seq_len = needed, .num_threads = o.threads, .weight_format = o.format};
+  engine_options.max_num_seqs = top;
+  std::unique_ptr<pipelines::GenerationEngine> engine =
+      pipelines::named_config(o.model)
+          ? std::make_unique<pipelines::GenerationEngine>(
+                config, pipelines::random_weights(config, o.seed, random_weight_dtype(o.format)), nullptr,
+                std::vector<int64_t>{}, engine_options)
+          : pipelines::GenerationEngine::from_dir(o.model, engine_options);
+
+  std::mt19937_64 rng(o.seed);
+  auto prompt = [&] {  // BOS (1, as Llama 2), then seeded ids: every request's prompt differs
+    std::vector<int64_t> ids{1};
+    while (static_cast<int64_t>(ids.size()) < o.prompt_tokens)
+      ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(config.vocab_size)));
+    return ids;
+  };
+  auto request = [&](int64_t new_tokens) {
+    pipelines::GenerationRequest r;
+    r.prompt_ids = prompt();
+    r.sampling.max_new_tokens = new_tokens;
+    r.sampling.temperature = 0;
+    r.sampling.ignore_eos = true;
+    return r;
+  };
+  engine->generate(request(2));  // warm-up
+
+  std::vector<ConcurrencyBenchResult> results;
+  for (int64_t level : levels) {
+    std::mutex mutex;
+    std::condition_variable done;
+    int64_t finished = 0;
+    int64_t peak_blocks = 0;
+    std::vector<double> ttft, tpot;
+    int64_t output_tokens = 0;
+    const int64_t preemptions_before = engine->stats().preemptions;
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < level; ++i) {
+      pipelines::GenerationRequest r = request(o.gen_tokens + 1);
+      r.on_update = [&](const pipelines::RequestUpdate& u) {
+        const int64_t in_use = engine->stats().kv_blocks_in_use;
+        std::lock_guard lock(mutex);
+        peak_blocks = std::max(peak_blocks, in_use);
+        if (!u.finish) return;
+        const pipelines::RequestMetrics& m = u.metrics;
+        ttft.push_back(m.first_token_s);
+        if (m.generated_tokens > 1)
+          tpot.push_back((m.finish_s - m.first_token_s) / static_cast<double>(m.generated_tokens - 1));
+        output_tokens += m.generated_tokens;
+        ++finished;
+        done.notify_all();
+      };
+      engine->submit(std::move(r));
+    }
+    std::unique_lock lock(mutex);
+    done.wait(lock, [&] { return finished == level; });
+    ConcurrencyBenchResult r;
+    r.seconds = seconds_since(start);
+    r.model = o.model;
+    r.format = o.format;
+    r.threads = o.threads;
+    r.concurrency = level;
+    r.prompt_tokens = o.prompt_tokens;
+    r.gen_tokens = o.gen_tokens;
+    r.output_tokens = output_tokens;
+    r.aggregate_decode_tokens_per_s = static_cast<double>(output_tokens) / r.seconds;
+    r.ttft_p50_s = percentile(ttft, 50);
+    r.ttft_p99_s = percentile(ttft, 99);
+    r.tpot_p50_s = percentile(tpot, 50);
+    r.tpot_p99_s = percentile(tpot, 99);
+    r.kv_blocks_peak = peak_blocks;
+    r.kv_blocks_total = engine->stats().kv_blocks_total;
+    r.preemptions = engine->stats().preemptions - preemptions_before;
+    results.push_back(r);
+  }
+  return results;
 }
 
 }  // namespace kiln::bench

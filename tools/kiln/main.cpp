@@ -123,6 +123,8 @@ struct GenerateArgs {
   int64_t max_seq_len = 0;
   int threads = 0;
   std::string dtype = "f32";  // the weight format (docs/quantization.md)
+  double kv_cache_gb = 0;     // 0: the engine's default
+  std::string kv_dtype = "f32";
 };
 
 // Loading stages on stderr: a bar redrawn in place on a terminal, one line per stage otherwise.
@@ -154,11 +156,27 @@ class LoadProgress {
   bool drawn_ = false;
 };
 
+// --kv-dtype: how the paged KV cache stores keys and values.
+DType parse_kv_dtype(const std::string& name) {
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  throw ValueError(fmt::format("--kv-dtype must be f32, bf16 or f16, got '{}'", name));
+}
+
+// --kv-cache-gb: the KV cache's byte budget (0: the engine's default).
+int64_t kv_cache_bytes(double gb) {
+  if (!(gb >= 0) || gb > 1e6) throw ValueError(fmt::format("--kv-cache-gb must be >= 0, got {}", gb));
+  return static_cast<int64_t>(gb * double(int64_t{1} << 30));
+}
+
 pipelines::TextGenerationPipeline load_pipeline(const GenerateArgs& args) {
   LoadProgress progress;
   pipelines::PipelineOptions options{.max_seq_len = args.max_seq_len,
                                      .num_threads = args.threads,
                                      .weight_format = nn::parse_weight_format(args.dtype)};
+  options.kv_cache_dtype = parse_kv_dtype(args.kv_dtype);
+  options.kv_cache_bytes = kv_cache_bytes(args.kv_cache_gb);
   options.on_stage = [&](std::string_view stage, int index, int total) {
     progress.stage(stage, index, total);
   };
@@ -180,7 +198,7 @@ void print_stats(const pipelines::GenerationStats& s) {
                static_cast<long long>(s.prompt_tokens), s.prefill_seconds, s.prefill_tokens_per_s);
   std::fprintf(stderr, "generated: %lld tokens, decode %.3f s (%.1f tokens/s)\n",
                static_cast<long long>(s.generated_tokens), s.decode_seconds, s.decode_tokens_per_s);
-  std::fprintf(stderr, "stop: %s\n", pipelines::stop_reason_name(s.stop_reason));
+  std::fprintf(stderr, "finish: %s\n", pipelines::finish_reason_name(s.finish_reason));
 }
 
 int generate(GenerateArgs args) {
@@ -292,6 +310,10 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--threads", gen.threads, "engine threads (default: one per core)");
   gen_cmd->add_option("--dtype", gen.dtype, "weight format: f32, f16, bf16 or q8_0 (converted at load)")
       ->capture_default_str();
+  gen_cmd->add_option("--kv-cache-gb", gen.kv_cache_gb,
+                      "KV cache budget in GiB (default: what 64 sequences of max-seq-len need, at most a quarter "
+                      "of the free memory)");
+  gen_cmd->add_option("--kv-dtype", gen.kv_dtype, "KV cache dtype: f32, bf16 or f16")->capture_default_str();
   gen_cmd->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at an end-of-sequence token");
 
   std::string graph_model = KILN_DEFAULT_MODEL_DIR;

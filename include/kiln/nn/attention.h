@@ -15,6 +15,23 @@
 //   KVCache cache{inputs["cache"]["k"], inputs["cache"]["v"]};
 //   AttentionContext ctx = make_attention_context(cache, attention_mask, seq, rope);  // once per graph
 //   h = h + (*attn)(x, ctx);                                                         // per layer
+//
+// Paged KV cache calling convention (a ragged batch of several sequences: continuous batching,
+// docs/batching.md). A model graph takes:
+//   {"tokens":       i64[tokens]              the batch's new tokens, sequence after sequence
+//    "positions":    i64[tokens]              each token's position in its sequence
+//    "seq_ids":      i64[tokens]              each token's row of block_tables
+//    "slots":        i64[tokens]              where its K/V go: block * block_size + position % block_size
+//    "block_tables": i64[seqs, max_blocks]    each sequence's blocks, in position order
+//    "logit_rows":   i64[rows]                the tokens whose logits the graph returns
+//    "cache": {"k": buffer<dtype[n_layers, num_blocks, block_size, n_kv_heads, head_dim]>,
+//              "v": buffer<same>}}             written in place
+// Layer L stores the new keys and values at their slots (ops::paged_kv_store), then each token
+// attends to positions 0..its own of its sequence through the block table (ops::paged_attention).
+//
+//   PagedAttentionContext ctx = make_paged_attention_context(cache, positions, seq_ids, slots,
+//                                                            block_tables, rope);
+//   h = h + (*attn)(x, ctx);
 #pragma once
 
 #include <cstdint>
@@ -57,6 +74,34 @@ graph::TensorValue attend_with_cache(const graph::TensorValue& q_rows, const gra
                                      const graph::TensorValue& v_rows, int64_t layer, int64_t heads,
                                      int64_t kv_heads, int64_t head_dim, const AttentionContext& ctx);
 
+// The two paged cache buffers of a model: [n_layers, num_blocks, block_size, n_kv_heads, head_dim] each.
+struct PagedKVCache {
+  graph::BufferValue k;
+  graph::BufferValue v;
+};
+
+// What every attention layer of one ragged forward call shares.
+struct PagedAttentionContext {
+  PagedKVCache cache;
+  graph::TensorValue positions;     // i64[tokens]
+  graph::TensorValue seq_ids;       // i64[tokens]
+  graph::TensorValue slots;         // i64[tokens]
+  graph::TensorValue block_tables;  // i64[seqs, max_blocks]
+  graph::TensorValue cos;           // [tokens, head_dim] rope tables at each token's position
+  graph::TensorValue sin;
+};
+
+PagedAttentionContext make_paged_attention_context(const PagedKVCache& cache, const graph::TensorValue& positions,
+                                                   const graph::TensorValue& seq_ids, const graph::TensorValue& slots,
+                                                   const graph::TensorValue& block_tables,
+                                                   const RotaryEmbedding& rope);
+
+// attend_with_cache for a paged cache: rope, this call's keys and values stored at their slots of
+// layer `layer`, then paged attention -> [tokens, heads * head_dim] (before o_proj).
+graph::TensorValue attend_paged(const graph::TensorValue& q_rows, const graph::TensorValue& k_rows,
+                                const graph::TensorValue& v_rows, int64_t layer, int64_t heads, int64_t kv_heads,
+                                int64_t head_dim, const PagedAttentionContext& ctx);
+
 class AttentionWithRope : public Module {
  public:
   // Weights "q_proj", "k_proj", "v_proj" (with bias when has_bias, as Qwen2) and "o_proj" (no bias).
@@ -70,6 +115,8 @@ class AttentionWithRope : public Module {
 
   // x [seq, hidden_dim] -> [seq, hidden_dim]. Writes this layer's keys and values into the cache.
   graph::TensorValue operator()(const graph::TensorValue& x, const AttentionContext& ctx) const;
+  // x [tokens, hidden_dim] of a ragged batch -> [tokens, hidden_dim], through the paged cache.
+  graph::TensorValue operator()(const graph::TensorValue& x, const PagedAttentionContext& ctx) const;
 
   int64_t layer_index() const { return layer_index_; }
   int64_t n_heads() const { return n_heads_; }

@@ -55,6 +55,8 @@ class TransformerBlock : public Module {
   TransformerBlock(const LlamaConfig& config, int64_t layer_index);
   graph::TensorValue operator()(const graph::TensorValue& x,
                                 const AttentionContext& ctx) const;  // [seq, hidden]
+  graph::TensorValue operator()(const graph::TensorValue& x,
+                                const PagedAttentionContext& ctx) const;  // [tokens, hidden]
 
  private:
   std::shared_ptr<RMSNorm> input_layernorm_;
@@ -69,6 +71,7 @@ class TransformerModel : public Module {
   explicit TransformerModel(const LlamaConfig& config);
   // tokens [seq] -> final hidden states [seq, hidden].
   graph::TensorValue operator()(const graph::TensorValue& tokens, const AttentionContext& ctx) const;
+  graph::TensorValue operator()(const graph::TensorValue& tokens, const PagedAttentionContext& ctx) const;
   const Embedding& embed_tokens() const { return *embed_tokens_; }
 
  private:
@@ -83,11 +86,23 @@ class TransformerModel : public Module {
 // prompt position (for stories15M, 60% of a 128-token prefill's FLOPs).
 enum class ReturnLogits { all, last_token };
 
+// The paged KV cache's shape for a ragged-batch model (attention.h): blocks of block_size positions,
+// KV stored in dtype (f32, bf16 or f16). The number of blocks is the symbolic dim "num_blocks", so
+// one compiled graph serves any cache size.
+struct PagedKVLayout {
+  int64_t block_size = 16;
+  DType dtype = DType::f32;
+};
+
 class Transformer : public Module {
  public:
   // max_seq_len: the cache's length (0: max_position_embeddings). ValueError on a bad config.
   explicit Transformer(const LlamaConfig& config, int64_t max_seq_len = 0,
                        ReturnLogits return_logits = ReturnLogits::all);
+  // The ragged-batch model over a paged cache (continuous batching): input_tree() is the paged
+  // convention of attention.h and the output the logits f32[rows, vocab_size] of the tokens that
+  // "logit_rows" names. max_seq_len: the longest sequence (0: max_position_embeddings).
+  Transformer(const LlamaConfig& config, PagedKVLayout paged, int64_t max_seq_len = 0);
 
   // {"tokens": i64[seq], "attention_mask": i64[total],
   //  "cache": {"k": buffer<f32[layers, max_seq, kv_heads, head_dim]>, "v": same}}
@@ -97,8 +112,15 @@ class Transformer : public Module {
   Values forward(const std::vector<Values>& args) override;
   graph::TensorValue operator()(const graph::TensorValue& tokens, const graph::TensorValue& attention_mask,
                                 const KVCache& cache) const;
+  // The paged form: tokens, positions, seq_ids, slots i64[tokens], block_tables i64[seqs, max_blocks],
+  // logit_rows i64[rows] -> logits f32[rows, vocab_size].
+  graph::TensorValue operator()(const graph::TensorValue& tokens, const graph::TensorValue& positions,
+                                const graph::TensorValue& seq_ids, const graph::TensorValue& slots,
+                                const graph::TensorValue& block_tables, const graph::TensorValue& logit_rows,
+                                const PagedKVCache& cache) const;
 
   const LlamaConfig& config() const { return config_; }
+  const std::optional<PagedKVLayout>& paged() const { return paged_; }
   int64_t max_seq_len() const { return max_seq_len_; }
   ReturnLogits return_logits() const { return return_logits_; }
   const RotaryEmbedding& rope() const { return rope_; }
@@ -107,6 +129,7 @@ class Transformer : public Module {
   LlamaConfig config_;
   int64_t max_seq_len_;
   ReturnLogits return_logits_;
+  std::optional<PagedKVLayout> paged_;
   RotaryEmbedding rope_;
   std::shared_ptr<TransformerModel> model_;
   std::shared_ptr<Linear> lm_head_;  // null when tied

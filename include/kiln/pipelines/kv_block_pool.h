@@ -41,7 +41,9 @@ class KvBlockPool {
   // block (its key forgotten). nullopt when every block is in use.
   std::optional<int32_t> allocate();
   void retain(int32_t block);   // one more reference; ValueError naming a block that is not in use
-  void release(int32_t block);  // one reference less; ValueError naming a block that is not in use
+  // One reference less; ValueError naming a block that is not in use. keep_cached false: when this
+  // was the last reference its key is forgotten too (its KV is not to be trusted).
+  void release(int32_t block, bool keep_cached = true);
 
   // What identifies a block's current content as the parent of the next block's key; it changes
   // each time the block is allocated. kNoParent stands before a sequence's first block.
@@ -92,8 +94,9 @@ class BlockTable {
   // Room for `tokens` more positions (allocating blocks as needed), recorded as held. false, with
   // nothing changed, when the pool has too few free blocks.
   bool append(KvBlockPool& pool, std::span<const int64_t> tokens);
-  // Every block back to the pool; the table is empty afterwards.
-  void release(KvBlockPool& pool);
+  // Every block back to the pool; the table is empty afterwards. keep_cached false: the blocks leave
+  // the prefix cache too (after a failed step, whose KV may be incomplete).
+  void release(KvBlockPool& pool, bool keep_cached = true);
 
  private:
   std::vector<int32_t> blocks_;

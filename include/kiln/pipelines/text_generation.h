@@ -1,11 +1,7 @@
 // Text generation with a Llama-family model (MAX's TextGenerationPipeline): a Hugging Face model
-// directory -> tokens streamed as text. The pipeline declares three graphs in one group, compiled
-// once together through compile_graph_specs:
-//   "model"   the nn::Transformer (prefill and decode are the same graph: symbolic seq and total)
-//   "sampler" logits f32[1, vocab] + runtime temperature, top_k, top_p, u -> the next token i64[1]
-//   "greedy"  logits f32[1, vocab] -> argmax i64[1], run instead of "sampler" for greedy options
-// The graphs pick every token; the host only draws u ~ U[0, 1) from a seeded mt19937_64.
-// docs/generation.md describes the sampler's semantics and the stats.
+// directory -> tokens streamed as text. A thin, blocking user of GenerationEngine
+// (generation_engine.h): each generate() is one request of the engine, so several threads may call
+// it at once and are batched together. docs/generation.md describes the sampler and the stats.
 //
 //   auto pipe = pipelines::TextGenerationPipeline::from_dir("models/kiln-tiny");
 //   pipelines::GenerationOptions opts{.max_new_tokens = 32, .temperature = 0};  // greedy
@@ -29,24 +25,15 @@
 #include "kiln/nn/module.h"
 #include "kiln/nn/transformer.h"
 #include "kiln/nn/weight_format.h"
+#include "kiln/pipelines/generation_engine.h"
 #include "kiln/pipelines/graph_spec.h"
 #include "kiln/pipelines/tokenizer.h"
 
 namespace kiln::pipelines {
 
-// How the pipeline is built (fixed for its lifetime: these shape the compiled graphs).
-struct PipelineOptions {
-  int64_t max_seq_len = 0;          // KV cache length; 0: min(max_position_embeddings, 2048)
-  int num_threads = 0;              // engine threads; 0: one per core
-  int64_t sampler_max_top_k = 256;  // static cap of the sorted candidates (see SamplerModule); 0: vocab
-  // How the model keeps its matmul and embedding weights (activations, norms and the KV cache are
-  // f32): checkpoint tensors are converted, or quantized to Q8_0, once at load
-  // (pipelines::convert_weights; docs/quantization.md has each format's accuracy).
-  nn::WeightFormat weight_format = nn::WeightFormat::f32;
-  // Called as loading proceeds: stage name ("config", "weights", "tokenizer", "graphs") and its index
-  // among `total` stages, before the stage starts.
-  std::function<void(std::string_view stage, int index, int total)> on_stage = {};
-};
+// How the pipeline is built: the engine's options (max_seq_len, num_threads, weight_format, the KV
+// cache, sampler_max_top_k, on_stage).
+using PipelineOptions = EngineOptions;
 
 struct GenerationOptions {
   int64_t max_new_tokens = 128;
@@ -57,9 +44,6 @@ struct GenerationOptions {
   bool stop_at_eos = true;   // stop after an EOS id (config, generation_config, tokenizer)
 };
 
-enum class StopReason { eos, max_new_tokens, cache_full };
-const char* stop_reason_name(StopReason);  // "eos", "max_new_tokens", "cache_full"
-
 struct GenerationStats {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;  // including a final EOS
@@ -69,7 +53,8 @@ struct GenerationStats {
   // Decode: every later token (one model step + one sampler step each).
   double decode_seconds = 0;
   double decode_tokens_per_s = 0;  // (generated_tokens - 1) / decode_seconds
-  StopReason stop_reason = StopReason::max_new_tokens;
+  // stop: an EOS id; length: max_new_tokens, or the sequence reached max_seq_len.
+  FinishReason finish_reason = FinishReason::length;
 };
 
 struct GenerationResult {
@@ -78,28 +63,7 @@ struct GenerationResult {
   GenerationStats stats;
 };
 
-// The sampler graph's module. Inputs (one list of leaves):
-//   logits f32[1, vocab], temperature f32[], top_k i64[], top_p f32[], u f32[]
-// Output: the token id i64[1].
-//   temperature <= 0: argmax of the logits (first index on ties).
-//   top_k == 0 and top_p >= 1: inverse-CDF pick over the whole softmax(logits / temperature).
-//   otherwise: the `cap` largest logits, sorted (ops::top_k), keep the first top_k (if > 0), then the
-//   smallest prefix of the renormalised probabilities whose mass reaches top_p (at least one token),
-//   and pick by inverse CDF with u among those. Tokens outside the cap are never candidates.
-class SamplerModule : public nn::Module {
- public:
-  SamplerModule(int64_t vocab_size, int64_t cap);  // cap: 1..vocab_size
-  std::vector<nn::TypeTree> input_types() const;
-  nn::Values forward(const std::vector<nn::Values>& args) override;
-  int64_t vocab_size() const { return vocab_size_; }
-  int64_t cap() const { return cap_; }
-
- private:
-  int64_t vocab_size_;
-  int64_t cap_;
-};
-
-// Copies share one model, session and KV cache: run one generate at a time per pipeline.
+// Copies share one engine; generate() may be called from several threads at once.
 class TextGenerationPipeline {
  public:
   // Loads DIR: config.json (+ generation_config.json), model.safetensors (or sharded), tokenizer.
@@ -112,8 +76,7 @@ class TextGenerationPipeline {
                                             std::shared_ptr<const Tokenizer> tokenizer = nullptr,
                                             std::vector<int64_t> eos_token_ids = {},
                                             PipelineOptions options = {});
-  // The pipeline's graphs traced (not compiled) into one module: "model" then "sampler". For
-  // `kiln graph`: needs only the config.
+  // The engine's graphs traced (not compiled) into one module, for `kiln graph`: needs only the config.
   static graph::Module trace_graphs(const nn::LlamaConfig& config, PipelineOptions options = {});
 
   // Text in, text out; on_text receives the generated text piece by piece (complete UTF-8 only) as
@@ -121,13 +84,14 @@ class TextGenerationPipeline {
   GenerationResult generate(std::string_view prompt, const GenerationOptions& options,
                             const std::function<void(std::string_view)>& on_text = {});
   // Ids in, ids out; on_token receives each new id as it is made. ValueError for an empty prompt, a
-  // prompt longer than the cache (naming both lengths), an id outside the vocabulary, or bad options.
+  // prompt longer than max_seq_len (naming both lengths), an id outside the vocabulary, or bad options.
   GenerationResult generate_ids(const std::vector<int64_t>& prompt_ids, const GenerationOptions& options,
                                 const std::function<void(int64_t)>& on_token = {});
 
   // One sampler step on the host's behalf (for tests): logits f32[1, vocab] -> token id, through the
-  // "greedy" graph (argmax) for temperature 0 or top_k 1, else the "sampler" graph.
+  // "greedy" graph (argmax) for temperature 0 or top_k 1, else the "sampler" graph (min_p off).
   int64_t sample(const Tensor& logits, double temperature, int64_t top_k, double top_p, float u) const;
+  GenerationEngine& engine() const;
 
   const nn::LlamaConfig& config() const;
   int64_t max_seq_len() const;
@@ -137,11 +101,10 @@ class TextGenerationPipeline {
   const std::map<std::string, engine::Model>& models() const;  // "model", "sampler", "greedy"
   int64_t compile_count() const;  // times the session ran the compiler (1: one group)
 
-  struct State;
 
  private:
-  explicit TextGenerationPipeline(std::shared_ptr<State> state) : state_(std::move(state)) {}
-  std::shared_ptr<State> state_;
+  explicit TextGenerationPipeline(std::shared_ptr<GenerationEngine> engine) : engine_(std::move(engine)) {}
+  std::shared_ptr<GenerationEngine> engine_;
 };
 
 // Random-weight models of known shapes, for benchmarks: "stories15M", "stories110M" (llama2.c's
