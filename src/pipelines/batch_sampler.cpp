@@ -88,10 +88,10 @@ nn::Values BatchSamplerModule::forward(const std::vector<nn::Values>& args) {
 
   // top_k / top_p: the cap largest logits, sorted descending (ties: lower id first, as argmax).
   std::vector<TensorValue> sorted = ops::top_k(logits, cap_, -1);
-  TensorValue sorted_ids = sorted[1];                                 // [rows, cap] i64
-  TensorValue sorted_w = ops::exp((sorted[0] - max_logit) / safe_t);  // [rows, cap], equals w gathered
-  TensorValue rank = ops::range(0, 1, graph::Dim(cap_), DType::i64);  // [cap]
-  TensorValue k_off = ops::equal(top_k, i64(0));                      // [rows, 1]
+  TensorValue sorted_ids = sorted[1];                                   // [rows, cap] i64
+  TensorValue sorted_w = ops::exp((sorted[0] - max_logit) / safe_t);    // [rows, cap], equals w gathered
+  TensorValue rank = ops::range(0, 1, graph::Dim(cap_), DType::i64);    // [cap]
+  TensorValue k_off = ops::equal(top_k, i64(0));                        // [rows, 1]
   TensorValue keep_k = ops::logical_or(k_off, ops::less(rank, top_k));  // [rows, cap]
   TensorValue w_k = ops::where(keep_k, sorted_w, f32(0));               // [rows, cap]
   // top_p sees the distribution after top_k (Hugging Face's warper order): renormalised over the
@@ -132,7 +132,7 @@ std::vector<nn::TypeTree> BatchGreedyModule::input_types() const {
 nn::Values BatchGreedyModule::forward(const std::vector<nn::Values>& args) {
   if (args.size() != 1)
     throw ValueError(fmt::format("BatchGreedyModule: expected 1 input (logits), got {}", args.size()));
-  TensorValue logits = args[0].leaf();  // [rows, vocab]
+  TensorValue logits = args[0].leaf();                                                        // [rows, vocab]
   return nn::Values(ops::reshape(ops::argmax(logits, -1), graph::Shape{logits.shape()[0]}));  // [rows]
 }
 
@@ -155,10 +155,11 @@ void check_sampling_values(const RowSampling& s, int64_t cap, std::string_view w
   if (!(s.min_p >= 0 && s.min_p <= 1))
     throw ValueError(fmt::format("{}: min_p must be in [0, 1], got {}", who, s.min_p));
   if (!std::isfinite(s.repetition_penalty) || s.repetition_penalty <= 0)
-    throw ValueError(fmt::format("{}: repetition_penalty must be a finite number > 0, got {}", who,
-                                 s.repetition_penalty));
+    throw ValueError(
+        fmt::format("{}: repetition_penalty must be a finite number > 0, got {}", who, s.repetition_penalty));
   if (!(s.frequency_penalty >= -2 && s.frequency_penalty <= 2))
-    throw ValueError(fmt::format("{}: frequency_penalty must be in [-2, 2], got {}", who, s.frequency_penalty));
+    throw ValueError(
+        fmt::format("{}: frequency_penalty must be in [-2, 2], got {}", who, s.frequency_penalty));
   if (!(s.presence_penalty >= -2 && s.presence_penalty <= 2))
     throw ValueError(fmt::format("{}: presence_penalty must be in [-2, 2], got {}", who, s.presence_penalty));
   if (s.top_logprobs < 0 || s.top_logprobs > kMaxTopLogprobs)
@@ -226,7 +227,9 @@ RowLogprobs row_logprobs(std::span<const float> logits, int64_t chosen, int64_t 
     float value;
     int64_t id;
   };
-  auto before = [](const Entry& a, const Entry& b) { return a.value != b.value ? a.value > b.value : a.id < b.id; };
+  auto before = [](const Entry& a, const Entry& b) {
+    return a.value != b.value ? a.value > b.value : a.id < b.id;
+  };
   std::vector<Entry> best;
   best.reserve(static_cast<size_t>(n));
 

@@ -130,8 +130,8 @@ struct TokenLogprob {
 };
 
 struct RowLogprobs {
-  float chosen = 0;         // the chosen token's logprob
-  int64_t chosen_rank = 0;  // tokens at least as likely, itself included (vLLM's rank: 1 is the top)
+  float chosen = 0;               // the chosen token's logprob
+  int64_t chosen_rank = 0;        // tokens at least as likely, itself included (vLLM's rank: 1 is the top)
   std::vector<TokenLogprob> top;  // the n most likely, descending; ties: lower id first
 };
 

@@ -4,8 +4,6 @@
 // penalties, logprobs and the parameter checks on the host.
 #include <gtest/gtest.h>
 
-#include "test_util.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,6 +18,7 @@
 #include "kiln/pipelines/graph_spec.h"
 #include "kiln/pipelines/text_generation.h"
 #include "pipelines/batch_sampler.h"
+#include "test_util.h"
 
 using kiln::testing::error_message;
 using kiln::testing::expect_error;
@@ -91,14 +90,18 @@ class Samplers {
     std::vector<float> logits;
     for (const auto& r : rows) logits.insert(logits.end(), r.begin(), r.end());
     const auto n = static_cast<int64_t>(rows.size());
-    return models_.at("batch_greedy").execute({Tensor::from_vector(logits, {n, vocab_})}).at(0).to_vector<int64_t>();
+    return models_.at("batch_greedy")
+        .execute({Tensor::from_vector(logits, {n, vocab_})})
+        .at(0)
+        .to_vector<int64_t>();
   }
 
   // The single-row SamplerModule (no min_p).
   int64_t single(const Row& r) const {
     return models_.at("sampler")
         .execute({Tensor::from_vector(r.logits, {1, vocab_}), Tensor::scalar<float>(r.temperature),
-                  Tensor::scalar<int64_t>(r.top_k), Tensor::scalar<float>(r.top_p), Tensor::scalar<float>(r.u)})
+                  Tensor::scalar<int64_t>(r.top_k), Tensor::scalar<float>(r.top_p),
+                  Tensor::scalar<float>(r.u)})
         .at(0)
         .data_as<int64_t>()[0];
   }
@@ -256,9 +259,9 @@ TEST(BatchSampler, EachRowEqualsTheSingleRowSampler) {
     for (int i = 0; i < 13; ++i) rows.push_back(random_row(rng, kVocab, kCap, /*with_min_p=*/false));
     std::vector<int64_t> got = s.batch(rows);
     for (size_t i = 0; i < rows.size(); ++i)
-      EXPECT_EQ(got[i], s.single(rows[i])) << "batch " << batch << " row " << i << ": T " << rows[i].temperature
-                                           << " top_k " << rows[i].top_k << " top_p " << rows[i].top_p
-                                           << " u " << rows[i].u;
+      EXPECT_EQ(got[i], s.single(rows[i]))
+          << "batch " << batch << " row " << i << ": T " << rows[i].temperature << " top_k " << rows[i].top_k
+          << " top_p " << rows[i].top_p << " u " << rows[i].u;
   }
 }
 
@@ -270,7 +273,9 @@ std::optional<int64_t> reference_token(const Row& r, int64_t cap) {
   const auto vocab = static_cast<int64_t>(r.logits.size());
   if (r.temperature <= 0) return naive_argmax(r.logits);
   const double max = *std::max_element(r.logits.begin(), r.logits.end());
-  auto weight = [&](int64_t id) { return std::exp((r.logits[static_cast<size_t>(id)] - max) / r.temperature); };
+  auto weight = [&](int64_t id) {
+    return std::exp((r.logits[static_cast<size_t>(id)] - max) / r.temperature);
+  };
   constexpr double kNear = 1e-4;
   auto near = [&](double a, double b) { return std::abs(a - b) < kNear; };
   std::vector<std::pair<int64_t, double>> candidates;  // in the order the inverse CDF walks them
@@ -288,7 +293,8 @@ std::optional<int64_t> reference_token(const Row& r, int64_t cap) {
     });
     double all = 0, top = 0;
     for (int64_t id = 0; id < vocab; ++id) all += weight(id);
-    for (int64_t i = 0; i < cap && (r.top_k == 0 || i < r.top_k); ++i) top += weight(order[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < cap && (r.top_k == 0 || i < r.top_k); ++i)
+      top += weight(order[static_cast<size_t>(i)]);
     const double mass = r.top_k == 0 ? all : top;
     double before = 0;
     for (int64_t i = 0; i < cap; ++i) {
@@ -297,7 +303,8 @@ std::optional<int64_t> reference_token(const Row& r, int64_t cap) {
       if (r.top_p < 1 && near(before / mass, r.top_p)) return std::nullopt;
       if (r.min_p > 0 && near(w, r.min_p)) return std::nullopt;
       const bool keep_p = r.top_p >= 1 || before / mass < r.top_p;
-      if (i == 0 || (keep_k && keep_p && w >= r.min_p)) candidates.push_back({order[static_cast<size_t>(i)], w});
+      if (i == 0 || (keep_k && keep_p && w >= r.min_p))
+        candidates.push_back({order[static_cast<size_t>(i)], w});
       if (keep_k) before += w;
     }
   }
@@ -457,10 +464,11 @@ TEST(Penalties, MatchTheSemanticsOnRandomRequests) {
     TokenCounts counts;
     counts.add_prompt(prompt);
     for (int64_t t : output) counts.add_output(t);
-    pipelines::apply_penalties(logits, counts, {.repetition_penalty = rep, .frequency_penalty = freq,
-                                                .presence_penalty = presence});
+    pipelines::apply_penalties(
+        logits, counts, {.repetition_penalty = rep, .frequency_penalty = freq, .presence_penalty = presence});
     for (int64_t v = 0; v < kVocab; ++v)
-      ASSERT_EQ(logits[static_cast<size_t>(v)], expected[static_cast<size_t>(v)]) << "trial " << trial << " id " << v;
+      ASSERT_EQ(logits[static_cast<size_t>(v)], expected[static_cast<size_t>(v)])
+          << "trial " << trial << " id " << v;
   }
 }
 
@@ -502,7 +510,8 @@ TEST(Logprobs, MatchADoublePrecisionLogSoftmax) {
     });
 
     pipelines::RowLogprobs got = pipelines::row_logprobs(logits, chosen, n);
-    expect_logprob(got.chosen, logits[static_cast<size_t>(chosen)] - log_sum, "trial " + std::to_string(trial));
+    expect_logprob(got.chosen, logits[static_cast<size_t>(chosen)] - log_sum,
+                   "trial " + std::to_string(trial));
     const auto rank = std::count_if(logits.begin(), logits.end(),
                                     [&](float x) { return x >= logits[static_cast<size_t>(chosen)]; });
     EXPECT_EQ(got.chosen_rank, rank) << "trial " << trial;
@@ -546,9 +555,14 @@ TEST(Logprobs, BadArgumentsAreValueErrors) {
 TEST(SamplingValues, EachFieldOutOfRangeIsAValueErrorNamingIt) {
   constexpr int64_t kCap = 40;
   pipelines::check_sampling_values(RowSampling{}, kCap);
-  pipelines::check_sampling_values({.temperature = 0, .top_k = kCap, .top_p = 1e-6, .min_p = 1,
-                                    .repetition_penalty = 1e-3, .frequency_penalty = -2,
-                                    .presence_penalty = 2, .top_logprobs = 20},
+  pipelines::check_sampling_values({.temperature = 0,
+                                    .top_k = kCap,
+                                    .top_p = 1e-6,
+                                    .min_p = 1,
+                                    .repetition_penalty = 1e-3,
+                                    .frequency_penalty = -2,
+                                    .presence_penalty = 2,
+                                    .top_logprobs = 20},
                                    kCap);
   const double nan = std::nan("");
   struct Bad {
