@@ -2,6 +2,7 @@
 // argmax that replaces it for greedy options.
 #include <fmt/format.h>
 
+#include "batch_sampler.h"  // inverse_cdf
 #include "greedy_sampler.h"
 #include "kiln/graph/ops.h"
 #include "kiln/pipelines/text_generation.h"
@@ -33,15 +34,6 @@ namespace {
 
 TensorValue f32(double v) { return ops::constant(v, DType::f32); }
 TensorValue i64(double v) { return ops::constant(v, DType::i64); }
-
-// Inverse CDF over unnormalised weights w [1, n] (a prefix of which may be non-zero): the first index
-// whose cumulative weight exceeds u * total, clamped to `last` (u * total can round up to total).
-TensorValue inverse_cdf(const TensorValue& w, const TensorValue& u, const TensorValue& last) {
-  TensorValue cdf = ops::cumsum(w, -1);                                        // [1, n]
-  TensorValue total = ops::slice(cdf, {{0}, {-1}});                            // [1, 1]
-  TensorValue below = ops::cast(ops::less_equal(cdf, u * total), DType::i64);  // [1, n]
-  return ops::minimum(ops::sum(below, -1), last);                              // [1, 1]
-}
 
 }  // namespace
 
