@@ -57,8 +57,7 @@ std::vector<nn::TypeTree> BatchSamplerModule::input_types() const {
           nn::TypeTree(f32_row)};  // u in [0, 1)
 }
 
-// SamplerModule's graph (sampler.cpp) with each scalar parameter a column, and min_p. The ops are
-// the same ones in the same order, so a row gives SamplerModule's bits when min_p is 0.
+// Each parameter a column [rows, 1] against the [rows, vocab] or [rows, cap] values.
 nn::Values BatchSamplerModule::forward(const std::vector<nn::Values>& args) {
   if (args.size() != 6)
     throw ValueError(fmt::format(

@@ -19,6 +19,7 @@
 
 #include "kiln/graph/graph.h"
 #include "kiln/nn/module.h"
+#include "kiln/pipelines/generation_engine.h"  // TokenLogprob
 
 namespace kiln::pipelines {
 
@@ -27,8 +28,12 @@ namespace kiln::pipelines {
 // The sampler graph over a batch. Inputs (one list of leaves), `rows` symbolic:
 //   logits f32[rows, vocab], temperature f32[rows], top_k i64[rows], top_p f32[rows],
 //   min_p f32[rows], u f32[rows]
-// Output: tokens i64[rows]. Row r is SamplerModule's token for row r's logits, parameters and u,
-// bit for bit, with min_p added (0: off): after temperature, top_k and top_p, only tokens whose
+// Output: tokens i64[rows]. Per row: temperature <= 0 -> argmax of the logits (first index on ties);
+// top_k == 0 and top_p >= 1 -> inverse-CDF pick with u over the whole softmax(logits / temperature);
+// otherwise the `cap` largest logits, sorted (ops::top_k), keep the first top_k (if > 0), then the
+// smallest prefix of the renormalised probabilities whose mass reaches top_p (at least one token),
+// and pick by inverse CDF among those. Tokens outside the cap are never candidates there. min_p
+// (0: off): after temperature, top_k and top_p, only tokens whose
 // probability is >= min_p * the top token's survive (Hugging Face's warper order). min_p alone needs
 // no sort, so it is not limited to the cap. Every op works along a row, so a row's token does not
 // depend on the other rows.
@@ -57,7 +62,7 @@ class BatchGreedyModule : public nn::Module {
   int64_t vocab_size_;
 };
 
-// Shared with SamplerModule: the first index whose cumulative weight exceeds u * total, for
+// The first index whose cumulative weight exceeds u * total, for
 // unnormalised weights w [..., n] (a prefix of which may be non-zero), clamped to `last`. Returns
 // [..., 1] i64. For u in [0, 1) the f32 product u * total is below total, so the pick always has a
 // non-zero weight; the clamp is only a guard.
@@ -122,12 +127,6 @@ void apply_penalties(std::span<float> logits, const TokenCounts& counts, double 
 void apply_penalties(std::span<float> logits, const TokenCounts& counts, const RowSampling& s);
 
 // ---- logprobs (host, one row) -----------------------------------------------------------------------
-
-struct TokenLogprob {
-  int64_t id = 0;
-  float logprob = 0;
-  bool operator==(const TokenLogprob&) const = default;
-};
 
 struct RowLogprobs {
   float chosen = 0;               // the chosen token's logprob

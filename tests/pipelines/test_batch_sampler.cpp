@@ -1,6 +1,5 @@
 // Per-row batched sampling (src/pipelines/batch_sampler.h): the batched sampler graph against
-// hand-computed inverse CDFs (min_p included), against the single-row SamplerModule row for row, and
-// against a double-precision reference; rows independent of each other; the batched greedy graph;
+// hand-computed inverse CDFs (min_p included) and against a double-precision reference; rows independent of each other; the batched greedy graph;
 // penalties, logprobs and the parameter checks on the host.
 #include <gtest/gtest.h>
 
@@ -42,23 +41,19 @@ struct Row {
   float u = 0.0f;
 };
 
-// The batched graphs and the single-row SamplerModule, compiled as one group (as a pipeline does).
+// The batched graphs, compiled as one group (as the engine does).
 class Samplers {
  public:
   Samplers(int64_t vocab, int64_t cap) : vocab_(vocab) {
     auto batch = std::make_shared<pipelines::BatchSamplerModule>(vocab, cap);
     auto greedy = std::make_shared<pipelines::BatchGreedyModule>(vocab);
-    auto single = std::make_shared<pipelines::SamplerModule>(vocab, cap);
-    std::vector<pipelines::GraphSpec> specs(3);
+    std::vector<pipelines::GraphSpec> specs(2);
     specs[0].module = batch;
     specs[0].name = "batch_sampler";
     specs[0].input_types = batch->input_types();
     specs[1].module = greedy;
     specs[1].name = "batch_greedy";
     specs[1].input_types = greedy->input_types();
-    specs[2].module = single;
-    specs[2].name = "sampler";
-    specs[2].input_types = single->input_types();
     for (auto& spec : specs) spec.group = "samplers";
     models_ = pipelines::compile_graph_specs(session_, specs);
   }
@@ -94,16 +89,6 @@ class Samplers {
         .execute({Tensor::from_vector(logits, {n, vocab_})})
         .at(0)
         .to_vector<int64_t>();
-  }
-
-  // The single-row SamplerModule (no min_p).
-  int64_t single(const Row& r) const {
-    return models_.at("sampler")
-        .execute({Tensor::from_vector(r.logits, {1, vocab_}), Tensor::scalar<float>(r.temperature),
-                  Tensor::scalar<int64_t>(r.top_k), Tensor::scalar<float>(r.top_p),
-                  Tensor::scalar<float>(r.u)})
-        .at(0)
-        .data_as<int64_t>()[0];
   }
 
  private:
@@ -224,7 +209,7 @@ TEST(BatchSampler, MinPAloneIsNotLimitedToTheCap) {
   EXPECT_EQ(got, (std::vector<int64_t>{299, 150, 3}));
 }
 
-// ---- against the single-row sampler --------------------------------------------------------------
+// ---- random rows ------------------------------------------------------------------------------------
 
 std::vector<float> random_logits(std::mt19937_64& rng, int64_t vocab, float scale) {
   std::normal_distribution<float> normal(0.0f, scale);
@@ -247,22 +232,6 @@ Row random_row(std::mt19937_64& rng, int64_t vocab, int64_t cap, bool with_min_p
   if (with_min_p && rng() % 2) r.min_p = static_cast<float>(rng() % 1000) / 1000.0f;
   r.u = draw_u(rng);
   return r;
-}
-
-// Batched row i == SamplerModule on row i's logits, parameters and u, for every path.
-TEST(BatchSampler, EachRowEqualsTheSingleRowSampler) {
-  constexpr int64_t kVocab = 64, kCap = 16;
-  Samplers s(kVocab, kCap);
-  std::mt19937_64 rng(21);
-  for (int batch = 0; batch < 8; ++batch) {
-    std::vector<Row> rows;
-    for (int i = 0; i < 13; ++i) rows.push_back(random_row(rng, kVocab, kCap, /*with_min_p=*/false));
-    std::vector<int64_t> got = s.batch(rows);
-    for (size_t i = 0; i < rows.size(); ++i)
-      EXPECT_EQ(got[i], s.single(rows[i]))
-          << "batch " << batch << " row " << i << ": T " << rows[i].temperature << " top_k " << rows[i].top_k
-          << " top_p " << rows[i].top_p << " u " << rows[i].u;
-  }
 }
 
 // ---- against a double-precision reference ---------------------------------------------------------

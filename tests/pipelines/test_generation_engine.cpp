@@ -282,7 +282,9 @@ TEST(GenerationEngine, LogprobsOfTheChosenAndTheTopTokens) {
     double mass = 0;
     for (size_t i = 0; i < t.top_logprobs.size(); ++i) {
       mass += std::exp(static_cast<double>(t.top_logprobs[i].logprob));
-      if (i > 0) EXPECT_GE(t.top_logprobs[i - 1].logprob, t.top_logprobs[i].logprob);
+      if (i > 0) {
+        EXPECT_GE(t.top_logprobs[i - 1].logprob, t.top_logprobs[i].logprob);
+      }
     }
     EXPECT_LE(mass, 1.0 + 1e-5);
   }

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "kiln/errors.h"
 #include "pipelines/scheduler.h"
 
 namespace kiln::pipelines {

@@ -58,7 +58,6 @@ struct EngineOptions {
   // among `total` stages, before the stage starts.
   std::function<void(std::string_view stage, int index, int total)> on_stage = {};
 };
-};
 
 // Per request. Penalties, then temperature, top_k, top_p and min_p, as docs/generation.md describes.
 struct SamplingParams {
@@ -88,6 +87,7 @@ using RequestId = uint64_t;
 struct TokenLogprob {
   int64_t id = 0;
   float logprob = 0;
+  bool operator==(const TokenLogprob&) const = default;
 };
 
 struct GeneratedToken {
