@@ -26,8 +26,9 @@ namespace {
 
 constexpr std::string_view kMagic{"KILNART\0", 8};
 // 2: alias values and GraphPlan::aliases; 3: the rope op; 4: grouped_matmul, inserted among the fused
-// ops, which renumbers qmatmul and dequantize (plans store op codes).
-constexpr uint32_t kFormatVersion = 5;
+// ops, which renumbers qmatmul and dequantize (plans store op codes); 6: paged_kv_store and
+// paged_attention.
+constexpr uint32_t kFormatVersion = 6;
 #define KILN_COUNT_OP(e, s) +1
 constexpr uint32_t kNumOps = 0 KILN_OPS(KILN_COUNT_OP);
 #undef KILN_COUNT_OP

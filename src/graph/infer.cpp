@@ -35,6 +35,8 @@ std::string operand_role(Op op, size_t i) {
     case Op::buffer_store: return pick({"buffer", "value"});
     case Op::attention: return pick({"q", "k", "v", "masked"});
     case Op::rope: return pick({"x", "cos", "sin"});
+    case Op::paged_kv_store: return pick({"cache", "value", "slots"});
+    case Op::paged_attention: return pick({"q", "k_cache", "v_cache", "block_tables", "seq_ids", "positions"});
     case Op::fused_elementwise: return fmt::format("%{}", i);
     case Op::grouped_matmul: return i == 0 ? std::string("lhs") : fmt::format("rhs {}", i - 1);
     default: break;
@@ -797,6 +799,80 @@ std::vector<Type> infer_grouped_matmul(const Ctx& c) {
   return out;
 }
 
+// ==== paged KV cache ============================================================================
+
+// The cache operand i: a buffer [layers, num_blocks, block_size, kv_heads, head_dim] of f32, bf16 or
+// f16, with `layer` (the attribute) one of its layers.
+const BufferType& paged_cache(const Ctx& c, size_t i) {
+  const BufferType& cache = buffer_operand(c, i);
+  if (cache.shape.rank() != 5)
+    c.fail<ShapeError>("{} must be [layers, num_blocks, block_size, kv_heads, head_dim] {}", operand_role(c.op, i),
+                       c.operands());
+  if (cache.dtype != DType::f32 && cache.dtype != DType::bf16 && cache.dtype != DType::f16)
+    c.fail<DTypeError>("{} must be f32, bf16 or f16, got {}", operand_role(c.op, i), to_string(c.in[i]));
+  const int64_t layer = c.attr<int64_t>("layer");
+  const auto layers = cache.shape[0].try_static();
+  if (layer < 0 || (layers && layer >= *layers))
+    c.fail("layer {} is outside the {} layers of {} {}", layer, cache.shape[0].to_string(), operand_role(c.op, i),
+           c.operands());
+  return cache;
+}
+
+// Operand i: an i64 tensor of `rank`, whose `what` (in messages) is `shape`.
+const TensorType& paged_index(const Ctx& c, size_t i, int64_t rank, const char* shape) {
+  const TensorType& t = c.tensor(i);
+  if (t.dtype != DType::i64) c.fail<DTypeError>("{} must be i64{}, got {}", operand_role(c.op, i), shape, to_string(t));
+  if (t.rank() != rank) c.fail<ShapeError>("{} must be i64{} {}", operand_role(c.op, i), shape, c.operands());
+  return t;
+}
+
+// paged_kv_store(cache [layers, blocks, block_size, kv_heads, hd], value [tokens, kv_heads, hd], slots [tokens]).
+std::vector<Type> infer_paged_kv_store(const Ctx& c) {
+  c.expect_operands(3);
+  const BufferType& cache = paged_cache(c, 0);
+  const TensorType& value = c.tensor(1);
+  const TensorType& slots = paged_index(c, 2, 1, "[tokens]");
+  c.same_device({cache.device, value.device, slots.device});
+  if (value.dtype != DType::f32 && value.dtype != cache.dtype)
+    c.fail<DTypeError>("value must be f32 or the cache's {} {}", dtype_name(cache.dtype), c.operands());
+  if (value.rank() != 3 || !(value.shape[1] == cache.shape[3]) || !(value.shape[2] == cache.shape[4]))
+    c.fail<ShapeError>("value must be [tokens, {}, {}] (the cache's kv_heads and head_dim) {}",
+                       cache.shape[3].to_string(), cache.shape[4].to_string(), c.operands());
+  if (!(slots.shape[0] == value.shape[0]))
+    c.fail<ShapeError>("slots must have one entry per token of value ({}) {}", value.shape[0].to_string(),
+                       c.operands());
+  return {};
+}
+
+// paged_attention(q [tokens, heads, hd], k_cache, v_cache [layers, blocks, block_size, kv_heads, hd],
+// block_tables [seqs, max_blocks], seq_ids [tokens], positions [tokens]).
+std::vector<Type> infer_paged_attention(const Ctx& c) {
+  c.expect_operands(6);
+  const TensorType& q = c.tensor(0);
+  const BufferType& k = paged_cache(c, 1);
+  const BufferType& v = paged_cache(c, 2);
+  const TensorType& tables = paged_index(c, 3, 2, "[seqs, max_blocks_per_seq]");
+  const TensorType& seq_ids = paged_index(c, 4, 1, "[tokens]");
+  const TensorType& positions = paged_index(c, 5, 1, "[tokens]");
+  c.same_device({q.device, k.device, v.device, tables.device, seq_ids.device, positions.device});
+  c.require_float(0);
+  if (!(k == v)) c.fail<ShapeError>("k_cache and v_cache must have one type {}", c.operands());
+  if (q.rank() != 3) c.fail<ShapeError>("q must be [tokens, heads, head_dim] {}", c.operands());
+  if (!(q.shape[2] == k.shape[4]))
+    c.fail<ShapeError>("q's head_dim {} differs from the cache's {} {}", q.shape[2].to_string(),
+                       k.shape[4].to_string(), c.operands());
+  auto heads = q.shape[1].try_static();
+  auto kv_heads = k.shape[3].try_static();
+  if (!heads || !kv_heads || *kv_heads < 1 || *heads % *kv_heads != 0)
+    c.fail<ShapeError>("q's heads must be a static multiple of the cache's kv_heads {}", c.operands());
+  if (!(seq_ids.shape[0] == q.shape[0]) || !(positions.shape[0] == q.shape[0]))
+    c.fail<ShapeError>("seq_ids and positions must have one entry per token of q ({}) {}", q.shape[0].to_string(),
+                       c.operands());
+  const double scale = c.attr<double>("scale");
+  if (!std::isfinite(scale)) c.fail("scale must be finite, got {}", scale);
+  return {q};
+}
+
 }  // namespace
 
 std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attrs& attrs,
@@ -837,6 +913,8 @@ std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attr
     case Op::qmatmul: return infer_qmatmul(c);
     case Op::grouped_matmul: return infer_grouped_matmul(c);
     case Op::dequantize: return infer_dequantize(c);
+    case Op::paged_kv_store: return infer_paged_kv_store(c);
+    case Op::paged_attention: return infer_paged_attention(c);
     default: break;
   }
   throw ValueError(fmt::format("infer_types: unknown op {}", static_cast<int>(op)));

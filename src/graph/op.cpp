@@ -31,7 +31,10 @@ bool is_comparison(Op op) { return op >= Op::equal && op <= Op::less_equal; }
 bool is_collective(Op op) { return op == Op::allreduce_sum || op == Op::allgather; }
 
 bool has_side_effects(Op op) {
-  return op == Op::buffer_store || op == Op::inplace_custom || op == Op::custom || is_collective(op);
+  return op == Op::buffer_store || op == Op::paged_kv_store || op == Op::inplace_custom || op == Op::custom ||
+         is_collective(op);
 }
+
+bool reads_buffers(Op op) { return op == Op::buffer_load || op == Op::paged_attention; }
 
 }  // namespace kiln::graph

@@ -411,6 +411,19 @@ TensorValue dequantize(QuantizationEncoding encoding, const TensorValue& input) 
   return build1(Op::dequantize, {input}, {{"encoding", std::string(encoding_name(encoding))}});
 }
 
+// ---- paged KV cache ------------------------------------------------------------------------------
+
+void paged_kv_store(const BufferValue& cache, const TensorValue& value, const TensorValue& slots, int64_t layer) {
+  build(Op::paged_kv_store, {cache, value, slots}, {{"layer", layer}});
+}
+
+TensorValue paged_attention(const TensorValue& q, const BufferValue& k_cache, const BufferValue& v_cache,
+                            const TensorValue& block_tables, const TensorValue& seq_ids,
+                            const TensorValue& positions, int64_t layer, double scale) {
+  return build1(Op::paged_attention, {q, k_cache, v_cache, block_tables, seq_ids, positions},
+                {{"layer", layer}, {"scale", scale}});
+}
+
 }  // namespace kiln::graph::ops
 
 // ==== operators =================================================================================

@@ -89,7 +89,8 @@ struct Verifier {
     // A graph with no outputs computes nothing unless it writes a buffer.
     if (g.outputs.empty()) {
       bool writes = false;
-      for (const Node& n : g.nodes) writes |= n.op == Op::buffer_store || n.op == Op::inplace_custom;
+      for (const Node& n : g.nodes)
+        writes |= n.op == Op::buffer_store || n.op == Op::paged_kv_store || n.op == Op::inplace_custom;
       if (!writes) fail("has no outputs (output() was never called)");
     }
     for (size_t i = 0; i < g.outputs.size(); ++i) {

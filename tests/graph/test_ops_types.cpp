@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include "kiln/errors.h"
@@ -24,7 +25,7 @@ TensorType T(DType dtype, Shape shape, DeviceRef device = DeviceRef::CPU()) {
 }
 BufferType B(DType dtype, Shape shape) { return BufferType{dtype, std::move(shape), DeviceRef::CPU()}; }
 
-constexpr DType f32 = DType::f32, f16 = DType::f16, i32 = DType::i32, i64 = DType::i64,
+constexpr DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16, i32 = DType::i32, i64 = DType::i64,
                 u8 = DType::u8, boolean = DType::boolean;
 
 void expect_contains(const std::string& text, std::initializer_list<std::string> needles) {
@@ -247,6 +248,21 @@ std::vector<Case> other_cases() {
                  return std::vector<Value>{};
                },
                {}});
+  // paged KV cache: [layers, num_blocks, block_size, kv_heads, head_dim], a ragged batch of "tokens"
+  c.push_back({"paged_kv_store_has_no_results",
+               {B(DType::bf16, {2, "blocks", 16, 2, 64}), T(f32, {"tokens", 2, 64}), T(i64, {"tokens"})},
+               [](Graph&, const Inputs& in) {
+                 ops::paged_kv_store(in[0], in[1], in[2], 1);
+                 return std::vector<Value>{};
+               },
+               {}});
+  c.push_back({"paged_attention_is_q_shaped",
+               {T(f32, {"tokens", 8, 64}), B(f16, {2, "blocks", 16, 2, 64}), B(f16, {2, "blocks", 16, 2, 64}),
+                T(i64, {"seqs", "max_blocks"}), T(i64, {"tokens"}), T(i64, {"tokens"})},
+               [](Graph&, const Inputs& in) {
+                 return one(ops::paged_attention(in[0], in[1], in[2], in[3], in[4], in[5], 0, 0.125));
+               },
+               {T(f32, {"tokens", 8, 64})}});
   return c;
 }
 
@@ -495,6 +511,62 @@ TEST(OpErrors, BufferStoreValueMustMatchSlice) {
   EXPECT_THROW(ops::buffer_store(g.input(0), g.input(2), {{0, 1}}), DTypeError);
   expect_contains(error_message<ValueError>([&] { ops::inplace_custom("k", {g.input(1)}); }),
                   {"inplace_custom", "buffer"});
+}
+
+TEST(OpErrors, PagedKvStoreChecksCacheValueSlotsAndLayer) {
+  Graph g("e", {B(f32, {2, "blocks", 16, 2, 64}), T(f32, {"tokens", 2, 64}), T(i64, {"tokens"}),
+                T(f32, {"tokens", 4, 64}), T(i32, {"tokens"}), T(f16, {"tokens", 2, 64}), B(f32, {2, 16, 2, 64}),
+                T(i64, {"n"}), B(i32, {2, 4, 16, 2, 64})});
+  auto cache = g.input(0), value = g.input(1), slots = g.input(2);
+  expect_contains(error_message<ValueError>([&] { ops::paged_kv_store(cache, value, slots, 2); }),
+                  {"paged_kv_store", "layer 2", "2 layers"});
+  expect_contains(error_message<ValueError>([&] { ops::paged_kv_store(cache, value, slots, -1); }),
+                  {"paged_kv_store", "layer -1"});
+  expect_contains(error_message<ShapeError>([&] { ops::paged_kv_store(cache, g.input(3), slots, 0); }),
+                  {"paged_kv_store", "value must be [tokens, 2, 64]", "value f32[tokens, 4, 64]"});
+  expect_contains(error_message<DTypeError>([&] { ops::paged_kv_store(cache, value, g.input(4), 0); }),
+                  {"paged_kv_store", "slots must be i64[tokens]", "i32[tokens]"});
+  expect_contains(error_message<DTypeError>([&] { ops::paged_kv_store(cache, g.input(5), slots, 0); }),
+                  {"paged_kv_store", "value must be f32 or the cache's f32"});
+  expect_contains(error_message<ShapeError>([&] { ops::paged_kv_store(g.input(6), value, slots, 0); }),
+                  {"paged_kv_store", "cache must be [layers, num_blocks, block_size, kv_heads, head_dim]"});
+  expect_contains(error_message<ShapeError>([&] { ops::paged_kv_store(cache, value, g.input(7), 0); }),
+                  {"paged_kv_store", "slots must have one entry per token"});
+  expect_contains(error_message<DTypeError>([&] { ops::paged_kv_store(g.input(8), value, slots, 0); }),
+                  {"paged_kv_store", "cache must be f32, bf16 or f16"});
+}
+
+TEST(OpErrors, PagedAttentionChecksEveryOperand) {
+  const Shape cache_shape{2, "blocks", 16, 2, 64};
+  Graph g("e", {T(f32, {"tokens", 8, 64}), B(bf16, cache_shape), B(bf16, cache_shape), T(i64, {"seqs", "max_blocks"}),
+                T(i64, {"tokens"}), T(i64, {"tokens"}), T(f32, {"tokens", 8, 32}), T(f32, {"tokens", 3, 64}),
+                B(f16, cache_shape), T(i64, {"seqs"}), T(i64, {"n"}), T(i32, {"tokens"}), T(i64, {"tokens", 8, 64})});
+  auto q = g.input(0), k = g.input(1), v = g.input(2), tables = g.input(3), seq_ids = g.input(4),
+       positions = g.input(5);
+  auto attend = [&](const Value& q_, const Value& k_, const Value& v_, const Value& tables_, const Value& seq_ids_,
+                    const Value& positions_, int64_t layer = 0, double scale = 0.125) {
+    ops::paged_attention(q_, k_, v_, tables_, seq_ids_, positions_, layer, scale);
+  };
+  expect_contains(error_message<ValueError>([&] { attend(q, k, v, tables, seq_ids, positions, 2); }),
+                  {"paged_attention", "layer 2", "k_cache"});
+  expect_contains(error_message<ShapeError>([&] { attend(g.input(6), k, v, tables, seq_ids, positions); }),
+                  {"paged_attention", "q's head_dim 32 differs from the cache's 64"});
+  expect_contains(error_message<ShapeError>([&] { attend(g.input(7), k, v, tables, seq_ids, positions); }),
+                  {"paged_attention", "static multiple", "q f32[tokens, 3, 64]"});
+  expect_contains(error_message<ShapeError>([&] { attend(q, k, g.input(8), tables, seq_ids, positions); }),
+                  {"paged_attention", "k_cache and v_cache must have one type"});
+  expect_contains(error_message<ShapeError>([&] { attend(q, k, v, g.input(9), seq_ids, positions); }),
+                  {"paged_attention", "block_tables must be i64[seqs, max_blocks_per_seq]"});
+  expect_contains(error_message<ShapeError>([&] { attend(q, k, v, tables, g.input(10), positions); }),
+                  {"paged_attention", "seq_ids and positions must have one entry per token"});
+  expect_contains(error_message<DTypeError>([&] { attend(q, k, v, tables, seq_ids, g.input(11)); }),
+                  {"paged_attention", "positions must be i64[tokens]", "i32[tokens]"});
+  expect_contains(error_message<DTypeError>([&] { attend(g.input(12), k, v, tables, seq_ids, positions); }),
+                  {"paged_attention", "q must have a float dtype"});
+  expect_contains(error_message<ValueError>([&] {
+                    attend(q, k, v, tables, seq_ids, positions, 0, std::numeric_limits<double>::infinity());
+                  }),
+                  {"paged_attention", "scale must be finite"});
 }
 
 TEST(OpErrors, CallChecksCalleeAndArguments) {

@@ -29,7 +29,8 @@ Module build_every_op_module() {
   Module m;
   Graph main("main",
              {f32({"batch", 8}), BufferType{DType::f32, Shape{16, 8}}, TensorType{DType::i64, {"batch"}},
-              f32({Dim("seq") + 1, 4})},
+              f32({Dim("seq") + 1, 4}),
+              BufferType{DType::bf16, Shape{2, "blocks", 4, 1, 4}}, TensorType{DType::i64, {"seqs", "max_blocks"}}},
              &m);
   Graph helper("helper.v2", {f32({"batch", 8})}, &m);
   {
@@ -42,6 +43,8 @@ Module build_every_op_module() {
   BufferValue cache = main.input(1);
   TensorValue idx = main.input(2);
   TensorValue y = main.input(3);
+  BufferValue paged_cache = main.input(4);
+  TensorValue block_tables = main.input(5);
   std::vector<Value> outs;
 
   TensorValue w = main.weight({"w1", DType::f32, Shape{8, 8}});
@@ -135,6 +138,10 @@ Module build_every_op_module() {
   TensorValue wq = ops::constant(Bytes(102, 0), DType::u8, Shape{3, 34});
   outs.push_back(ops::qmatmul(QuantizationEncoding::q8_0, x32, wq));
   outs.push_back(ops::dequantize(QuantizationEncoding::q8_0, wq));
+  // The paged KV cache: q's rows stored (f32 into the bf16 cache) at slots idx, then attended with
+  // idx as both sequence ids and positions.
+  ops::paged_kv_store(paged_cache, ops::slice(q, {{0, Dim("batch")}, {0, 1}}), idx, 1);
+  outs.push_back(ops::paged_attention(q, paged_cache, paged_cache, block_tables, idx, idx, 1, 0.125));
   // Sibling products of one lhs (compiler-made, by the group_matmuls pass: no ops:: builder), f32
   // with transpose_b and Q8_0 with its encoding.
   TensorValue w2 = main.weight({"w2", DType::f32, Shape{4, 8}});  // read as [8, 4]

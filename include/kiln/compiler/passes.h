@@ -15,7 +15,8 @@ graph::Module canonicalize(graph::Module);
 // Evaluates nodes whose operands are all constants (and small, with static shapes) into constants,
 // with the catalog's kernels.
 graph::Module constant_fold(graph::Module, const KernelCatalog& kernels);
-// Merges nodes with equal op, operands and attributes (never side-effecting ones or buffer_load).
+// Merges nodes with equal op, operands and attributes (never side-effecting ones or buffer reads:
+// buffer_load, paged_attention).
 graph::Module cse(graph::Module);
 // Removes nodes whose results are unused and that have no side effects; drops unused weights.
 graph::Module dce(graph::Module);

@@ -55,7 +55,9 @@ namespace kiln::graph {
   X(fused_elementwise, "fused_elementwise") X(attention, "attention") X(rope, "rope")       \
   X(grouped_matmul, "grouped_matmul")                                                       \
   /* quantized weights (kiln/graph/quantization.h, docs/quantization.md) */                 \
-  X(qmatmul, "qmatmul") X(dequantize, "dequantize")
+  X(qmatmul, "qmatmul") X(dequantize, "dequantize")                                         \
+  /* paged KV cache (docs/kv-cache.md; last, so no earlier op is renumbered) */             \
+  X(paged_kv_store, "paged_kv_store") X(paged_attention, "paged_attention")
 
 enum class Op : uint16_t {
 #define KILN_OP_ENUM(e, s) e,
@@ -68,9 +70,13 @@ Op parse_op(std::string_view);  // ParseError for an unknown name
 bool is_elementwise_unary(Op);
 bool is_elementwise_binary(Op);  // add .. logical_xor
 bool is_comparison(Op);          // equal .. less_equal (result is bool)
-// buffer_store, inplace_custom, custom (may be impure), and collectives (they advance their signal
-// buffers' counters, which every participant must do together): never CSE'd or DCE'd.
+// buffer_store, paged_kv_store, inplace_custom, custom (may be impure), and collectives (they advance
+// their signal buffers' counters, which every participant must do together): never CSE'd or DCE'd.
 bool has_side_effects(Op);
+// buffer_load and paged_attention: they read their buffer operands and write none. Their results
+// depend on the stores before them in program order, so they are never CSE'd either, but a read does
+// not end the life of an alias of the buffer (plan_aliases).
+bool reads_buffers(Op);
 bool is_collective(Op);          // allreduce_sum, allgather
 
 // Attributes each op carries (builders normalize them: axes non-negative, slices full-rank):
@@ -100,6 +106,8 @@ bool is_collective(Op);          // allreduce_sum, allgather
 //   fused_elementwise  program: string (an ElementwiseProgram's text, elementwise_program.h)
 //   attention       scale: double (multiplies q . k before the softmax)
 //   qmatmul dequantize  encoding: string (quantization.h's encoding_name, "q8_0")
+//   paged_kv_store  layer: int64 (which layer of the cache)
+//   paged_attention layer: int64, scale: double (multiplies q . k before the softmax)
 //   grouped_matmul  transpose_b: int64 (optional), as matmul; or encoding: string, as qmatmul. One op
 //                   for both (not a grouped_qmatmul beside it): the attribute picks which op each
 //                   result is, so inference, text, the pass and the kernel each have one entry.
@@ -109,6 +117,8 @@ bool is_collective(Op);          // allreduce_sum, allgather
 // input per device, then one signal buffer per device (none when n == 1); result i is on device i.
 // fused_elementwise(register_0 .. register_{n-1}), attention(q, k, v, masked), rope(x, cos, sin),
 // qmatmul(lhs, rhs) with rhs the encoded weight u8[N, row_bytes], dequantize(input),
+// paged_kv_store(cache, value, slots), paged_attention(q, k_cache, v_cache, block_tables, seq_ids,
+// positions),
 // grouped_matmul(lhs, rhs_0 .. rhs_{n-1}), n >= 2, with n results: result i is matmul(lhs, rhs_i) (or
 // qmatmul(lhs, rhs_i) with `encoding`), built by the group_matmuls pass (docs/fusion.md).
 //

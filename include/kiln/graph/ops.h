@@ -203,4 +203,25 @@ TensorValue qmatmul(QuantizationEncoding encoding, const TensorValue& lhs, const
 // embedding table). row_bytes must be static and a whole number of blocks.
 TensorValue dequantize(QuantizationEncoding encoding, const TensorValue& input);
 
+// ---- paged KV cache (vLLM's PagedAttention; docs/kv-cache.md) -------------------------------------
+// A ragged batch: `tokens` rows from several sequences concatenated. A paged KV cache is a buffer
+// [layers, num_blocks, block_size, kv_heads, head_dim] (f32, bf16 or f16) of fixed-size blocks; slot
+// block * block_size + offset is one token position.
+//
+// Writes value [tokens, kv_heads, head_dim] (f32, or the cache's dtype; converted to the cache's) into
+// layer `layer` at slot slots[t] (i64[tokens]) for each token t. A slot < 0 is skipped (a padding
+// row); a slot >= num_blocks * block_size, or one given to two tokens, is an error at execute.
+void paged_kv_store(const BufferValue& cache, const TensorValue& value, const TensorValue& slots, int64_t layer);
+// Causal grouped-query attention of each token over its own sequence's cached keys and values (which
+// paged_kv_store wrote earlier in program order, this step's tokens included): q [tokens, heads,
+// head_dim]; token t is of sequence seq_ids[t] at position positions[t] (both i64[tokens]) and attends
+// to positions 0 .. positions[t] of it; position j of sequence s is row j % block_size of block
+// block_tables[s, j / block_size] (i64[seqs, max_blocks_per_seq]). Softmax in f32, scores scaled by
+// `scale`; query head h reads kv head h / (heads / kv_heads). -> [tokens, heads, head_dim] in q's
+// dtype. Out-of-range seq ids, positions and block ids are errors at execute naming the token or
+// sequence. A token's result does not depend on the rest of the batch (bitwise).
+TensorValue paged_attention(const TensorValue& q, const BufferValue& k_cache, const BufferValue& v_cache,
+                            const TensorValue& block_tables, const TensorValue& seq_ids,
+                            const TensorValue& positions, int64_t layer, double scale);
+
 }  // namespace kiln::graph::ops

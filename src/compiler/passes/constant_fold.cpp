@@ -26,6 +26,8 @@ bool never_folded(Op op) {
     case Op::range:
     case Op::buffer_load:
     case Op::buffer_store:
+    case Op::paged_kv_store:
+    case Op::paged_attention:
     case Op::transfer_to:
     case Op::call:
     case Op::custom:

@@ -1,6 +1,6 @@
 // Common subexpression elimination: a node equal to an earlier one (same op, same operands after
-// earlier merges, equal attributes) is replaced by it. Nodes with effects never merge, nor do
-// buffer_loads, which read state a store in between may change.
+// earlier merges, equal attributes) is replaced by it. Nodes with effects never merge, nor do reads
+// of buffers (buffer_load, paged_attention), whose state a store in between may change.
 #include <map>
 #include <utility>
 
@@ -18,7 +18,7 @@ void cse_graph(graph::GraphIR& g, const graph::Module& module) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     rewrite.resolve_operands(i);
     const graph::Node& n = g.nodes[i];
-    if (n.op == graph::Op::buffer_load || n.outputs.empty() || has_effects(module, n)) continue;
+    if (graph::reads_buffers(n.op) || n.outputs.empty() || has_effects(module, n)) continue;
     auto& candidates = seen[{n.op, n.inputs}];
     bool merged = false;
     for (size_t j : candidates) {

@@ -43,8 +43,8 @@ bool is_view_step(const GraphPlan& plan, const Step& step) {
 
 // Turns view steps into aliases (ValueKind::alias, GraphPlan::aliases), keeping as copies those whose
 // memory could change under them: an alias of a buffer must not be live across a step that may write
-// the buffer (any step taking it other than buffer_load: buffer_store, inplace_custom, collectives'
-// signal buffers), counting a graph output as live to the end of the run. Checked for the first
+// the buffer (any step taking it other than a read, buffer_load or paged_attention: buffer_store,
+// paged_kv_store, inplace_custom, collectives' signal buffers), counting a graph output as live to the end of the run. Checked for the first
 // alias of a chain, whose lifetime covers every alias made from it; if it stays a copy, the aliases
 // made from it view that copy, which nothing writes.
 }  // namespace
@@ -79,7 +79,7 @@ void plan_aliases(GraphPlan& plan) {
     const int32_t until = std::min(live_until[static_cast<size_t>(step.outputs[0])], num_steps - 1);
     for (int32_t w = s + 1; w <= until && is_view[static_cast<size_t>(s)]; ++w) {
       const Step& other = plan.steps[static_cast<size_t>(w)];
-      if (other.op == Op::buffer_load) continue;
+      if (graph::reads_buffers(other.op)) continue;
       if (std::find(other.inputs.begin(), other.inputs.end(), source) != other.inputs.end())
         is_view[static_cast<size_t>(s)] = false;
     }

@@ -24,5 +24,6 @@ void register_cpu_attention(KernelRegistry&);
 void register_cpu_rope(KernelRegistry&);
 void register_cpu_grouped_matmul(KernelRegistry&);
 void register_cpu_quantized(KernelRegistry&);
+void register_cpu_paged_attention(KernelRegistry&);
 
 }  // namespace kiln::kernels

@@ -18,6 +18,7 @@ const KernelRegistry& cpu_kernels() {
     register_cpu_attention(r);
     register_cpu_rope(r);
     register_cpu_grouped_matmul(r);
+    register_cpu_paged_attention(r);
     return r;
   }();
   return registry;

@@ -1,0 +1,386 @@
+// CPU kernels of the paged KV cache ops (vLLM's PagedAttention): paged_kv_store(cache, value, slots)
+// {layer} and paged_attention(q, k_cache, v_cache, block_tables, seq_ids, positions) {layer, scale}.
+// A cache is [layers, num_blocks, block_size, kv_heads, head_dim] in f32, bf16 or f16.
+//
+// paged_attention is attention.cpp's online (flash-style) softmax over a block table: the work is
+// split into units of (kv head, run of up to kRunTokens consecutive tokens of one sequence), shared
+// out between threads. A unit walks its sequence's blocks once, each K and V block converted to f32
+// into L1-sized tiles that every query head of the GQA group and every token of the run reuse; decode
+// (one token per sequence) has one unit per (token, kv head).
+//
+// Batch invariance: a token's arithmetic is a function of its own sequence and position only. It
+// visits blocks 0 .. position / block_size in order, and in each block exactly its visible keys,
+// with loops whose trip counts are those keys' count; the other tokens of its unit only share the
+// tiles. So a token gives the same bits alone, in a prefill chunk or in any batch.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/strided.h"
+#include "kernels/cpu/vector_math.h"
+
+namespace kiln::kernels {
+namespace {
+
+using graph::Op;
+
+constexpr int64_t kRunTokens = 8;  // tokens of one sequence per unit (a prefill chunk's run); decode has one
+
+// ---- operands ------------------------------------------------------------------------------------
+
+// A cache's shape, checked: rank 5, a float dtype the kernels convert, `layer` one of its layers.
+struct CacheDims {
+  int64_t layers, blocks, block_size, kv_heads, head_dim;
+};
+
+CacheDims check_cache(Op op, const TensorView& cache, const char* name, int64_t layer) {
+  if (cache.shape.size() != 5)
+    throw ShapeError(fmt::format("{}: {} must be [layers, num_blocks, block_size, kv_heads, head_dim], got {}",
+                                 graph::op_name(op), name, describe(cache)));
+  if (cache.dtype != DType::f32 && cache.dtype != DType::bf16 && cache.dtype != DType::f16)
+    throw DTypeError(fmt::format("{}: {} must be f32, bf16 or f16, got {}", graph::op_name(op), name, describe(cache)));
+  const CacheDims d{cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3], cache.shape[4]};
+  if (layer < 0 || layer >= d.layers)
+    throw ExecutionError(fmt::format("{}: layer {} is outside the {} layers of {} {}", graph::op_name(op), layer,
+                                     d.layers, name, describe(cache)));
+  return d;
+}
+
+void check_index(Op op, const TensorView& t, const char* name, size_t rank, const char* shape) {
+  if (t.dtype != DType::i64 || t.shape.size() != rank)
+    throw DTypeError(fmt::format("{}: {} must be i64{}, got {}", graph::op_name(op), name, shape, describe(t)));
+}
+
+int64_t at1(const TensorView& t, int64_t i) { return t.as<int64_t>()[i * t.strides[0]]; }
+int64_t at2(const TensorView& t, int64_t i, int64_t j) { return t.as<int64_t>()[i * t.strides[0] + j * t.strides[1]]; }
+
+// Element offset of cache[layer, block, row, head, 0].
+int64_t cache_row(const TensorView& cache, int64_t layer, int64_t block, int64_t row, int64_t head) {
+  return layer * cache.strides[0] + block * cache.strides[1] + row * cache.strides[2] + head * cache.strides[3];
+}
+
+// Calls f.template operator()<T>() with T the element type of a cache dtype (f32, bf16, f16).
+template <class F> decltype(auto) visit_cache_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::bf16: return f.template operator()<bf16_t>();
+    case DType::f16: return f.template operator()<f16_t>();
+    default: return f.template operator()<float>();
+  }
+}
+
+// ---- paged_kv_store --------------------------------------------------------------------------------
+
+struct StoreParams {
+  int64_t layer;
+  explicit StoreParams(const KernelInit& init) : layer(init.attr<int64_t>("layer")) {}
+};
+
+template <class C, class V>
+void store_rows(const KernelContext& ctx, const TensorView& cache, const TensorView& value,
+                const std::vector<int64_t>& slots, int64_t layer) {
+  const int64_t tokens = value.shape[0], kv_heads = value.shape[1], hd = value.shape[2];
+  const int64_t block_size = cache.shape[2];
+  C* cache_data = cache.as<C>();
+  const V* value_data = value.as<V>();
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, kv_heads * hd));
+  parallel_for(ctx, tokens, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t slot = slots[static_cast<size_t>(t)];
+      if (slot < 0) continue;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        C* dst = cache_data + cache_row(cache, layer, slot / block_size, slot % block_size, h);
+        const V* src = value_data + t * value.strides[0] + h * value.strides[1];
+        for (int64_t i = 0; i < hd; ++i) dst[i * cache.strides[4]] = convert<C>(src[i * value.strides[2]]);
+      }
+    }
+  });
+}
+
+void paged_kv_store_kernel(const KernelContext& ctx, const StoreParams& params, std::span<const TensorView> inputs,
+                           std::span<const TensorView> outputs) {
+  if (inputs.size() != 3 || !outputs.empty())
+    throw ValueError(fmt::format("paged_kv_store: expected 3 operands (cache, value, slots) and no results, got {} "
+                                 "and {}",
+                                 inputs.size(), outputs.size()));
+  const TensorView &cache = inputs[0], &value = inputs[1], &slots = inputs[2];
+  const CacheDims d = check_cache(Op::paged_kv_store, cache, "cache", params.layer);
+  if (value.shape.size() != 3 || value.shape[1] != d.kv_heads || value.shape[2] != d.head_dim)
+    throw ShapeError(fmt::format("paged_kv_store: value must be [tokens, {}, {}] (the cache's kv_heads and "
+                                 "head_dim), got {} (cache {})",
+                                 d.kv_heads, d.head_dim, describe(value), describe(cache)));
+  if (value.dtype != DType::f32 && value.dtype != cache.dtype)
+    throw DTypeError(fmt::format("paged_kv_store: value must be f32 or the cache's dtype, got {} (cache {})",
+                                 describe(value), describe(cache)));
+  check_index(Op::paged_kv_store, slots, "slots", 1, "[tokens]");
+  if (slots.shape[0] != value.shape[0])
+    throw ShapeError(fmt::format("paged_kv_store: slots {} must have one entry per token of value {}",
+                                 describe(slots), describe(value)));
+
+  // Every slot checked before anything is written, so a bad batch leaves the cache as it was.
+  const int64_t capacity = d.blocks * d.block_size;
+  std::vector<int64_t> slot_values(static_cast<size_t>(value.shape[0]));
+  std::vector<std::pair<int64_t, int64_t>> used;  // (slot, token)
+  for (int64_t t = 0; t < value.shape[0]; ++t) {
+    const int64_t slot = slot_values[static_cast<size_t>(t)] = at1(slots, t);
+    if (slot >= capacity)
+      throw ExecutionError(fmt::format("paged_kv_store: token {} has slot {}, beyond the cache's {} slots ({} blocks "
+                                       "of {})",
+                                       t, slot, capacity, d.blocks, d.block_size));
+    if (slot >= 0) used.emplace_back(slot, t);
+  }
+  // Two tokens writing one slot would race between threads: always a caller's bug, never a padding row.
+  std::sort(used.begin(), used.end());
+  for (size_t i = 1; i < used.size(); ++i)
+    if (used[i].first == used[i - 1].first)
+      throw ExecutionError(fmt::format("paged_kv_store: tokens {} and {} both have slot {}", used[i - 1].second,
+                                       used[i].second, used[i].first));
+
+  visit_cache_dtype(cache.dtype, [&]<class C>() {
+    if (value.dtype == DType::f32) store_rows<C, float>(ctx, cache, value, slot_values, params.layer);
+    else store_rows<C, C>(ctx, cache, value, slot_values, params.layer);
+  });
+}
+
+// ---- paged_attention ---------------------------------------------------------------------------------
+
+struct AttentionParams {
+  int64_t layer;
+  double scale;
+  explicit AttentionParams(const KernelInit& init)
+      : layer(init.attr<int64_t>("layer")), scale(init.attr<double>("scale")) {}
+};
+
+struct Geometry {
+  int64_t tokens, heads, head_dim, kv_heads, group, block_size, blocks, seqs, max_blocks;
+};
+
+struct Operands {
+  const TensorView &q, &k, &v, &tables;
+  const std::vector<int64_t>& seq_ids;
+  const std::vector<int64_t>& positions;
+  const TensorView& out;
+  int64_t layer;
+};
+
+Geometry check_attention(const AttentionParams& params, std::span<const TensorView> inputs,
+                         std::span<const TensorView> outputs) {
+  if (inputs.size() != 6 || outputs.size() != 1)
+    throw ValueError(fmt::format("paged_attention: expected 6 operands (q, k_cache, v_cache, block_tables, seq_ids, "
+                                 "positions) and 1 result, got {} and {}",
+                                 inputs.size(), outputs.size()));
+  const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2], &out = outputs[0];
+  const CacheDims c = check_cache(Op::paged_attention, k, "k_cache", params.layer);
+  check_cache(Op::paged_attention, v, "v_cache", params.layer);
+  if (k.shape != v.shape || k.dtype != v.dtype)
+    throw ShapeError(fmt::format("paged_attention: k_cache {} and v_cache {} must have one type", describe(k),
+                                 describe(v)));
+  if (q.dtype != DType::f32)
+    throw DTypeError(fmt::format("paged_attention: q must be f32, got {}", describe(q)));
+  if (q.shape.size() != 3 || q.shape[2] != c.head_dim)
+    throw ShapeError(fmt::format("paged_attention: q must be [tokens, heads, {}] (the cache's head_dim), got {}",
+                                 c.head_dim, describe(q)));
+  if (c.kv_heads < 1 || q.shape[1] % c.kv_heads != 0)
+    throw ShapeError(fmt::format("paged_attention: q's {} heads are not a multiple of the cache's {} kv heads",
+                                 q.shape[1], c.kv_heads));
+  check_index(Op::paged_attention, inputs[3], "block_tables", 2, "[seqs, max_blocks_per_seq]");
+  check_index(Op::paged_attention, inputs[4], "seq_ids", 1, "[tokens]");
+  check_index(Op::paged_attention, inputs[5], "positions", 1, "[tokens]");
+  if (inputs[4].shape[0] != q.shape[0] || inputs[5].shape[0] != q.shape[0])
+    throw ShapeError(fmt::format("paged_attention: seq_ids {} and positions {} must have one entry per token of q {}",
+                                 describe(inputs[4]), describe(inputs[5]), describe(q)));
+  if (out.shape != q.shape || out.dtype != q.dtype || !out.is_contiguous())
+    throw ShapeError(fmt::format("paged_attention: the result {} must be a contiguous {}", describe(out), describe(q)));
+  return Geometry{q.shape[0],   q.shape[1], q.shape[2],          c.kv_heads,
+                  q.shape[1] / c.kv_heads, c.block_size, c.blocks, inputs[3].shape[0], inputs[3].shape[1]};
+}
+
+// Every token's sequence and position, and every block id some token reads, checked before any work:
+// an error names the token or sequence and the value, and the loops below index without checks.
+void check_batch(const Geometry& g, const TensorView& tables, const std::vector<int64_t>& seq_ids,
+                 const std::vector<int64_t>& positions) {
+  const int64_t max_positions = g.max_blocks * g.block_size;
+  std::vector<int64_t> last_block(static_cast<size_t>(g.seqs), -1), reader(static_cast<size_t>(g.seqs), -1);
+  for (int64_t t = 0; t < g.tokens; ++t) {
+    const int64_t s = seq_ids[static_cast<size_t>(t)], p = positions[static_cast<size_t>(t)];
+    if (s < 0 || s >= g.seqs)
+      throw ExecutionError(fmt::format("paged_attention: token {} has seq_id {}, outside [0, {}) (the block tables' "
+                                       "sequences)",
+                                       t, s, g.seqs));
+    if (p < 0 || p >= max_positions)
+      throw ExecutionError(fmt::format("paged_attention: token {} has position {}, outside [0, {}) ({} blocks per "
+                                       "sequence of {} positions)",
+                                       t, p, max_positions, g.max_blocks, g.block_size));
+    if (p / g.block_size > last_block[static_cast<size_t>(s)]) {
+      last_block[static_cast<size_t>(s)] = p / g.block_size;
+      reader[static_cast<size_t>(s)] = t;
+    }
+  }
+  for (int64_t s = 0; s < g.seqs; ++s)
+    for (int64_t j = 0; j <= last_block[static_cast<size_t>(s)]; ++j) {
+      const int64_t block = at2(tables, s, j);
+      if (block < 0 || block >= g.blocks)
+        throw ExecutionError(fmt::format("paged_attention: sequence {} has block {} at block_tables[{}, {}], outside "
+                                         "[0, {}) (the cache's blocks; token {} reads it)",
+                                         s, block, s, j, g.blocks, reader[static_cast<size_t>(s)]));
+    }
+}
+
+// A unit's working set: the run's query rows and accumulators, and one block of K (transposed, so
+// scores vectorise over keys) and V in f32.
+struct Scratch {
+  std::vector<float> q_rows, acc, running_max, running_sum, k_tile, v_tile, scores;
+  explicit Scratch(const Geometry& g) {
+    const auto rows = static_cast<size_t>(kRunTokens * g.group);
+    q_rows.resize(rows * static_cast<size_t>(g.head_dim));
+    acc.resize(rows * static_cast<size_t>(g.head_dim));
+    running_max.resize(rows);
+    running_sum.resize(rows);
+    k_tile.resize(static_cast<size_t>(g.head_dim * g.block_size));  // [head_dim, key]
+    v_tile.resize(static_cast<size_t>(g.block_size * g.head_dim));  // [key, head_dim]
+    scores.resize(static_cast<size_t>(g.block_size));
+  }
+};
+
+// One unit: kv head `kv`, tokens [first, first + count) of one sequence.
+template <class C>
+void attend_unit(const Geometry& g, float scale, bool simd_exp, const Operands& o, int64_t first, int64_t count,
+                 int64_t kv, Scratch& w) {
+  const int64_t hd = g.head_dim, bs = g.block_size, group = g.group;
+  const int64_t seq = o.seq_ids[static_cast<size_t>(first)];
+  int64_t max_position = 0;
+  for (int64_t i = 0; i < count; ++i)
+    max_position = std::max(max_position, o.positions[static_cast<size_t>(first + i)]);
+
+  const float* q_data = o.q.as<float>();
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t gi = 0; gi < group; ++gi) {
+      const float* src = q_data + (first + i) * o.q.strides[0] + (kv * group + gi) * o.q.strides[1];
+      float* dst = &w.q_rows[static_cast<size_t>((i * group + gi) * hd)];
+      for (int64_t d = 0; d < hd; ++d) dst[d] = src[d * o.q.strides[2]];
+    }
+  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+  std::fill(w.running_max.begin(), w.running_max.end(), -std::numeric_limits<float>::infinity());
+  std::fill(w.running_sum.begin(), w.running_sum.end(), 0.0f);
+
+  const C* k_data = o.k.as<C>();
+  const C* v_data = o.v.as<C>();
+  float* k_tile = w.k_tile.data();
+  float* v_tile = w.v_tile.data();
+  float* score = w.scores.data();
+  for (int64_t b = 0; b <= max_position / bs; ++b) {
+    const int64_t block = at2(o.tables, seq, b);
+    const int64_t rows = std::min(bs, max_position + 1 - b * bs);
+    for (int64_t r = 0; r < rows; ++r) {
+      const C* k_row = k_data + cache_row(o.k, o.layer, block, r, kv);
+      const C* v_row = v_data + cache_row(o.v, o.layer, block, r, kv);
+      for (int64_t d = 0; d < hd; ++d) {
+        k_tile[d * bs + r] = static_cast<float>(k_row[d * o.k.strides[4]]);
+        v_tile[r * hd + d] = static_cast<float>(v_row[d * o.v.strides[4]]);
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t visible = std::min(bs, o.positions[static_cast<size_t>(first + i)] + 1 - b * bs);
+      if (visible <= 0) continue;  // this block is past the token's position
+      for (int64_t gi = 0; gi < group; ++gi) {
+        const int64_t row = i * group + gi;
+        const float* q_row = &w.q_rows[static_cast<size_t>(row * hd)];
+        float* a = &w.acc[static_cast<size_t>(row * hd)];
+        // score[t] = q . k_t, one q element at a time: independent lanes per key, each summed in
+        // head_dim order whatever the loop's vector width.
+        std::fill(score, score + visible, 0.0f);
+        for (int64_t d = 0; d < hd; ++d) {
+          const float qd = q_row[d];
+          const float* k_column = k_tile + d * bs;
+          for (int64_t t = 0; t < visible; ++t) score[t] += qd * k_column[t];
+        }
+        float block_max = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < visible; ++t) {
+          score[t] *= scale;
+          block_max = std::max(block_max, score[t]);
+        }
+        float& m = w.running_max[static_cast<size_t>(row)];
+        float& l = w.running_sum[static_cast<size_t>(row)];
+        if (block_max > m) {
+          // Rescale what was summed against the old max (exp(-inf) = 0 the first time).
+          const float correction = std::exp(m - block_max);
+          l *= correction;
+          for (int64_t d = 0; d < hd; ++d) a[d] *= correction;
+          m = block_max;
+        }
+        for (int64_t t = 0; t < visible; ++t) score[t] -= m;
+        if (simd_exp) {
+          vmath::apply(vmath::Fn::exp, score, score, visible);
+        } else {
+          for (int64_t t = 0; t < visible; ++t) score[t] = std::exp(score[t]);
+        }
+        for (int64_t t = 0; t < visible; ++t) {
+          const float p = score[t];
+          l += p;
+          const float* v_row = v_tile + t * hd;
+          for (int64_t d = 0; d < hd; ++d) a[d] += p * v_row[d];
+        }
+      }
+    }
+  }
+
+  float* o_data = o.out.as<float>();
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t gi = 0; gi < group; ++gi) {
+      const int64_t row = i * group + gi;
+      const float inv = 1.0f / w.running_sum[static_cast<size_t>(row)];  // sum >= 1: the max key adds 1
+      const float* a = &w.acc[static_cast<size_t>(row * hd)];
+      float* dst = o_data + ((first + i) * g.heads + kv * group + gi) * hd;
+      for (int64_t d = 0; d < hd; ++d) dst[d] = a[d] * inv;
+    }
+}
+
+void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& params,
+                            std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+  const Geometry g = check_attention(params, inputs, outputs);
+  std::vector<int64_t> seq_ids(static_cast<size_t>(g.tokens)), positions(static_cast<size_t>(g.tokens));
+  for (int64_t t = 0; t < g.tokens; ++t) {
+    seq_ids[static_cast<size_t>(t)] = at1(inputs[4], t);
+    positions[static_cast<size_t>(t)] = at1(inputs[5], t);
+  }
+  check_batch(g, inputs[3], seq_ids, positions);
+
+  // Runs: up to kRunTokens consecutive tokens of one sequence (a prefill chunk's, or a lone decode token).
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (first token, count)
+  for (int64_t t = 0; t < g.tokens;) {
+    int64_t n = 1;
+    while (n < kRunTokens && t + n < g.tokens && seq_ids[static_cast<size_t>(t + n)] == seq_ids[static_cast<size_t>(t)])
+      ++n;
+    runs.emplace_back(t, n);
+    t += n;
+  }
+  const Operands o{inputs[0], inputs[1], inputs[2], inputs[3], seq_ids, positions, outputs[0], params.layer};
+  const auto scale = static_cast<float>(params.scale);
+  const bool simd_exp = vmath::available();
+  const auto num_runs = static_cast<int64_t>(runs.size());
+  visit_cache_dtype(inputs[1].dtype, [&]<class C>() {
+    parallel_for(ctx, num_runs * g.kv_heads, 1, [&](int64_t begin, int64_t end) {
+      Scratch scratch(g);
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const auto& [first, count] = runs[static_cast<size_t>(unit / g.kv_heads)];
+        attend_unit<C>(g, scale, simd_exp, o, first, count, unit % g.kv_heads, scratch);
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void register_cpu_paged_attention(KernelRegistry& r) {
+  r.add(Op::paged_kv_store, DeviceKind::CPU, {DType::f32, DType::bf16, DType::f16},
+        &with_params<StoreParams, paged_kv_store_kernel>);
+  r.add(Op::paged_attention, DeviceKind::CPU, {DType::f32}, &with_params<AttentionParams, paged_attention_kernel>);
+}
+
+}  // namespace kiln::kernels
