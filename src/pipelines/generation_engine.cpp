@@ -243,6 +243,7 @@ struct GenerationEngine::Impl {
   void run();
   bool step();
   void publish();
+  void publish_locked();
   void intake();
   std::vector<int64_t> sample_rows(Tensor& logits, const std::vector<Request*>& rows,
                                    std::vector<GeneratedToken>& generated);
@@ -479,6 +480,7 @@ void GenerationEngine::Impl::finish(Request& r, FinishReason reason, std::string
     stats.prompt_tokens += r.metrics.prompt_tokens;
     stats.cached_prompt_tokens += r.metrics.cached_prompt_tokens;
     stats.generated_tokens += r.metrics.generated_tokens;
+    publish_locked();  // a caller woken by this last update sees the blocks already freed
   }
   deliver(r, std::move(update));
 }
@@ -606,6 +608,10 @@ void GenerationEngine::Impl::fail_all(std::vector<Request*> victims, const std::
 // What stats() reports of the scheduler and the cache, after each change.
 void GenerationEngine::Impl::publish() {
   std::lock_guard lock(mutex);
+  publish_locked();
+}
+
+void GenerationEngine::Impl::publish_locked() {
   stats.waiting = scheduler.num_waiting() + static_cast<int64_t>(submitted.size());
   stats.running = scheduler.num_running();
   stats.kv_blocks_in_use = pool.num_in_use();
@@ -614,13 +620,16 @@ void GenerationEngine::Impl::publish() {
 
 void GenerationEngine::Impl::run() {
   for (;;) {
+    {
+      std::unique_lock lock(mutex);
+      if (stopping) break;
+    }
     intake();
     const bool worked = step();
     publish();
     if (worked) continue;
     std::unique_lock lock(mutex);
     wake.wait(lock, [&] { return stopping || !submitted.empty() || !cancels.empty(); });
-    if (stopping) break;
   }
   // Shutting down: whatever is left is cancelled.
   intake();

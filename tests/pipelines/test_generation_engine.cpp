@@ -125,24 +125,45 @@ TEST(GenerationEngine, EveryRequestOfAMixedBatchGetsItsSoloTokens) {
   const auto solo = solo_outputs(options);
   auto engine = make_engine(options);
   Collector collector;
-  std::map<pipelines::RequestId, size_t> case_of;
-  // Half submitted together; the rest arrive while the first ones decode; one extra is cancelled.
-  auto submit = [&](size_t i) {
+  std::map<pipelines::RequestId, size_t> case_of;  // written under collector.mutex
+  auto submit = [&](size_t i, std::function<void(const RequestUpdate&)> also = {}) {
     const Case& c = kCases[i];
     GenerationRequest r = request(prompt_of(c.prompt_len, i), c.new_tokens, c.temperature, c.seed);
-    r.on_update = collector.callback();
-    case_of[engine->submit(std::move(r))] = i;
+    auto record = collector.callback();
+    r.on_update = [record, also](const RequestUpdate& u) {
+      record(u);
+      if (also) also(u);
+    };
+    const pipelines::RequestId id = engine->submit(std::move(r));
+    std::lock_guard lock(collector.mutex);
+    case_of[id] = i;
   };
-  for (size_t i = 0; i < kCases.size() / 2; ++i) submit(i);
+  // A long request, cancelled from its own callback after its third token (the step thread's
+  // callbacks may call the engine).
   GenerationRequest doomed = request(prompt_of(40, 99), 100);
-  doomed.on_update = collector.callback();
-  const pipelines::RequestId doomed_id = engine->submit(std::move(doomed));
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  for (size_t i = kCases.size() / 2; i < kCases.size(); ++i) submit(i);
-  EXPECT_TRUE(engine->cancel(doomed_id));
+  auto record = collector.callback();
+  std::atomic<int> doomed_tokens{0};
+  std::atomic<bool> cancel_accepted{false};
+  pipelines::RequestId doomed_id = 0;
+  doomed.on_update = [&, record](const RequestUpdate& u) {
+    record(u);
+    doomed_tokens += static_cast<int>(u.tokens.size());
+    if (!u.finish && doomed_tokens == 3) cancel_accepted = engine->cancel(u.id);
+  };
+  // Half submitted together; the rest arrive mid-run, once the first has its first token.
+  std::atomic<bool> second_half{false};
+  submit(0, [&](const RequestUpdate& u) {
+    if (u.tokens.empty() || second_half.exchange(true)) return;
+    for (size_t i = kCases.size() / 2; i < kCases.size(); ++i) submit(i);
+  });
+  for (size_t i = 1; i < kCases.size() / 2; ++i) submit(i);
+  doomed_id = engine->submit(std::move(doomed));
   collector.wait_for(kCases.size() + 1);
 
+  EXPECT_TRUE(cancel_accepted);
   EXPECT_EQ(collector.finish.at(doomed_id), FinishReason::cancelled);
+  EXPECT_GE(collector.ids.at(doomed_id).size(), 3u);
+  EXPECT_LT(collector.ids.at(doomed_id).size(), 100u);
   for (const auto& [id, i] : case_of) {
     EXPECT_EQ(collector.finish.at(id), FinishReason::length) << "case " << i;
     EXPECT_EQ(collector.ids.at(id), solo[i]) << "case " << i;

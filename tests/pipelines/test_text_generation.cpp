@@ -63,16 +63,18 @@ int64_t naive_argmax(const std::vector<float>& v) {
   return best;
 }
 
-// The "sampler" graph itself, as a user calling it directly would (sample() routes greedy options to
-// the "greedy" graph).
+// The "sampler" graph itself (one row, min_p off), as a user calling it directly would (sample()
+// routes greedy options to the "greedy" graph).
 int64_t run_sampler_graph(const TextGenerationPipeline& pipe, const std::vector<float>& v, float temperature,
                           int64_t top_k, float top_p, float u) {
   return pipe.models()
       .at("sampler")
-      .execute({logits_row(v), Tensor::scalar<float>(temperature), Tensor::scalar<int64_t>(top_k),
-                Tensor::scalar<float>(top_p), Tensor::scalar<float>(u)})
+      .execute({logits_row(v), Tensor::from_vector<float>({temperature}, {1}),
+                Tensor::from_vector<int64_t>({top_k}, {1}), Tensor::from_vector<float>({top_p}, {1}),
+                Tensor::from_vector<float>({0.0f}, {1}), Tensor::from_vector<float>({u}, {1})})
       .at(0)
-      .data_as<int64_t>()[0];
+      .to_vector<int64_t>()
+      .at(0);
 }
 
 // ---- the sampler graph -----------------------------------------------------------------------------
