@@ -370,6 +370,20 @@ TEST(Cse, SideEffectsAndBufferLoadsAreNeverMerged) {
   EXPECT_EQ(print(run(passes::cse, text)), print(parse_module(text)));
 }
 
+TEST(Cse, PagedStoresAndAttentionsAreNeverMerged) {
+  // The attention after the second store reads what it wrote: it must not be served by the first.
+  std::string text =
+      "graph @g(%0: buffer<f32[1, 4, 2, 1, 2]>, %1: f32[1, 1, 2], %2: i64[1], %3: i64[1, 4])"
+      " -> (f32[1, 1, 2], f32[1, 1, 2]) {\n"
+      "  paged_kv_store(%0, %1, %2) {layer = 0}\n"
+      "  %4 = paged_attention(%1, %0, %0, %3, %2, %2) {layer = 0, scale = 0.5} : f32[1, 1, 2]\n"
+      "  paged_kv_store(%0, %1, %2) {layer = 0}\n"
+      "  %5 = paged_attention(%1, %0, %0, %3, %2, %2) {layer = 0, scale = 0.5} : f32[1, 1, 2]\n"
+      "  return %4, %5\n"
+      "}\n";
+  EXPECT_EQ(print(run(passes::cse, text)), print(parse_module(text)));
+}
+
 TEST(Cse, CallsMergeOnlyWhenTheCalleeIsPure) {
   Module m = run(passes::cse,
                  "graph @g(%0: f32[2], %1: buffer<f32[2]>) -> (f32[2], f32[2]) {\n"
@@ -447,6 +461,17 @@ TEST(Dce, KeepsSideEffectsAndWhatTheyUse) {
                           "  return\n"
                           "}\n");
   EXPECT_EQ(ops_of(only_store.at("s")), (std::vector<Op>{Op::neg, Op::buffer_store}));
+}
+
+TEST(Dce, KeepsPagedStoresAndDropsUnusedPagedAttention) {
+  Module m = run(passes::dce,
+                 "graph @g(%0: buffer<f32[1, 4, 2, 1, 2]>, %1: f32[1, 1, 2], %2: i64[1], %3: i64[1, 4])"
+                 " -> (f32[1, 1, 2]) {\n"
+                 "  paged_kv_store(%0, %1, %2) {layer = 0}\n"
+                 "  %4 = paged_attention(%1, %0, %0, %3, %2, %2) {layer = 0, scale = 0.5} : f32[1, 1, 2]\n"
+                 "  return %1\n"
+                 "}\n");
+  EXPECT_EQ(ops_of(m.at("g")), (std::vector<Op>{Op::paged_kv_store}));
 }
 
 TEST(Dce, OutputsThatAreInputsStayValid) {

@@ -184,6 +184,24 @@ TEST(PlanAliases, ABufferReadAfterItsLastWriteIsAnAlias) {
   EXPECT_EQ(count_steps(plan, Op::buffer_store), 1);
 }
 
+TEST(PlanAliases, PagedAttentionReadsTheBufferAndPagedKvStoreWritesIt) {
+  // A load of the cache stays an alias across a paged_attention (a read), not across a paged_kv_store.
+  const graph::Shape cache{1, 4, 2, 1, 2};
+  graph::Graph g("g", {BufferType{DType::f32, cache}, TensorType{DType::f32, {1, 1, 2}}, TensorType{DType::i64, {1}},
+                       TensorType{DType::i64, {1, 4}}});
+  auto kept = ops::buffer_load(g.input(0));
+  auto attended = ops::paged_attention(g.input(1), g.input(0), g.input(0), g.input(3), g.input(2), g.input(2), 0, 0.5);
+  auto kept_used = ops::neg(kept);  // kept's last use: after the attention, before the store
+  auto copied = ops::buffer_load(g.input(0));
+  ops::paged_kv_store(g.input(0), attended, g.input(2), 0);
+  g.output({kept_used, ops::neg(copied)});
+  auto compiled = compiler::compile(g.module(), kiln::testing::with_cpu_kernels(kOneStepPerOp));
+  const GraphPlan& plan = compiled.plan("g");
+  EXPECT_EQ(value_of(plan, kept).kind, ValueKind::alias);
+  EXPECT_EQ(value_of(plan, copied).kind, ValueKind::slot);
+  EXPECT_EQ(count_steps(plan, Op::buffer_load), 1);
+}
+
 TEST(PlanAliases, ABufferReadLiveAcrossAWriteOfTheBufferStaysACopy) {
   graph::Graph g("g", {BufferType{DType::f32, {4}}, BufferType{DType::f32, {4}}});
   auto before = ops::buffer_load(g.input(0));

@@ -107,7 +107,7 @@ TEST(Serialize, ForeignFileIsRefused) {
 TEST(Serialize, OtherFormatVersionIsRefused) {
   std::string bytes = compile_rich_model().serialize();
   bytes[8] = 99;  // the u32 format version follows the 8-byte magic
-  expect_error<LoadError>([&] { CompiledModel::deserialize(bytes); }, "format version 99, expected 5");
+  expect_error<LoadError>([&] { CompiledModel::deserialize(bytes); }, "format version 99, expected 6");
 }
 
 TEST(Serialize, OtherKilnVersionIsRefused) {

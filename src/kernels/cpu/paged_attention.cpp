@@ -21,6 +21,10 @@
 
 #include <fmt/format.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
@@ -232,6 +236,44 @@ void check_batch(const Geometry& g, const TensorView& tables, const std::vector<
     }
 }
 
+#if defined(__x86_64__)
+// The two inner loops with AVX-512, taken where vmath's exp is (vmath::available()). Lanes are keys
+// in the first and head dims in the second, each lane summed in the same order whatever the count,
+// so the per-token invariance above holds here too.
+#define KILN_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
+// misreports once inlined into a target("avx512f") function (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+
+// score[t] = (q . k_t) * scale for the keys t < n of a [head_dim, stride] tile.
+KILN_AVX512 void scores_avx512(const float* q, const float* k_tile, int64_t stride, int64_t hd, int64_t n,
+                               float scale, float* score) {
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const __mmask16 m = first_lanes(n - t0);
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; ++d)
+      s = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(m, k_tile + d * stride + t0), s);
+    _mm512_mask_storeu_ps(score + t0, m, _mm512_mul_ps(s, _mm512_set1_ps(scale)));
+  }
+}
+
+// acc[0, hd) += sum_t p[t] v_t over t < n, value rows hd apart.
+KILN_AVX512 void weighted_sum_avx512(const float* p, const float* v, int64_t n, int64_t hd, float* acc) {
+  for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+    const __mmask16 m = first_lanes(hd - d0);
+    __m512 a = _mm512_maskz_loadu_ps(m, acc + d0);
+    for (int64_t t = 0; t < n; ++t)
+      a = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_maskz_loadu_ps(m, v + t * hd + d0), a);
+    _mm512_mask_storeu_ps(acc + d0, m, a);
+  }
+}
+#pragma GCC diagnostic pop
+#undef KILN_AVX512
+#endif
+
 // A unit's working set: the run's query rows and accumulators, and one block of K (transposed, so
 // scores vectorise over keys) and V in f32.
 struct Scratch {
@@ -250,7 +292,7 @@ struct Scratch {
 
 // One unit: kv head `kv`, tokens [first, first + count) of one sequence.
 template <class C>
-void attend_unit(const Geometry& g, float scale, bool simd_exp, const Operands& o, int64_t first, int64_t count,
+void attend_unit(const Geometry& g, float scale, bool simd, const Operands& o, int64_t first, int64_t count,
                  int64_t kv, Scratch& w) {
   const int64_t hd = g.head_dim, bs = g.block_size, group = g.group;
   const int64_t seq = o.seq_ids[static_cast<size_t>(first)];
@@ -292,19 +334,24 @@ void attend_unit(const Geometry& g, float scale, bool simd_exp, const Operands& 
         const int64_t row = i * group + gi;
         const float* q_row = &w.q_rows[static_cast<size_t>(row * hd)];
         float* a = &w.acc[static_cast<size_t>(row * hd)];
-        // score[t] = q . k_t, one q element at a time: independent lanes per key, each summed in
-        // head_dim order whatever the loop's vector width.
-        std::fill(score, score + visible, 0.0f);
-        for (int64_t d = 0; d < hd; ++d) {
-          const float qd = q_row[d];
-          const float* k_column = k_tile + d * bs;
-          for (int64_t t = 0; t < visible; ++t) score[t] += qd * k_column[t];
+#if defined(__x86_64__)
+        if (simd) {
+          scores_avx512(q_row, k_tile, bs, hd, visible, scale, score);
+        } else
+#endif
+        {
+          // score[t] = q . k_t, one q element at a time: independent lanes per key, each summed in
+          // head_dim order whatever the loop's vector width.
+          std::fill(score, score + visible, 0.0f);
+          for (int64_t d = 0; d < hd; ++d) {
+            const float qd = q_row[d];
+            const float* k_column = k_tile + d * bs;
+            for (int64_t t = 0; t < visible; ++t) score[t] += qd * k_column[t];
+          }
+          for (int64_t t = 0; t < visible; ++t) score[t] *= scale;
         }
         float block_max = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < visible; ++t) {
-          score[t] *= scale;
-          block_max = std::max(block_max, score[t]);
-        }
+        for (int64_t t = 0; t < visible; ++t) block_max = std::max(block_max, score[t]);
         float& m = w.running_max[static_cast<size_t>(row)];
         float& l = w.running_sum[static_cast<size_t>(row)];
         if (block_max > m) {
@@ -315,13 +362,16 @@ void attend_unit(const Geometry& g, float scale, bool simd_exp, const Operands& 
           m = block_max;
         }
         for (int64_t t = 0; t < visible; ++t) score[t] -= m;
-        if (simd_exp) {
+#if defined(__x86_64__)
+        if (simd) {
           vmath::apply(vmath::Fn::exp, score, score, visible);
-        } else {
-          for (int64_t t = 0; t < visible; ++t) score[t] = std::exp(score[t]);
+          for (int64_t t = 0; t < visible; ++t) l += score[t];
+          weighted_sum_avx512(score, v_tile, visible, hd, a);
+          continue;
         }
+#endif
         for (int64_t t = 0; t < visible; ++t) {
-          const float p = score[t];
+          const float p = std::exp(score[t]);
           l += p;
           const float* v_row = v_tile + t * hd;
           for (int64_t d = 0; d < hd; ++d) a[d] += p * v_row[d];
@@ -362,14 +412,14 @@ void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& par
   }
   const Operands o{inputs[0], inputs[1], inputs[2], inputs[3], seq_ids, positions, outputs[0], params.layer};
   const auto scale = static_cast<float>(params.scale);
-  const bool simd_exp = vmath::available();
+  const bool simd = vmath::available();
   const auto num_runs = static_cast<int64_t>(runs.size());
   visit_cache_dtype(inputs[1].dtype, [&]<class C>() {
     parallel_for(ctx, num_runs * g.kv_heads, 1, [&](int64_t begin, int64_t end) {
       Scratch scratch(g);
       for (int64_t unit = begin; unit < end; ++unit) {
         const auto& [first, count] = runs[static_cast<size_t>(unit / g.kv_heads)];
-        attend_unit<C>(g, scale, simd_exp, o, first, count, unit % g.kv_heads, scratch);
+        attend_unit<C>(g, scale, simd, o, first, count, unit % g.kv_heads, scratch);
       }
     });
   });
