@@ -109,10 +109,10 @@ EngineOptions resolve_options(const nn::LlamaConfig& config, EngineOptions o) {
   const int64_t per_token = kv_bytes_per_token(config, o.kv_cache_dtype);
   const int64_t block_bytes = per_token * o.kv_block_size;
   if (o.kv_cache_bytes == 0) {
-    const int64_t wanted = o.max_num_seqs * o.max_seq_len * per_token;
+    const int64_t one_sequence = (o.max_seq_len + o.kv_block_size - 1) / o.kv_block_size * block_bytes;
+    const int64_t wanted = o.max_num_seqs * one_sequence;
     const int64_t quarter = available_memory_bytes().value_or(int64_t{4} << 30) / 4;
     // At least one sequence of max_seq_len, so the default always runs what a request may ask.
-    const int64_t one_sequence = (o.max_seq_len + o.kv_block_size - 1) / o.kv_block_size * block_bytes;
     o.kv_cache_bytes = std::max(std::min(wanted, quarter), one_sequence);
   }
   const int64_t blocks = o.kv_cache_bytes / block_bytes;
@@ -255,6 +255,7 @@ struct GenerationEngine::Impl {
   void deliver(Request& r, RequestUpdate update);
   void fail_all(std::vector<Request*> victims, const std::string& error);
   void check(const GenerationRequest& request, std::vector<int64_t>& prompt) const;
+  std::unique_ptr<Request> prepare(GenerationRequest request) const;
 };
 
 GenerationEngine::GenerationEngine(const nn::LlamaConfig& config, const WeightsRegistry& weights,
@@ -353,10 +354,9 @@ void GenerationEngine::Impl::check(const GenerationRequest& request, std::vector
                                  options.max_seq_len));
 }
 
-RequestId GenerationEngine::submit(GenerationRequest request) {
-  Impl& s = *impl_;
+std::unique_ptr<Request> GenerationEngine::Impl::prepare(GenerationRequest request) const {
   auto r = std::make_unique<Request>();
-  s.check(request, r->seq.tokens);
+  check(request, r->seq.tokens);
   r->seq.prompt_len = static_cast<int64_t>(r->seq.tokens.size());
   r->sampling = std::move(request.sampling);
   r->row = to_row_sampling(r->sampling);
@@ -365,19 +365,34 @@ RequestId GenerationEngine::submit(GenerationRequest request) {
   if (!r->sampling.stop.empty()) r->stop_strings.emplace(r->sampling.stop);
   r->counts.add_prompt(r->seq.tokens);
   r->metrics.prompt_tokens = r->seq.prompt_len;
-  r->submitted = Clock::now();
-  RequestId id;
+  return r;
+}
+
+RequestId GenerationEngine::submit(GenerationRequest request) {
+  std::vector<GenerationRequest> one;
+  one.push_back(std::move(request));
+  return submit(std::move(one)).at(0);
+}
+
+std::vector<RequestId> GenerationEngine::submit(std::vector<GenerationRequest> requests) {
+  Impl& s = *impl_;
+  std::vector<std::unique_ptr<Request>> prepared;
+  for (GenerationRequest& request : requests) prepared.push_back(s.prepare(std::move(request)));
+  std::vector<RequestId> ids;
   {
     std::lock_guard lock(s.mutex);
     if (s.stopping) throw ValueError("generate: the engine is shutting down");
-    id = s.next_id++;
-    r->id = id;
-    r->seq.id = id;
-    s.live.insert(id);
-    s.submitted.push_back(std::move(r));
+    const auto now = Clock::now();
+    for (auto& r : prepared) {
+      r->id = r->seq.id = s.next_id++;
+      r->submitted = now;
+      ids.push_back(r->id);
+      s.live.insert(r->id);
+      s.submitted.push_back(std::move(r));
+    }
   }
   s.wake.notify_all();
-  return id;
+  return ids;
 }
 
 bool GenerationEngine::cancel(RequestId id) {

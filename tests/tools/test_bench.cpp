@@ -151,7 +151,7 @@ TEST(BenchModel, ProfileSplitsTheDecodeStepByOp) {
       if (e.graph == graph && e.op == op) return &e;
     return nullptr;
   };
-  for (auto [graph, op, launches] : {std::tuple<const char*, const char*, double>{"model", "attention", 6},
+  for (auto [graph, op, launches] : {std::tuple<const char*, const char*, double>{"model", "paged_attention", 6},
                                      {"model", "rms_norm", 13},
                                      {"model", "(run)", 1},
                                      {"greedy", "argmax", 1},
@@ -171,8 +171,34 @@ TEST(BenchModel, ProfileSplitsTheDecodeStepByOp) {
   }
   EXPECT_NEAR(fractions, 1.0, 1e-9);
   const std::string table = profile_table(r);
-  EXPECT_NE(table.find("model: attention"), std::string::npos) << table;
+  EXPECT_NE(table.find("model: paged_attention"), std::string::npos) << table;
   EXPECT_NE(table.find("ms per token"), std::string::npos) << table;
+}
+
+// Every request of a level is counted once, with its gen_tokens + 1 tokens; the percentiles are
+// ordered and the KV blocks it used are within the cache.
+TEST(BenchConcurrency, EachLevelRunsThatManyRequestsTogether) {
+  const std::vector<ConcurrencyBenchResult> results = bench_concurrency(
+      {.model = "stories15M", .threads = 1, .prompt_tokens = 5, .gen_tokens = 3}, {1, 3});
+  ASSERT_EQ(results.size(), 2u);
+  for (const ConcurrencyBenchResult& r : results) {
+    EXPECT_EQ(r.output_tokens, r.concurrency * 4);
+    EXPECT_GT(r.aggregate_decode_tokens_per_s, 0);
+    EXPECT_GT(r.ttft_p50_s, 0);
+    EXPECT_LE(r.ttft_p50_s, r.ttft_p99_s);
+    EXPECT_LE(r.tpot_p50_s, r.tpot_p99_s);
+    EXPECT_LE(r.ttft_p99_s, r.seconds);
+    // 5 + 4 positions in blocks of 16: one block per request.
+    EXPECT_EQ(r.kv_blocks_peak, r.concurrency);
+    EXPECT_GE(r.kv_blocks_total, r.kv_blocks_peak);
+    const nlohmann::json json = to_json(r);
+    for (const char* key : {"concurrency", "aggregate_decode_tokens_per_s", "ttft_p50_s", "tpot_p50_s"})
+      EXPECT_TRUE(json.contains(key)) << key;
+    EXPECT_EQ(json.at("kind"), "concurrency");
+  }
+  EXPECT_EQ(results[1].concurrency, 3);
+  expect_error<ValueError>([] { bench_concurrency({.model = "stories15M", .threads = 1}, {0}); },
+                           "--concurrency levels must be in [1, 4096], got 0");
 }
 
 TEST(BenchModel, MoreTokensThanTheModelsPositionsIsAClearError) {

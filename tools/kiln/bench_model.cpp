@@ -257,7 +257,7 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
     std::vector<double> ttft, tpot;
     int64_t output_tokens = 0;
     const int64_t preemptions_before = engine->stats().preemptions;
-    const auto start = Clock::now();
+    std::vector<pipelines::GenerationRequest> batch;
     for (int64_t i = 0; i < level; ++i) {
       pipelines::GenerationRequest r = request(o.gen_tokens + 1);
       r.on_update = [&](const pipelines::RequestUpdate& u) {
@@ -273,8 +273,10 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
         ++finished;
         done.notify_all();
       };
-      engine->submit(std::move(r));
+      batch.push_back(std::move(r));
     }
+    const auto start = Clock::now();
+    engine->submit(std::move(batch));  // together: the first step can take them all
     std::unique_lock lock(mutex);
     done.wait(lock, [&] { return finished == level; });
     ConcurrencyBenchResult r;

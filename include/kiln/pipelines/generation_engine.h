@@ -169,6 +169,9 @@ class GenerationEngine {
   // prompt, an id outside the vocabulary, a prompt longer than max_seq_len, bad sampling values
   // (naming the field), or text without a tokenizer.
   RequestId submit(GenerationRequest request);
+  // Several at once: all are checked first (nothing is queued if one is refused), then queued
+  // together, so the next step can admit them together.
+  std::vector<RequestId> submit(std::vector<GenerationRequest> requests);
   // Stops the request: its blocks are freed before the next step and its callback gets
   // FinishReason::cancelled. false when it is unknown or has finished.
   bool cancel(RequestId id);
