@@ -125,6 +125,8 @@ struct ConcurrencyBenchResult {
   int64_t kv_blocks_peak = 0;                // most KV blocks in use at once
   int64_t kv_blocks_total = 0;
   int64_t preemptions = 0;
+  int64_t steps = 0;  // engine steps the level took
+  std::vector<DecodeProfileEntry> step_profile;  // with ModelBenchOptions::profile: per engine step
 };
 // One engine for all levels (its max_num_seqs is the highest level). ValueError for bad options.
 std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& options,
@@ -180,6 +182,7 @@ nlohmann::json to_json(const BandwidthResult& r);
 nlohmann::json to_json(const ConcurrencyBenchResult& r);
 std::string concurrency_table_header(int64_t prompt_tokens, int64_t gen_tokens);
 std::string table_row(const ConcurrencyBenchResult& r);
+std::string profile_table(const ConcurrencyBenchResult& r);  // empty without a profile
 // Table rows for people, and the header line each table starts with.
 std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens);
 std::string table_row(const ModelBenchResult& r);

@@ -138,7 +138,6 @@ int BenchCommand::run() const {
   for (const auto& model : models_) resolve_model_config(model);
   print_preamble(json_);
   if (!concurrency_.empty()) {
-    if (profile_) throw ValueError("kiln bench: --profile is for single-stream runs, not --concurrency");
     if (!json_) std::cout << concurrency_table_header(prompt_tokens_, gen_tokens_) << "\n";
     for (const auto& model : models_)
       for (WeightFormat format : formats)
@@ -149,9 +148,12 @@ int BenchCommand::run() const {
                                                                     .prompt_tokens = prompt_tokens_,
                                                                     .gen_tokens = gen_tokens_,
                                                                     .repetitions = repetitions_,
-                                                                    .seed = seed_},
-                                                                   concurrency_))
+                                                                    .seed = seed_,
+                                                                    .profile = profile_},
+                                                                   concurrency_)) {
             emit(to_json(r), table_row(r));
+            if (!json_ && !r.step_profile.empty()) std::cout << profile_table(r) << std::flush;
+          }
     return 0;
   }
   if (!json_) std::cout << model_table_header(prompt_tokens_, gen_tokens_) << "\n";

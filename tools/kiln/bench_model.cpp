@@ -104,6 +104,37 @@ void set_bandwidth(ModelBenchResult& r, double read_bytes_per_s) {
 
 namespace {
 
+// What the profiled graphs spent over `steps` steps of `wall_seconds`: each op's launches and time
+// per step, each graph's work outside its kernels ("(run)"), and the rest ("(pipeline)": the
+// engine's own work between graphs), slowest first.
+std::vector<DecodeProfileEntry> collect_profile(const std::map<std::string, engine::Model>& models,
+                                                double wall_seconds, double steps) {
+  steps = std::max(1.0, steps);
+  std::vector<DecodeProfileEntry> entries;
+  double in_graphs = 0;
+  for (const auto& [name, model] : models) {
+    model.stop_profiling();
+    const engine::ModelProfile p = model.profile();
+    if (p.runs == 0) continue;
+    std::map<std::string, std::pair<int64_t, double>> by_op;  // launches, seconds
+    double in_kernels = 0;
+    for (const engine::StepProfile& step : p.steps) {
+      by_op[step.op].first += step.launches;
+      by_op[step.op].second += step.seconds;
+      in_kernels += step.seconds;
+    }
+    for (const auto& [op, totals] : by_op)
+      entries.push_back({name, op, static_cast<double>(totals.first) / steps, totals.second / steps, 0});
+    entries.push_back({name, "(run)", static_cast<double>(p.runs) / steps, (p.seconds - in_kernels) / steps, 0});
+    in_graphs += p.seconds;
+  }
+  entries.push_back({"", "(pipeline)", 0, (wall_seconds - in_graphs) / steps, 0});
+  for (DecodeProfileEntry& e : entries) e.fraction = e.seconds_per_token * steps / wall_seconds;
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.seconds_per_token > b.seconds_per_token; });
+  return entries;
+}
+
 // One more generation, every graph profiled from its first new token on: each op's share of a
 // decode step, the graphs' own work outside their kernels, and the pipeline's between graphs.
 std::vector<DecodeProfileEntry> profile_decode(pipelines::TextGenerationPipeline& pipe,
@@ -120,31 +151,7 @@ std::vector<DecodeProfileEntry> profile_decode(pipelines::TextGenerationPipeline
   });
   const double decode_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
-  const auto steps = static_cast<double>(std::max<int64_t>(1, tokens - 1));
-  std::vector<DecodeProfileEntry> entries;
-  double in_graphs = 0;
-  for (const auto& [name, model] : models) {
-    model.stop_profiling();
-    const engine::ModelProfile p = model.profile();
-    if (p.runs == 0) continue;
-    std::map<std::string, std::pair<int64_t, double>> by_op;  // launches, seconds
-    double in_kernels = 0;
-    for (const engine::StepProfile& step : p.steps) {
-      by_op[step.op].first += step.launches;
-      by_op[step.op].second += step.seconds;
-      in_kernels += step.seconds;
-    }
-    for (const auto& [op, totals] : by_op)
-      entries.push_back({name, op, static_cast<double>(totals.first) / steps, totals.second / steps, 0});
-    entries.push_back(
-        {name, "(run)", static_cast<double>(p.runs) / steps, (p.seconds - in_kernels) / steps, 0});
-    in_graphs += p.seconds;
-  }
-  entries.push_back({"", "(pipeline)", 0, (decode_seconds - in_graphs) / steps, 0});
-  for (DecodeProfileEntry& e : entries) e.fraction = e.seconds_per_token * steps / decode_seconds;
-  std::sort(entries.begin(), entries.end(),
-            [](const auto& a, const auto& b) { return a.seconds_per_token > b.seconds_per_token; });
-  return entries;
+  return collect_profile(models, decode_seconds, static_cast<double>(tokens - 1));
 }
 
 }  // namespace
@@ -256,7 +263,9 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
     int64_t peak_blocks = 0;
     std::vector<double> ttft, tpot;
     int64_t output_tokens = 0;
-    const int64_t preemptions_before = engine->stats().preemptions;
+    const pipelines::EngineStats before = engine->stats();
+    if (o.profile)
+      for (const auto& [name, model] : engine->models()) model.start_profiling();
     std::vector<pipelines::GenerationRequest> batch;
     for (int64_t i = 0; i < level; ++i) {
       pipelines::GenerationRequest r = request(o.gen_tokens + 1);
@@ -295,7 +304,10 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
     r.tpot_p99_s = percentile(tpot, 99);
     r.kv_blocks_peak = peak_blocks;
     r.kv_blocks_total = engine->stats().kv_blocks_total;
-    r.preemptions = engine->stats().preemptions - preemptions_before;
+    const pipelines::EngineStats after = engine->stats();
+    r.preemptions = after.preemptions - before.preemptions;
+    r.steps = after.steps - before.steps;
+    if (o.profile) r.step_profile = collect_profile(engine->models(), r.seconds, static_cast<double>(r.steps));
     results.push_back(r);
   }
   return results;

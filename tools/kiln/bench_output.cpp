@@ -78,18 +78,36 @@ std::string table_row(const ModelBenchResult& r) {
       r.read_bytes_per_s * 1e-9, r.roofline_tokens_per_s, 100.0 * r.roofline_fraction);
 }
 
+namespace {
+
+// `unit`: what the rows count per ("token" of a single stream, "step" of the engine).
+std::string profile_rows(const std::string& title, const std::vector<DecodeProfileEntry>& entries,
+                         const char* unit) {
+  double step = 0;
+  for (const DecodeProfileEntry& e : entries) step += e.seconds_per_token;
+  std::string out = fmt::format("  {}: {:.3f} ms per {}\n", title, step * 1e3, unit);
+  out += fmt::format("  {:<30} {:>14} {:>12} {:>8}\n", "graph: op", fmt::format("launches/{}", unit),
+                     fmt::format("us/{}", unit), "share");
+  for (const DecodeProfileEntry& e : entries)
+    out += fmt::format("  {:<30} {:>14.1f} {:>12.1f} {:>7.1f}%\n", e.graph.empty() ? e.op : e.graph + ": " + e.op,
+                       e.launches_per_token, e.seconds_per_token * 1e6, 100.0 * e.fraction);
+  return out;
+}
+
+}  // namespace
+
 std::string profile_table(const ModelBenchResult& r) {
   if (r.decode_profile.empty()) return "";
-  double step = 0;
-  for (const DecodeProfileEntry& e : r.decode_profile) step += e.seconds_per_token;
-  std::string out = fmt::format("  decode step profile ({} {}, {} threads): {:.3f} ms per token\n", r.model,
-                                nn::weight_format_name(r.format), r.threads, step * 1e3);
-  out += fmt::format("  {:<30} {:>14} {:>12} {:>8}\n", "graph: op", "launches/token", "us/token", "share");
-  for (const DecodeProfileEntry& e : r.decode_profile)
-    out += fmt::format("  {:<30} {:>14.1f} {:>12.1f} {:>7.1f}%\n",
-                       e.graph.empty() ? e.op : e.graph + ": " + e.op, e.launches_per_token,
-                       e.seconds_per_token * 1e6, 100.0 * e.fraction);
-  return out;
+  return profile_rows(fmt::format("decode step profile ({} {}, {} threads)", r.model,
+                                  nn::weight_format_name(r.format), r.threads),
+                      r.decode_profile, "token");
+}
+
+std::string profile_table(const ConcurrencyBenchResult& r) {
+  if (r.step_profile.empty()) return "";
+  return profile_rows(fmt::format("engine step profile ({} {}, {} threads, concurrency {}, {} steps)", r.model,
+                                  nn::weight_format_name(r.format), r.threads, r.concurrency, r.steps),
+                      r.step_profile, "step");
 }
 
 std::string gemm_table_header() {
@@ -139,7 +157,8 @@ nlohmann::json to_json(const ConcurrencyBenchResult& r) {
           {"tpot_p99_s", r.tpot_p99_s},
           {"kv_blocks_peak", r.kv_blocks_peak},
           {"kv_blocks_total", r.kv_blocks_total},
-          {"preemptions", r.preemptions}};
+          {"preemptions", r.preemptions},
+          {"steps", r.steps}};
 }
 
 std::string concurrency_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
