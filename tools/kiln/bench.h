@@ -137,6 +137,9 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
 struct GemmBenchOptions {
   int64_t m = 1024, n = 1024, k = 1024;
   DType dtype = DType::f32;  // f32 or bf16 (both operands and the result)
+  // Set: f32 activations and result against a weight in this format (a model's projections;
+  // `dtype` is then f32), timed without oneDNN. Decode batches: M = 1..64 reads each weight once.
+  std::optional<nn::WeightFormat> weights;
   int threads = 1;
   double min_seconds = 0.5;  // each side repeats until this much time is spent (at least 3 runs)
 };
@@ -144,10 +147,13 @@ struct GemmBenchOptions {
 struct GemmBenchResult {
   int64_t m = 0, n = 0, k = 0;
   DType dtype = DType::f32;
+  std::optional<nn::WeightFormat> weights;  // as in the options
   int threads = 1;
+  int64_t weight_bytes = 0;             // bytes of W: N x K elements, or N Q8_0 rows
   int repetitions = 0;                  // kiln's timed runs
   double seconds = 0;                   // kiln's best run
   double gflops = 0;                    // 2 m n k / seconds
+  double weight_gb_per_s = 0;           // weight_bytes / seconds: W read once per call
   std::optional<double> onednn_gflops;  // nullopt: oneDNN not available in this build
   double peak_gflops = 0;               // measure_peak_gflops(threads, dtype) in the same run
   // bf16 on a CPU with AVX512_BF16: the vdpbf16ps peak (measure_bf16_dot_peak_gflops) in the same run,
@@ -216,7 +222,9 @@ class BenchCommand {
   uint64_t seed_ = 0;
   bool profile_ = false;
   std::vector<int64_t> concurrency_;
-  int64_t m_ = 1024, n_ = 1024, k_ = 1024;
+  std::vector<int64_t> m_{1024};
+  int64_t n_ = 1024, k_ = 1024;
+  std::vector<std::string> weights_;
   double min_seconds_ = 0.5;
   int64_t buffer_mib_ = 1024;
   int passes_ = 10;

@@ -63,10 +63,13 @@ BenchCommand::BenchCommand(CLI::App& app) {
                    "after the timed runs, profile one more generation's decode: each op's time per token");
 
   gemm_ = bench_->add_subcommand("gemm", "GFLOP/s of C = A[M, K] @ W[N, K]^T: kiln beside oneDNN");
-  gemm_->add_option("--m", m_, "rows of A and C")->capture_default_str();
+  gemm_->add_option("--m", m_, "rows of A and C; comma-separated for several")->delimiter(',')->capture_default_str();
   gemm_->add_option("--n", n_, "rows of W, columns of C")->capture_default_str();
   gemm_->add_option("--k", k_, "the inner dimension")->capture_default_str();
   gemm_->add_option("--dtype", dtypes_, "f32 or bf16")->delimiter(',')->capture_default_str();
+  gemm_->add_option("--weights", weights_,
+                    "f32 activations against weights in f32, f16, bf16, q8_0 (comma-separated); no oneDNN")
+      ->delimiter(',');
   gemm_->add_option("--min-seconds", min_seconds_, "time spent per side (best run reported)")
       ->capture_default_str();
 
@@ -116,14 +119,20 @@ int BenchCommand::run() const {
         throw ValueError(fmt::format("kiln bench gemm: unknown dtype '{}' (choose f32 or bf16)", name));
       dtypes.push_back(parse_dtype(name));
     }
+    std::vector<std::optional<WeightFormat>> weights;
+    for (const auto& name : weights_) weights.push_back(nn::parse_weight_format(name));
+    if (weights.empty()) weights.push_back(std::nullopt);
+    if (!weights_.empty()) dtypes = {DType::f32};
     print_preamble(json_);
     if (!json_) std::cout << gemm_table_header() << "\n";
     for (DType dtype : dtypes)
-      for (int t : threads) {
-        GemmBenchResult r = bench_gemm(
-            {.m = m_, .n = n_, .k = k_, .dtype = dtype, .threads = t, .min_seconds = min_seconds_});
-        emit(to_json(r), table_row(r));
-      }
+      for (const std::optional<WeightFormat>& w : weights)
+        for (int64_t m : m_)
+          for (int t : threads) {
+            GemmBenchResult r = bench_gemm({.m = m, .n = n_, .k = k_, .dtype = dtype, .weights = w, .threads = t,
+                                            .min_seconds = min_seconds_});
+            emit(to_json(r), table_row(r));
+          }
     return 0;
   }
 

@@ -1,5 +1,7 @@
 // `kiln bench gemm`: GFLOP/s of a one-matmul kiln graph beside oneDNN's matmul (when built with it),
-// both checked against a double-precision reference, and beside the machine's peak.
+// both checked against a double-precision reference, and beside the machine's peak. With --weights:
+// f32 activations against an f32 / f16 / bf16 / Q8_0 weight (a model's projection), reported as the
+// weight bytes read per second, the figure decode (small M, bound by memory) is judged by.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "kiln/errors.h"
 #include "kiln/graph/graph.h"
 #include "kiln/graph/ops.h"
+#include "kiln/graph/quantization.h"
 #include "kiln/kernels/cpu_probes.h"
 
 #ifdef KILN_HAVE_ONEDNN
@@ -56,10 +59,27 @@ Tensor random_matrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed, std
       const bf16_t v(uniform(rng));
       t.data_as<bf16_t>()[i] = v;
       values[i] = static_cast<float>(v);
+    } else if (dtype == DType::f16) {
+      const f16_t v(uniform(rng));
+      t.data_as<f16_t>()[i] = v;
+      values[i] = static_cast<float>(v);
     } else {
       values[i] = uniform(rng);
       t.data_as<float>()[i] = values[i];
     }
+  }
+  return t;
+}
+
+// W [N, K] as Q8_0 rows u8 [N, row bytes]; `values` becomes the dequantized weights.
+Tensor quantized_matrix(int64_t rows, int64_t cols, uint64_t seed, std::vector<float>& values) {
+  random_matrix(DType::f32, rows, cols, seed, values);
+  const int64_t row_bytes = graph::q8_0_row_bytes(cols);
+  Tensor t = Tensor::empty(DType::u8, {rows, row_bytes});
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = t.data_as<uint8_t>() + r * row_bytes;
+    graph::quantize_q8_0(values.data() + r * cols, cols, row);
+    graph::dequantize_q8_0(row, cols, values.data() + r * cols);
   }
   return t;
 }
@@ -73,7 +93,8 @@ float element_as_float(const void* data, DType dtype, int64_t i) {
 // sum_k |A W| (f32 accumulation, and for bf16 a result rounded to 8 bits of mantissa).
 void check_gemm(std::string_view who, const GemmBenchOptions& o, const std::vector<float>& a,
                 const std::vector<float>& w, const void* c) {
-  const double rel_tol = o.dtype == DType::bf16 ? 1e-2 : 1e-4;
+  // Q8_0 also quantizes the activations (to 8 bits per block of 32).
+  const double rel_tol = o.weights == nn::WeightFormat::q8_0 ? 2e-2 : o.dtype == DType::bf16 ? 1e-2 : 1e-4;
   std::mt19937_64 rng(7);
   for (int sample = 0; sample < 64; ++sample) {
     const auto m = static_cast<int64_t>(rng() % static_cast<uint64_t>(o.m));
@@ -143,19 +164,31 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
     throw ValueError(fmt::format("kiln bench gemm: M, N, K must be >= 1, got {} x {} x {}", o.m, o.n, o.k));
   if (o.dtype != DType::f32 && o.dtype != DType::bf16)
     throw ValueError(fmt::format("kiln bench gemm: dtype must be f32 or bf16, got {}", dtype_name(o.dtype)));
+  if (o.weights && o.dtype != DType::f32)
+    throw ValueError("kiln bench gemm: a weight format runs with f32 activations");
+  if (o.weights == nn::WeightFormat::q8_0 && o.k % graph::kQ8_0BlockSize != 0)
+    throw ValueError(fmt::format("kiln bench gemm: q8_0 needs K a multiple of 32, got {}", o.k));
   if (o.threads < 1)
     throw ValueError(fmt::format("kiln bench gemm: threads must be >= 1, got {}", o.threads));
 
+  const bool q8 = o.weights == nn::WeightFormat::q8_0;
+  const DType w_dtype = o.weights ? nn::weight_format_dtype(*o.weights).value_or(DType::u8) : o.dtype;
   std::vector<float> a_values, w_values;
   const Tensor a = random_matrix(o.dtype, o.m, o.k, 1, a_values);  // [M, K]
-  const Tensor w = random_matrix(o.dtype, o.n, o.k, 2, w_values);  // [N, K], as nn::Linear's weight
+  // [N, K], as nn::Linear's weight (Q8_0: [N, row bytes])
+  const Tensor w = q8 ? quantized_matrix(o.n, o.k, 2, w_values) : random_matrix(w_dtype, o.n, o.k, 2, w_values);
 
   graph::Graph g("gemm", {graph::TensorType{o.dtype, {o.m, o.k}}});
   {
     graph::Graph::Scope scope(g);
-    graph::TensorValue x = g.input(0);                                       // [M, K]
-    graph::TensorValue weight = g.weight({"w", o.dtype, {o.n, o.k}});        // [N, K]
-    g.output({graph::ops::matmul(x, graph::ops::transpose(weight, 0, 1))});  // [M, N]
+    graph::TensorValue x = g.input(0);  // [M, K]
+    if (q8) {
+      graph::TensorValue weight = g.weight({"w", DType::u8, {o.n, graph::q8_0_row_bytes(o.k)}});
+      g.output({graph::ops::qmatmul(graph::QuantizationEncoding::q8_0, x, weight)});  // [M, N]
+    } else {
+      graph::TensorValue weight = g.weight({"w", w_dtype, {o.n, o.k}});        // [N, K]
+      g.output({graph::ops::matmul(x, graph::ops::transpose(weight, 0, 1))});  // [M, N]
+    }
   }
   engine::InferenceSession session({DeviceRef::CPU()}, {}, engine::SessionOptions{.num_threads = o.threads});
   engine::Model model = session.load(g, {{"w", w}});
@@ -168,17 +201,22 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
   r.n = o.n;
   r.k = o.k;
   r.dtype = o.dtype;
+  r.weights = o.weights;
   r.threads = o.threads;
+  r.weight_bytes = q8 ? o.n * graph::q8_0_row_bytes(o.k) : o.n * o.k * static_cast<int64_t>(dtype_size(w_dtype));
   r.repetitions = t.runs;
   r.seconds = t.best_seconds;
   const double flop = 2.0 * static_cast<double>(o.m) * static_cast<double>(o.n) * static_cast<double>(o.k);
   r.gflops = flop / t.best_seconds * 1e-9;
+  r.weight_gb_per_s = static_cast<double>(r.weight_bytes) / t.best_seconds * 1e-9;
   // The peak before oneDNN runs and after, the higher counting: oneDNN's OpenMP threads keep spinning
   // for a while after its last call, and a peak measured beside them read half the machine's.
   r.peak_gflops = measure_peak_gflops(o.threads, 200, o.dtype);
 #ifdef KILN_HAVE_ONEDNN
-  r.onednn_gflops = flop / onednn_gemm_seconds(o, a, w, a_values, w_values) * 1e-9;
-  r.peak_gflops = std::max(r.peak_gflops, measure_peak_gflops(o.threads, 200, o.dtype));
+  if (!o.weights) {
+    r.onednn_gflops = flop / onednn_gemm_seconds(o, a, w, a_values, w_values) * 1e-9;
+    r.peak_gflops = std::max(r.peak_gflops, measure_peak_gflops(o.threads, 200, o.dtype));
+  }
 #endif
   if (o.dtype == DType::bf16 && kernels::bf16_dot_supported())
     r.bf16_dot_peak_gflops = measure_bf16_dot_peak_gflops(o.threads);

@@ -40,10 +40,13 @@ nlohmann::json to_json(const GemmBenchResult& r) {
       {"n", r.n},
       {"k", r.k},
       {"dtype", dtype_name(r.dtype)},
+      {"weights", r.weights ? nlohmann::json(std::string(nn::weight_format_name(*r.weights))) : nlohmann::json(nullptr)},
       {"threads", r.threads},
       {"repetitions", r.repetitions},
       {"seconds", r.seconds},
       {"gflops", r.gflops},
+      {"weight_bytes", r.weight_bytes},
+      {"weight_gb_per_s", r.weight_gb_per_s},
       {"onednn_gflops", r.onednn_gflops ? nlohmann::json(*r.onednn_gflops) : nlohmann::json(nullptr)},
       {"peak_gflops", r.peak_gflops},
       {"peak_fraction", r.gflops / r.peak_gflops},
@@ -111,8 +114,9 @@ std::string profile_table(const ConcurrencyBenchResult& r) {
 }
 
 std::string gemm_table_header() {
-  return fmt::format("{:<22} {:<5} {:>7} {:>13} {:>15} {:>12} {:>12} {:>10} {:>12} {:>14} {:>9}",
-                     "gemm M x N x K", "dtype", "threads", "kiln GFLOP/s", "oneDNN GFLOP/s", "kiln/oneDNN",
+  return fmt::format("{:<22} {:<9} {:>7} {:>10} {:>10} {:>13} {:>15} {:>12} {:>12} {:>10} {:>12} {:>14} {:>9}",
+                     "gemm M x N x K", "dtype", "threads", "ms", "weight GB/s", "kiln GFLOP/s", "oneDNN GFLOP/s",
+                     "kiln/oneDNN",
                      "peak GFLOP/s", "kiln/peak", "oneDNN/peak", "bf16 dot peak", "kiln/dot");
 }
 
@@ -124,8 +128,12 @@ std::string table_row(const GemmBenchResult& r) {
   const std::string dot_peak = r.bf16_dot_peak_gflops ? fmt::format("{:.1f}", *r.bf16_dot_peak_gflops) : "-";
   const std::string dot_fraction =
       r.bf16_dot_peak_gflops ? fmt::format("{:.1f}%", 100.0 * r.gflops / *r.bf16_dot_peak_gflops) : "-";
-  return fmt::format("{:<22} {:<5} {:>7} {:>13.1f} {:>15} {:>12} {:>12.1f} {:>9.1f}% {:>12} {:>14} {:>9}",
-                     fmt::format("{} x {} x {}", r.m, r.n, r.k), dtype_name(r.dtype), r.threads, r.gflops,
+  // f32 activations against a weight format: "f32 x q8_0"
+  const std::string dtype = r.weights ? fmt::format("f32 x {}", nn::weight_format_name(*r.weights))
+                                      : std::string(dtype_name(r.dtype));
+  return fmt::format("{:<22} {:<9} {:>7} {:>10.3f} {:>10.1f} {:>13.1f} {:>15} {:>12} {:>12.1f} {:>9.1f}% {:>12} {:>14} {:>9}",
+                     fmt::format("{} x {} x {}", r.m, r.n, r.k), dtype, r.threads, r.seconds * 1e3,
+                     r.weight_gb_per_s, r.gflops,
                      onednn, ratio, r.peak_gflops, 100.0 * r.gflops / r.peak_gflops, onednn_peak, dot_peak,
                      dot_fraction);
 }
