@@ -1,6 +1,7 @@
 // The portable matmul GEMM: no SIMD level, any dtype. f32 and f64 run a cache-blocked GEMM (packed
 // A and B panels, a 6 x 2-vector register tile written with GCC vector extensions so it vectorizes
-// at the baseline ISA), or a GEMV when M == 1; f16/bf16 widen to f32 and round once at the end.
+// at the baseline ISA), or GEMVs when M <= gemm::kSmallM (each row the M == 1 GEMV, so a row's result
+// does not depend on the batch it is in); f16/bf16 widen to f32 and round once at the end.
 // Integers accumulate in their own type with wrap-around, computed in unsigned arithmetic so
 // overflow is defined. matmul.cpp runs it where the SIMD GEMM of gemm.h does not apply.
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/strided.h"
 
@@ -233,17 +235,20 @@ void matmul_float(const KernelContext& ctx, MatmulProblem p, const T* A, const T
   }
   const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
 
-  if (p.M == 1) {
-    // GEMV: each (batch, column block) is independent.
+  if (p.M <= gemm::kSmallM) {
+    // GEMVs, a row at a time (batch invariance: the blocked GEMM sums in another order), all rows of
+    // one column block in turn while it is in cache. Each (batch, column block) is independent.
     // Columns per task: enough work to pay for a chunk, and wide enough to stream B rows.
-    const int64_t grain = std::max<int64_t>(256, kFlopGrain / p.K);
+    const int64_t grain = std::max<int64_t>(256, kFlopGrain / (p.K * p.M));
     const int64_t col_blocks = (p.N + grain - 1) / grain;
     parallel_for(ctx, p.batch * col_blocks, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> x_contig;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t bi = t / col_blocks, cb = t % col_blocks;
         auto [ao, bo] = p.batch_offsets(bi);
-        gemv(p, A + ao, Bm + bo, C + bi * MN, cb * grain, std::min(p.N, (cb + 1) * grain), x_contig);
+        for (int64_t m = 0; m < p.M; ++m)
+          gemv(p, A + ao + m * p.a_row, Bm + bo, C + bi * MN + m * p.N, cb * grain, std::min(p.N, (cb + 1) * grain),
+               x_contig);
       }
     });
     return;

@@ -1,0 +1,228 @@
+// Batch invariance of the decode products (gemm::kSmallM): for M = 1..8 rows of f32 activations,
+// matmul against f32 / f16 / bf16 weights (both rhs layouts), qmatmul against Q8_0 weights and
+// grouped_matmul give each row bitwise the result that row gets alone (M = 1), whatever the other
+// rows and M are, on every ISA level this CPU supports and on 1 or 2 threads: the continuous-batching
+// engine gives a request the same tokens alone or in a batch of steps up to 8 rows (docs/batching.md;
+// above 8 rows the blocked GEMM rounds in another order). The results alone are
+// checked against a double-precision loop (the tolerance of test_gemm.cpp; for Q8_0 also the
+// activations' quantization error, half a step d_x per element).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/forced_isa.h"
+#include "kernels/kernel_test_util.h"
+#include "kernels/threaded_parallel.h"
+#include "kiln/graph/quantization.h"
+
+namespace kiln::kernels {
+namespace {
+
+using gemm::Isa;
+using graph::Op;
+using kernel_test::ForcedIsa;
+using kernel_test::HostTensor;
+using kernel_test::supported_isas;
+using kernel_test::ThreadedParallel;
+
+constexpr int64_t kRows = 8;  // gemm::kSmallM
+const int64_t kMs[] = {1, 2, 3, 7, 8};
+
+// K = 1120: several of the row groups' K slabs (512), a partial last vector of the f32 path (K % 16
+// = 0 but 1120 % 32 = 0 with an odd block count, 35, for Q8_0's pairs); N = 70 and 40: blocks of
+// weight rows that are not whole multiples of the register tiles. Also K = 300 (one slab, K % 16 = 12).
+struct Shape {
+  int64_t K, N;
+};
+const Shape kShapes[] = {{1120, 70}, {300, 40}};
+
+std::string label(Isa isa, const std::string& what, int64_t M, int64_t K, int64_t N, int threads) {
+  return std::string(gemm::isa_name(isa)) + " " + what + " M " + std::to_string(M) + " K " + std::to_string(K) +
+         " N " + std::to_string(N) + " threads " + std::to_string(threads);
+}
+
+// The first M rows of x [kRows, K], or row m alone.
+TensorView rows_of(const HostTensor& x, int64_t m0, int64_t M) {
+  const int64_t K = x.shape[1];
+  return TensorView{const_cast<uint8_t*>(x.bytes.data()) + m0 * K * 4, DType::f32, {M, K}, {K, 1}};
+}
+
+// One product: the op's result for `M` rows of x starting at m0, through its registered kernel.
+struct Product {
+  Op op;
+  graph::Attrs attrs;
+  std::vector<HostTensor> weights;  // one, or several for grouped_matmul
+  std::vector<int64_t> widths;      // N of each result
+
+  std::vector<HostTensor> run(const HostTensor& x, int64_t m0, int64_t M, Parallel* parallel) const {
+    std::vector<TensorView> inputs{rows_of(x, m0, M)};
+    for (const HostTensor& w : weights) inputs.push_back(w.view());
+    std::vector<HostTensor> outs;
+    for (int64_t n : widths) outs.emplace_back(DType::f32, std::vector<int64_t>{M, n});
+    std::vector<TensorView> views;
+    for (const HostTensor& o : outs) views.push_back(o.view());
+    kernel_test::run_kernel(op, attrs, inputs, views, parallel);
+    return outs;
+  }
+};
+
+// Every row of every M is bitwise the row's result alone; the results alone match `reference`
+// (per result i, row m, column n: value and tolerance).
+template <class Reference>
+void expect_batch_invariant(const Product& p, const HostTensor& x, const std::string& what, Isa isa, Reference&& reference) {
+  ThreadedParallel two(2);
+  const int64_t K = x.shape[1];
+  std::vector<std::vector<HostTensor>> alone;  // [row][result]
+  for (int64_t m = 0; m < kRows; ++m) alone.push_back(p.run(x, m, 1, nullptr));
+  for (size_t i = 0; i < p.widths.size(); ++i)
+    for (int64_t m = 0; m < kRows; ++m)
+      for (int64_t n = 0; n < p.widths[i]; ++n) {
+        const auto [want, tolerance] = reference(i, m, n);
+        ASSERT_NEAR(alone[static_cast<size_t>(m)][i].at<float>(n), want, tolerance)
+            << label(isa, what, 1, K, p.widths[i], 1) << ": row " << m << " result " << i << " column " << n;
+      }
+  for (int64_t M : kMs)
+    for (int threads : {1, 2}) {
+      const std::vector<HostTensor> out = p.run(x, 0, M, threads == 2 ? &two : nullptr);
+      for (size_t i = 0; i < p.widths.size(); ++i) {
+        const int64_t N = p.widths[i];
+        for (int64_t m = 0; m < M; ++m) {
+          const auto* got = out[i].bytes.data() + m * N * 4;
+          const auto& want = alone[static_cast<size_t>(m)][i].bytes;
+          ASSERT_TRUE(std::equal(want.begin(), want.end(), got))
+              << label(isa, what, M, K, N, threads) << ": row " << m << " of result " << i
+              << " differs from that row alone";
+        }
+      }
+    }
+}
+
+HostTensor activations(int64_t K, uint32_t seed) {
+  return kernel_test::tensor_from_doubles(DType::f32, {kRows, K}, kernel_test::pseudo_random(kRows * K, seed));
+}
+
+// W as [N, K] (transpose_b) or [K, N], values exact in `dtype`; `w` gets them [N][K] in double.
+HostTensor float_weight(DType dtype, int64_t N, int64_t K, bool transpose_b, uint32_t seed, std::vector<double>& w) {
+  w = kernel_test::pseudo_random(N * K, seed);
+  for (double& v : w) v = kernel_test::tensor_from_doubles(dtype, {1}, {v}).as_double(0);
+  if (transpose_b) return kernel_test::tensor_from_doubles(dtype, {N, K}, w);
+  std::vector<double> kn(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) kn[static_cast<size_t>(k * N + n)] = w[static_cast<size_t>(n * K + k)];
+  return kernel_test::tensor_from_doubles(dtype, {K, N}, kn);
+}
+
+// sum_k x[m, k] w[n, k] in double, with test_gemm.cpp's f32 accumulation bound.
+std::pair<double, double> float_reference(const HostTensor& x, const std::vector<double>& w, int64_t m, int64_t n) {
+  const int64_t K = x.shape[1];
+  double sum = 0, magnitude = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const double p = x.as_double(m * K + k) * w[static_cast<size_t>(n * K + k)];
+    sum += p;
+    magnitude += std::abs(p);
+  }
+  return {sum, static_cast<double>(K) * 0x1p-23 * magnitude + 0x1p-24 * std::abs(sum) + 1e-30};
+}
+
+TEST(BatchInvariance, MatmulRowsMatchTheRowAloneForEveryWeightDtype) {
+  uint32_t seed = 10;
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (const Shape& s : kShapes) {
+      const HostTensor x = activations(s.K, seed++);
+      for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+        for (bool transpose_b : {true, false}) {
+          std::vector<double> w;
+          Product p{Op::matmul, {{"transpose_b", int64_t{transpose_b}}}, {}, {s.N}};
+          p.weights.push_back(float_weight(dtype, s.N, s.K, transpose_b, seed++, w));
+          const std::string what = std::string("f32 x ") + std::string(dtype_name(dtype)) + (transpose_b ? " transpose_b" : " plain");
+          expect_batch_invariant(p, x, what, isa, [&](size_t, int64_t m, int64_t n) { return float_reference(x, w, m, n); });
+        }
+    }
+  }
+}
+
+// Q8_0 weights [N, row bytes] from random values; `w` gets the decoded weights [N][K].
+HostTensor q8_weight(int64_t N, int64_t K, uint32_t seed, std::vector<double>& w) {
+  const std::vector<double> values = kernel_test::pseudo_random(N * K, seed);
+  std::vector<float> f(values.begin(), values.end()), row(static_cast<size_t>(K));
+  HostTensor t(DType::u8, {N, graph::q8_0_row_bytes(K)});
+  w.clear();
+  for (int64_t n = 0; n < N; ++n) {
+    uint8_t* dst = t.bytes.data() + n * graph::q8_0_row_bytes(K);
+    graph::quantize_q8_0(f.data() + n * K, K, dst);
+    graph::dequantize_q8_0(dst, K, row.data());
+    w.insert(w.end(), row.begin(), row.end());
+  }
+  return t;
+}
+
+// The float reference, plus the activations' quantization: each x off by at most d_x / 2, d_x =
+// max |x| / 127 over its block of 32.
+std::pair<double, double> q8_reference(const HostTensor& x, const std::vector<double>& w, int64_t m, int64_t n) {
+  auto [sum, tolerance] = float_reference(x, w, m, n);
+  const int64_t K = x.shape[1];
+  for (int64_t b = 0; b < K / 32; ++b) {
+    double amax = 0, wsum = 0;
+    for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
+      amax = std::max(amax, std::abs(x.as_double(m * K + k)));
+      wsum += std::abs(w[static_cast<size_t>(n * K + k)]);
+    }
+    tolerance += amax / 127 * 0.5 * 1.0001 * wsum;
+  }
+  return {sum, tolerance};
+}
+
+TEST(BatchInvariance, QmatmulRowsMatchTheRowAlone) {
+  uint32_t seed = 40;
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (const Shape& s : {Shape{1120, 70}, Shape{288, 45}}) {
+      const HostTensor x = activations(s.K, seed++);
+      std::vector<double> w;
+      Product p{Op::qmatmul, {{"encoding", std::string("q8_0")}}, {}, {s.N}};
+      p.weights.push_back(q8_weight(s.N, s.K, seed++, w));
+      expect_batch_invariant(p, x, "f32 x q8_0", isa, [&](size_t, int64_t m, int64_t n) { return q8_reference(x, w, m, n); });
+    }
+  }
+}
+
+// grouped_matmul's one-job path (q/k/v-like widths): each result row bitwise that row alone, and
+// alone the matmul / qmatmul result of its rhs.
+TEST(BatchInvariance, GroupedMatmulRowsMatchTheRowAlone) {
+  uint32_t seed = 70;
+  const int64_t K = 1120;
+  const std::vector<int64_t> widths{70, 40, 40};
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    const HostTensor x = activations(K, seed++);
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::u8}) {
+      const bool q8 = dtype == DType::u8;
+      std::vector<std::vector<double>> w(widths.size());
+      Product group{Op::grouped_matmul, {}, {}, widths};
+      if (q8)
+        group.attrs = {{"encoding", std::string("q8_0")}};
+      else
+        group.attrs = {{"transpose_b", int64_t{1}}};
+      for (size_t i = 0; i < widths.size(); ++i)
+        group.weights.push_back(q8 ? q8_weight(widths[i], K, seed++, w[i])
+                                   : float_weight(dtype, widths[i], K, true, seed++, w[i]));
+      const std::string what = "grouped f32 x " + std::string(q8 ? "q8_0" : dtype_name(dtype));
+      // Alone: the single product's bits.
+      std::vector<std::vector<HostTensor>> single(widths.size());
+      for (size_t i = 0; i < widths.size(); ++i) {
+        const Product one{q8 ? Op::qmatmul : Op::matmul, group.attrs, {group.weights[i]}, {widths[i]}};
+        for (int64_t m = 0; m < kRows; ++m) single[i].push_back(one.run(x, m, 1, nullptr)[0]);
+      }
+      expect_batch_invariant(group, x, what, isa, [&](size_t i, int64_t m, int64_t n) {
+        return std::pair<double, double>{single[i][static_cast<size_t>(m)].at<float>(n), 0.0};
+      });
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::kernels
