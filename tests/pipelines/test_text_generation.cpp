@@ -378,6 +378,27 @@ TEST(TextGeneration, StreamedPiecesConcatenateToTheDecodedText) {
             (std::vector<std::string>{"\xC3\xA9", "llo", " w", "\xC3\xB6", "rld", "\xF0\x9F\x98\x80", "!"}));
 }
 
+// A stop string that spans two tokens ("llo" + " w") ends generation at the token completing it and
+// is never shown; text held back as a possible start of it ("l"...) comes out once it cannot be.
+TEST(TextGeneration, EngineStopStringsMatchAcrossTokensAndAreNeverShown) {
+  auto pipe = chain_pipeline();
+  pipelines::GenerationRequest request;
+  request.prompt = "He";
+  request.sampling.temperature = 0;
+  request.sampling.max_new_tokens = 20;
+  request.sampling.stop = {"o w", "zzz"};
+  std::string streamed;
+  request.on_update = [&](const pipelines::RequestUpdate& u) { streamed += u.text; };
+  const pipelines::GenerationOutput out = pipe.engine().generate(std::move(request));
+  EXPECT_EQ(out.finish, FinishReason::stop);
+  EXPECT_EQ(out.stop_string, std::optional<std::string>("o w"));
+  EXPECT_EQ(out.text, "\xC3\xA9ll");
+  EXPECT_EQ(streamed, out.text);
+  std::vector<int64_t> ids;
+  for (const auto& t : out.tokens) ids.push_back(t.id);
+  EXPECT_EQ(ids, (std::vector<int64_t>{3, 4, 5, 6})) << "up to the token that completes the stop string";
+}
+
 // ---- the embedded model against PyTorch ----------------------------------------------------------
 
 // tools/reference/generate_reference.py: greedy ids of plain-torch LlamaForCausalLM, recomputing the
