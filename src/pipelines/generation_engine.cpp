@@ -639,8 +639,17 @@ void GenerationEngine::Impl::run() {
       std::unique_lock lock(mutex);
       if (stopping) break;
     }
-    intake();
-    const bool worked = step();
+    bool worked = true;
+    try {
+      intake();
+      worked = step();
+    } catch (const std::exception& e) {
+      // A step's model and sampler errors fail only that step's requests (step()); anything else
+      // (a broken invariant) fails every request, and the engine goes on with an empty cache.
+      std::vector<Request*> all;
+      for (auto& [id, r] : requests) all.push_back(r.get());
+      fail_all(all, fmt::format("the engine's step failed: {}", e.what()));
+    }
     publish();
     if (worked) continue;
     std::unique_lock lock(mutex);

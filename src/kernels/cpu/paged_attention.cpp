@@ -4,9 +4,10 @@
 //
 // paged_attention is attention.cpp's online (flash-style) softmax over a block table: the work is
 // split into units of (kv head, run of up to kRunTokens consecutive tokens of one sequence), shared
-// out between threads. A unit walks its sequence's blocks once, each K and V block converted to f32
-// into L1-sized tiles that every query head of the GQA group and every token of the run reuse; decode
-// (one token per sequence) has one unit per (token, kv head).
+// out between threads. A unit walks its sequence's blocks once; every query head of the GQA group and
+// every token of the run reuse each K and V block while it is in L1. An f32 cache is read in place;
+// a bf16 / f16 block is converted to f32 rows once per unit. Decode (one token per sequence) has one
+// unit per (token, kv head).
 //
 // Batch invariance: a token's arithmetic is a function of its own sequence and position only. It
 // visits blocks 0 .. position / block_size in order, and in each block exactly its visible keys,
@@ -248,25 +249,29 @@ void check_batch(const Geometry& g, const TensorView& tables, const std::vector<
 
 inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
 
-// score[t] = (q . k_t) * scale for the keys t < n of a [head_dim, stride] tile.
-KILN_AVX512 void scores_avx512(const float* q, const float* k_tile, int64_t stride, int64_t hd, int64_t n,
-                               float scale, float* score) {
-  for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const __mmask16 m = first_lanes(n - t0);
+// score[t] = (q . k_t) * scale for the key rows t < n (head_dim floats each, `stride` apart): lanes
+// over head_dim, then one horizontal sum per key, the same order whatever n is.
+KILN_AVX512 void scores_avx512(const float* q, const float* k, int64_t stride, int64_t hd, int64_t n, float scale,
+                               float* score) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = k + t * stride;
     __m512 s = _mm512_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d)
-      s = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(m, k_tile + d * stride + t0), s);
-    _mm512_mask_storeu_ps(score + t0, m, _mm512_mul_ps(s, _mm512_set1_ps(scale)));
+    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+      const __mmask16 m = first_lanes(hd - d0);
+      s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d0), _mm512_maskz_loadu_ps(m, row + d0), s);
+    }
+    score[t] = _mm512_reduce_add_ps(s) * scale;
   }
 }
 
-// acc[0, hd) += sum_t p[t] v_t over t < n, value rows hd apart.
-KILN_AVX512 void weighted_sum_avx512(const float* p, const float* v, int64_t n, int64_t hd, float* acc) {
+// acc[0, hd) += sum_t p[t] v_t over t < n, value rows `stride` apart.
+KILN_AVX512 void weighted_sum_avx512(const float* p, const float* v, int64_t stride, int64_t n, int64_t hd,
+                                     float* acc) {
   for (int64_t d0 = 0; d0 < hd; d0 += 16) {
     const __mmask16 m = first_lanes(hd - d0);
     __m512 a = _mm512_maskz_loadu_ps(m, acc + d0);
     for (int64_t t = 0; t < n; ++t)
-      a = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_maskz_loadu_ps(m, v + t * hd + d0), a);
+      a = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_maskz_loadu_ps(m, v + t * stride + d0), a);
     _mm512_mask_storeu_ps(acc + d0, m, a);
   }
 }
@@ -274,8 +279,8 @@ KILN_AVX512 void weighted_sum_avx512(const float* p, const float* v, int64_t n, 
 #undef KILN_AVX512
 #endif
 
-// A unit's working set: the run's query rows and accumulators, and one block of K (transposed, so
-// scores vectorise over keys) and V in f32.
+// A unit's working set: the run's query rows and accumulators, and one block of K and V rows
+// converted to f32 (unused for an f32 cache with contiguous rows, which is read in place).
 struct Scratch {
   std::vector<float> q_rows, acc, running_max, running_sum, k_tile, v_tile, scores;
   explicit Scratch(const Geometry& g) {
@@ -284,7 +289,7 @@ struct Scratch {
     acc.resize(rows * static_cast<size_t>(g.head_dim));
     running_max.resize(rows);
     running_sum.resize(rows);
-    k_tile.resize(static_cast<size_t>(g.head_dim * g.block_size));  // [head_dim, key]
+    k_tile.resize(static_cast<size_t>(g.block_size * g.head_dim));  // [key, head_dim]
     v_tile.resize(static_cast<size_t>(g.block_size * g.head_dim));  // [key, head_dim]
     scores.resize(static_cast<size_t>(g.block_size));
   }
@@ -313,18 +318,32 @@ void attend_unit(const Geometry& g, float scale, bool simd, const Operands& o, i
 
   const C* k_data = o.k.as<C>();
   const C* v_data = o.v.as<C>();
-  float* k_tile = w.k_tile.data();
-  float* v_tile = w.v_tile.data();
   float* score = w.scores.data();
+  // An f32 cache whose rows are contiguous is read where it lies: a block's rows of one kv head are
+  // cache.strides[2] apart. Otherwise each block's rows are converted to f32 rows of the tiles.
+  constexpr bool kF32 = std::is_same_v<C, float>;
+  const bool in_place = kF32 && o.k.strides[4] == 1 && o.v.strides[4] == 1;
   for (int64_t b = 0; b <= max_position / bs; ++b) {
     const int64_t block = at2(o.tables, seq, b);
     const int64_t rows = std::min(bs, max_position + 1 - b * bs);
-    for (int64_t r = 0; r < rows; ++r) {
-      const C* k_row = k_data + cache_row(o.k, o.layer, block, r, kv);
-      const C* v_row = v_data + cache_row(o.v, o.layer, block, r, kv);
-      for (int64_t d = 0; d < hd; ++d) {
-        k_tile[d * bs + r] = static_cast<float>(k_row[d * o.k.strides[4]]);
-        v_tile[r * hd + d] = static_cast<float>(v_row[d * o.v.strides[4]]);
+    const float* k_rows = w.k_tile.data();
+    const float* v_rows = w.v_tile.data();
+    int64_t k_stride = hd, v_stride = hd;
+    if (in_place) {
+      if constexpr (kF32) {
+        k_rows = k_data + cache_row(o.k, o.layer, block, 0, kv);
+        v_rows = v_data + cache_row(o.v, o.layer, block, 0, kv);
+        k_stride = o.k.strides[2];
+        v_stride = o.v.strides[2];
+      }
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        const C* k_row = k_data + cache_row(o.k, o.layer, block, r, kv);
+        const C* v_row = v_data + cache_row(o.v, o.layer, block, r, kv);
+        for (int64_t d = 0; d < hd; ++d) {
+          w.k_tile[static_cast<size_t>(r * hd + d)] = static_cast<float>(k_row[d * o.k.strides[4]]);
+          w.v_tile[static_cast<size_t>(r * hd + d)] = static_cast<float>(v_row[d * o.v.strides[4]]);
+        }
       }
     }
     for (int64_t i = 0; i < count; ++i) {
@@ -336,19 +355,17 @@ void attend_unit(const Geometry& g, float scale, bool simd, const Operands& o, i
         float* a = &w.acc[static_cast<size_t>(row * hd)];
 #if defined(__x86_64__)
         if (simd) {
-          scores_avx512(q_row, k_tile, bs, hd, visible, scale, score);
+          scores_avx512(q_row, k_rows, k_stride, hd, visible, scale, score);
         } else
 #endif
         {
-          // score[t] = q . k_t, one q element at a time: independent lanes per key, each summed in
-          // head_dim order whatever the loop's vector width.
-          std::fill(score, score + visible, 0.0f);
-          for (int64_t d = 0; d < hd; ++d) {
-            const float qd = q_row[d];
-            const float* k_column = k_tile + d * bs;
-            for (int64_t t = 0; t < visible; ++t) score[t] += qd * k_column[t];
+          // score[t] = q . k_t, summed in head_dim order.
+          for (int64_t t = 0; t < visible; ++t) {
+            const float* k_row = k_rows + t * k_stride;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < hd; ++d) dot += q_row[d] * k_row[d];
+            score[t] = dot * scale;
           }
-          for (int64_t t = 0; t < visible; ++t) score[t] *= scale;
         }
         float block_max = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < visible; ++t) block_max = std::max(block_max, score[t]);
@@ -366,14 +383,14 @@ void attend_unit(const Geometry& g, float scale, bool simd, const Operands& o, i
         if (simd) {
           vmath::apply(vmath::Fn::exp, score, score, visible);
           for (int64_t t = 0; t < visible; ++t) l += score[t];
-          weighted_sum_avx512(score, v_tile, visible, hd, a);
+          weighted_sum_avx512(score, v_rows, v_stride, visible, hd, a);
           continue;
         }
 #endif
         for (int64_t t = 0; t < visible; ++t) {
           const float p = std::exp(score[t]);
           l += p;
-          const float* v_row = v_tile + t * hd;
+          const float* v_row = v_rows + t * v_stride;
           for (int64_t d = 0; d < hd; ++d) a[d] += p * v_row[d];
         }
       }
