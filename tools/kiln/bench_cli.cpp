@@ -146,20 +146,22 @@ int BenchCommand::run() const {
   for (const auto& name : dtypes_) formats.push_back(nn::parse_weight_format(name));
   for (const auto& model : models_) resolve_model_config(model);
   print_preamble(json_);
+  auto options_for = [&](const std::string& model, WeightFormat format, int t) {
+    return ModelBenchOptions{.model = model,
+                             .format = format,
+                             .threads = t,
+                             .prompt_tokens = prompt_tokens_,
+                             .gen_tokens = gen_tokens_,
+                             .repetitions = repetitions_,
+                             .seed = seed_,
+                             .profile = profile_};
+  };
   if (!concurrency_.empty()) {
     if (!json_) std::cout << concurrency_table_header(prompt_tokens_, gen_tokens_) << "\n";
     for (const auto& model : models_)
       for (WeightFormat format : formats)
         for (int t : threads)
-          for (const ConcurrencyBenchResult& r : bench_concurrency({.model = model,
-                                                                    .format = format,
-                                                                    .threads = t,
-                                                                    .prompt_tokens = prompt_tokens_,
-                                                                    .gen_tokens = gen_tokens_,
-                                                                    .repetitions = repetitions_,
-                                                                    .seed = seed_,
-                                                                    .profile = profile_},
-                                                                   concurrency_)) {
+          for (const ConcurrencyBenchResult& r : bench_concurrency(options_for(model, format, t), concurrency_)) {
             emit(to_json(r), table_row(r));
             if (!json_ && !r.step_profile.empty()) std::cout << profile_table(r) << std::flush;
           }
@@ -173,15 +175,7 @@ int BenchCommand::run() const {
         // this very run. The better of the two counts, so a dip in the machine's bandwidth while it
         // was measured cannot flatter the decode's fraction of it.
         const BandwidthResult before = measure_read_bandwidth(t);
-        ModelBenchResult r = bench_model({.model = model,
-                                          .format = format,
-                                          .threads = t,
-                                          .prompt_tokens = prompt_tokens_,
-                                          .gen_tokens = gen_tokens_,
-                                          .repetitions = repetitions_,
-                                          .seed = seed_,
-                                          .profile = profile_},
-                                         before);
+        ModelBenchResult r = bench_model(options_for(model, format, t), before);
         const BandwidthResult after = measure_read_bandwidth(t);
         if (after.read_bytes_per_s > r.read_bytes_per_s) set_bandwidth(r, after.read_bytes_per_s);
         emit(to_json(r), table_row(r));
