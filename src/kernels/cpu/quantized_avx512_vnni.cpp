@@ -242,12 +242,14 @@ void pack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows, i
 }
 
 // Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (`mask0`/`mask1`: which of each half exist),
-// blocks [b0, b1); `first`: y holds nothing yet. `ahead` (or null): the panel bytes the next pass
-// reads, fetched into L1 meanwhile, one block's worth per block: with few rows (batched decode) a
-// pass is too short for the hardware prefetcher to hide the weights' trip from DRAM.
+// blocks [b0, b1); `first`: y holds nothing yet. `ahead` (or null): panel bytes a later pass reads,
+// of which this tile fetches lines [line0, line1) of each block into L2 meanwhile: with few rows
+// (batched decode) a pass is too short for the hardware prefetcher to hide the weights' trip from
+// DRAM, and the pass's tiles share the fetching so it is spread over the whole pass.
 template <int MR>
 void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t b0, int64_t b1, float* y,
-               int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first, const uint8_t* ahead = nullptr) {
+               int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first, const uint8_t* ahead, int64_t line0,
+               int64_t line1) {
   const int64_t K = x.K, blocks = K / kBlock;
   __m512 acc[MR][2];
 #pragma GCC unroll 8
@@ -259,8 +261,8 @@ void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* pb = panel + b * kPanelBlockBytes;
     if (ahead)
-      for (int64_t line = 0; line < kPanelBlockBytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + (b - b0) * kPanelBlockBytes + line), _MM_HINT_T1);
+      for (int64_t line = line0; line < line1; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + (b - b0) * kPanelBlockBytes + line * 64), _MM_HINT_T1);
     __m512i dot[MR][2];
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
@@ -321,20 +323,22 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
     const __mmask16 mask1 = static_cast<__mmask16>(rows >= 32 ? 0xffff : rows <= 16 ? 0 : (1u << (rows - 16)) - 1);
     for (int64_t b0 = 0; b0 < blocks; b0 += kGemmBlocksPerPass) {
       const int64_t b1 = lo(blocks, b0 + kGemmBlocksPerPass);
-      // Packed panels lie one after the other, so the next pass's bytes follow this pass's (in this
+      // Packed panels lie one after the other, so a later pass's bytes follow this pass's (in this
       // panel or the next); a prefetch past the last one is harmless.
       const uint8_t* ahead = packed ? panel + (b1 + kGemmBlocksPerPass) * kPanelBlockBytes : nullptr;
+      const int64_t tiles = (x.M + kGemmMR - 1) / kGemmMR, lines = kPanelBlockBytes / 64;
+      int64_t tile = 0;
+      auto line0 = [&] { return tile * lines / tiles; };
+      auto line1 = [&] { return (tile + 1) * lines / tiles; };
       int64_t m = 0;
-      for (; m + kGemmMR <= x.M; m += kGemmMR) {
-        gemm_tile<kGemmMR>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead);
-        ahead = nullptr;  // fetched once, by the first tile
-      }
+      for (; m + kGemmMR <= x.M; m += kGemmMR, ++tile)
+        gemm_tile<kGemmMR>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1());
       switch (x.M - m) {
-        case 1: gemm_tile<1>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead); break;
-        case 2: gemm_tile<2>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead); break;
-        case 3: gemm_tile<3>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead); break;
-        case 4: gemm_tile<4>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead); break;
-        case 5: gemm_tile<5>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead); break;
+        case 1: gemm_tile<1>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+        case 2: gemm_tile<2>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+        case 3: gemm_tile<3>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+        case 4: gemm_tile<4>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+        case 5: gemm_tile<5>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
         default: break;
       }
     }
