@@ -184,6 +184,7 @@ TEST(BenchConcurrency, EachLevelRunsThatManyRequestsTogether) {
   for (const ConcurrencyBenchResult& r : results) {
     EXPECT_EQ(r.output_tokens, r.concurrency * 4);
     EXPECT_GT(r.aggregate_decode_tokens_per_s, 0);
+    EXPECT_NEAR(r.output_tokens_per_s, static_cast<double>(r.output_tokens) / r.seconds, 1e-9);
     EXPECT_GT(r.ttft_p50_s, 0);
     EXPECT_LE(r.ttft_p50_s, r.ttft_p99_s);
     EXPECT_LE(r.tpot_p50_s, r.tpot_p99_s);
@@ -192,7 +193,8 @@ TEST(BenchConcurrency, EachLevelRunsThatManyRequestsTogether) {
     EXPECT_EQ(r.kv_blocks_peak, r.concurrency);
     EXPECT_GE(r.kv_blocks_total, r.kv_blocks_peak);
     const nlohmann::json json = to_json(r);
-    for (const char* key : {"concurrency", "aggregate_decode_tokens_per_s", "ttft_p50_s", "tpot_p50_s"})
+    for (const char* key :
+         {"concurrency", "aggregate_decode_tokens_per_s", "output_tokens_per_s", "ttft_p50_s", "tpot_p50_s"})
       EXPECT_TRUE(json.contains(key)) << key;
     EXPECT_EQ(json.at("kind"), "concurrency");
   }

@@ -117,9 +117,12 @@ struct ConcurrencyBenchResult {
   int64_t concurrency = 1;
   int64_t prompt_tokens = 0;
   int64_t gen_tokens = 0;
-  double seconds = 0;                        // from the submissions to the last token
-  int64_t output_tokens = 0;                 // over all requests
-  double aggregate_decode_tokens_per_s = 0;  // output_tokens / seconds
+  double seconds = 0;             // from the submissions to the last token
+  int64_t output_tokens = 0;      // over all requests
+  double output_tokens_per_s = 0;  // output_tokens / seconds: prefill included
+  // The decode phase: every token after each request's first, over the time from the first request's
+  // first token to the last request's last (0 when no request made a second token).
+  double aggregate_decode_tokens_per_s = 0;
   double ttft_p50_s = 0, ttft_p99_s = 0;     // time to first token, over the requests
   double tpot_p50_s = 0, tpot_p99_s = 0;     // time per output token after the first
   int64_t kv_blocks_peak = 0;                // most KV blocks in use at once
@@ -139,7 +142,7 @@ struct GemmBenchOptions {
   DType dtype = DType::f32;  // f32 or bf16 (both operands and the result)
   // Set: f32 activations and result against a weight in this format (a model's projections;
   // `dtype` is then f32), timed without oneDNN. Decode batches: M = 1..64 reads each weight once.
-  std::optional<nn::WeightFormat> weights;
+  std::optional<nn::WeightFormat> weights = std::nullopt;
   int threads = 1;
   double min_seconds = 0.5;  // each side repeats until this much time is spent (at least 3 runs)
 };

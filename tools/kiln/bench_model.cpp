@@ -15,6 +15,7 @@
 #include "kiln/pipelines/text_generation.h"
 
 #include <cmath>
+#include <limits>
 #include <condition_variable>
 #include <mutex>
 
@@ -262,7 +263,8 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
     int64_t finished = 0;
     int64_t peak_blocks = 0;
     std::vector<double> ttft, tpot;
-    int64_t output_tokens = 0;
+    int64_t output_tokens = 0, decode_tokens = 0;
+    double first_token = std::numeric_limits<double>::infinity(), last_token = 0;  // since the submission
     const pipelines::EngineStats before = engine->stats();
     if (o.profile)
       for (const auto& [name, model] : engine->models()) model.start_profiling();
@@ -279,6 +281,9 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
         if (m.generated_tokens > 1)
           tpot.push_back((m.finish_s - m.first_token_s) / static_cast<double>(m.generated_tokens - 1));
         output_tokens += m.generated_tokens;
+        decode_tokens += std::max<int64_t>(0, m.generated_tokens - 1);
+        first_token = std::min(first_token, m.first_token_s);
+        last_token = std::max(last_token, m.finish_s);
         ++finished;
         done.notify_all();
       };
@@ -297,7 +302,9 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
     r.prompt_tokens = o.prompt_tokens;
     r.gen_tokens = o.gen_tokens;
     r.output_tokens = output_tokens;
-    r.aggregate_decode_tokens_per_s = static_cast<double>(output_tokens) / r.seconds;
+    r.output_tokens_per_s = static_cast<double>(output_tokens) / r.seconds;
+    if (last_token > first_token)
+      r.aggregate_decode_tokens_per_s = static_cast<double>(decode_tokens) / (last_token - first_token);
     r.ttft_p50_s = percentile(ttft, 50);
     r.ttft_p99_s = percentile(ttft, 99);
     r.tpot_p50_s = percentile(tpot, 50);

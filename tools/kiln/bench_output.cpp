@@ -158,6 +158,7 @@ nlohmann::json to_json(const ConcurrencyBenchResult& r) {
           {"gen_tokens", r.gen_tokens},
           {"seconds", r.seconds},
           {"output_tokens", r.output_tokens},
+          {"output_tokens_per_s", r.output_tokens_per_s},
           {"aggregate_decode_tokens_per_s", r.aggregate_decode_tokens_per_s},
           {"ttft_p50_s", r.ttft_p50_s},
           {"ttft_p99_s", r.ttft_p99_s},
@@ -170,14 +171,15 @@ nlohmann::json to_json(const ConcurrencyBenchResult& r) {
 }
 
 std::string concurrency_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
-  return fmt::format("{:<14} {:<6} {:>7} {:>6} {:>14} {:>19} {:>19} {:>13}  (prompt {}, gen {} per request)",
-                     "model", "dtype", "threads", "conc", "agg tok/s", "ttft p50/p99 ms", "tpot p50/p99 ms",
-                     "kv blocks", prompt_tokens, gen_tokens);
+  return fmt::format("{:<14} {:<6} {:>7} {:>6} {:>14} {:>12} {:>19} {:>19} {:>13}  (prompt {}, gen {} per request)",
+                     "model", "dtype", "threads", "conc", "decode tok/s", "out tok/s", "ttft p50/p99 ms",
+                     "tpot p50/p99 ms", "kv blocks", prompt_tokens, gen_tokens);
 }
 
 std::string table_row(const ConcurrencyBenchResult& r) {
-  return fmt::format("{:<14} {:<6} {:>7} {:>6} {:>14.1f} {:>19} {:>19} {:>13}", r.model,
+  return fmt::format("{:<14} {:<6} {:>7} {:>6} {:>14.1f} {:>12.1f} {:>19} {:>19} {:>13}", r.model,
                      nn::weight_format_name(r.format), r.threads, r.concurrency, r.aggregate_decode_tokens_per_s,
+                     r.output_tokens_per_s,
                      fmt::format("{:.1f}/{:.1f}", r.ttft_p50_s * 1e3, r.ttft_p99_s * 1e3),
                      fmt::format("{:.2f}/{:.2f}", r.tpot_p50_s * 1e3, r.tpot_p99_s * 1e3),
                      fmt::format("{}/{}", r.kv_blocks_peak, r.kv_blocks_total));
