@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -446,6 +447,52 @@ GenerationOutput GenerationEngine::generate(GenerationRequest request) {
   std::unique_lock lock(wait->mutex);
   wait->done.wait(lock, [&] { return wait->finished; });
   return std::move(wait->out);
+}
+
+struct RequestStream::State {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<RequestUpdate> updates;
+  bool finished = false;  // the last update was queued
+  bool taken_last = false;
+};
+
+std::optional<RequestUpdate> RequestStream::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(state_->mutex);
+  if (!state_->ready.wait_for(lock, timeout, [&] { return !state_->updates.empty() || state_->taken_last; }) ||
+      state_->updates.empty())
+    return std::nullopt;
+  RequestUpdate u = std::move(state_->updates.front());
+  state_->updates.pop_front();
+  if (u.finish) state_->taken_last = true;
+  return u;
+}
+
+bool RequestStream::done() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->taken_last;
+}
+
+RequestStream GenerationEngine::stream(GenerationRequest request) {
+  auto state = std::make_shared<RequestStream::State>();
+  auto user = std::move(request.on_update);
+  request.on_update = [state, user](const RequestUpdate& u) {
+    // Queued even when the user's callback throws, so the stream always ends.
+    struct Queue {
+      const RequestUpdate& u;
+      RequestStream::State& s;
+      ~Queue() {
+        std::lock_guard lock(s.mutex);
+        if (s.finished) return;
+        s.updates.push_back(u);
+        s.finished = u.finish.has_value();
+        s.ready.notify_all();
+      }
+    } queue{u, *state};
+    if (user) user(u);
+  };
+  const RequestId id = submit(std::move(request));
+  return RequestStream(id, std::move(state));
 }
 
 // ---- the step thread ----------------------------------------------------------------------------------

@@ -303,6 +303,34 @@ TEST(GenerationEngine, LargeStepsStayWithinRoundingOfTheSoloRun) {
   }
 }
 
+// A stream taken from other threads holds exactly what generate() returns, ending with one update
+// that has the finish reason; after it, next() returns nothing at once.
+TEST(GenerationEngine, StreamsAreTakenFromTheCallersThread) {
+  auto engine = make_engine();
+  const auto expected = ids_of(engine->generate(request(prompt_of(7, 2), 12, 0.9, 4)));
+  std::vector<std::thread> readers;
+  std::vector<std::vector<int64_t>> got(4);
+  std::vector<int> finishes(4, 0);
+  for (size_t i = 0; i < 4; ++i)
+    readers.emplace_back([&, i] {
+      pipelines::RequestStream s = engine->stream(request(prompt_of(7, 2), 12, 0.9, 4));
+      while (auto u = s.next(std::chrono::seconds(60))) {
+        for (const auto& t : u->tokens) got[i].push_back(t.id);
+        if (u->finish) {
+          ++finishes[i];
+          EXPECT_EQ(*u->finish, FinishReason::length);
+        }
+      }
+      EXPECT_TRUE(s.done());
+      EXPECT_FALSE(s.next(std::chrono::milliseconds(0)).has_value());
+    });
+  for (auto& t : readers) t.join();
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got[i], expected) << "reader " << i;
+    EXPECT_EQ(finishes[i], 1) << "reader " << i;
+  }
+}
+
 TEST(GenerationEngine, StopTokenIdsAndLengthFinishes) {
   auto engine = make_engine();
   const auto prompt = prompt_of(6, 8);

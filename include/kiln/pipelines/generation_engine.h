@@ -17,6 +17,7 @@
 // or, blocking: GenerationOutput out = engine->generate(std::move(request));
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -136,6 +137,24 @@ struct GenerationOutput {
   RequestMetrics metrics;
 };
 
+// One request's updates as a queue that a thread waits on (an HTTP handler streaming them out),
+// instead of a callback on the engine's thread. Thread-safe.
+class RequestStream {
+ public:
+  RequestId id() const { return id_; }
+  // The next update, waiting up to `timeout` for one; nullopt when none came in time, or after the
+  // last update (the one with `finish` set) was taken.
+  std::optional<RequestUpdate> next(std::chrono::milliseconds timeout);
+  bool done() const;  // the last update was taken
+
+  struct State;
+  RequestStream(RequestId id, std::shared_ptr<State> state) : id_(id), state_(std::move(state)) {}
+
+ private:
+  RequestId id_;
+  std::shared_ptr<State> state_;
+};
+
 // What the engine holds now.
 struct EngineStats {
   int64_t waiting = 0;
@@ -177,6 +196,8 @@ class GenerationEngine {
   bool cancel(RequestId id);
   // submit() and wait for the end; on_update (if any) is still called as tokens come.
   GenerationOutput generate(GenerationRequest request);
+  // submit(), the updates queued for the caller to take (on_update, if any, is still called first).
+  RequestStream stream(GenerationRequest request);
 
   EngineStats stats() const;
   const nn::LlamaConfig& config() const;
