@@ -419,7 +419,13 @@ TEST(GenerationEngine, DestroyingTheEngineCancelsWhatIsLeft) {
     auto engine = make_engine();
     for (int i = 0; i < 4; ++i) {
       GenerationRequest r = request(prompt_of(20, static_cast<uint64_t>(i)), 100);
-      r.on_update = collector.callback();
+      // Slow clients: 100 tokens take at least 0.4 s, so none can finish before the engine goes,
+      // however late this thread gets there on a loaded machine.
+      auto record = collector.callback();
+      r.on_update = [record](const RequestUpdate& u) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(4));
+        record(u);
+      };
       engine->submit(std::move(r));
     }
   }
