@@ -8,7 +8,8 @@ preset="${1:-default}"
 
 packages=(build-essential cmake ninja-build pkg-config
           libgtest-dev libgmock-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev libfmt-dev
-          libcli11-dev libhwy-dev libdnnl-dev libsentencepiece-dev libopenmpi-dev openmpi-bin)
+          libcli11-dev libhwy-dev libdnnl-dev libsentencepiece-dev libopenmpi-dev openmpi-bin
+          libcpp-httplib-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

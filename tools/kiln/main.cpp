@@ -21,6 +21,9 @@
 #include <kiln/kiln.h>
 #include <kiln/pipelines/hf_config.h>
 #include <kiln/pipelines/text_generation.h>
+#include <kiln/serve/server.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -32,6 +35,7 @@
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #ifndef KILN_DEFAULT_MODEL_DIR
 #define KILN_DEFAULT_MODEL_DIR "models/kiln-tiny"
@@ -237,6 +241,74 @@ int generate(GenerateArgs args) {
   return 0;
 }
 
+// ---- serve --------------------------------------------------------------------------------------
+
+struct ServeArgs {
+  std::string model = KILN_DEFAULT_MODEL_DIR;
+  std::string model_name;  // default: the directory's or shape's name
+  std::string dtype = "f32";
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int threads = 0;
+  int64_t max_seq_len = 0;
+  double kv_cache_gb = 0;
+  std::string kv_dtype = "f32";
+  int max_concurrency = 64;
+  std::string api_key;
+};
+
+// Serves until SIGINT or SIGTERM: the signals are blocked in every thread and taken by one that
+// stops the server, so requests in flight end cleanly.
+int serve_command(const ServeArgs& args) {
+  if (args.port < 0 || args.port > 65535) throw ValueError(fmt::format("--port must be in [0, 65535], got {}", args.port));
+  if (args.max_concurrency < 1)
+    throw ValueError(fmt::format("--max-concurrency must be >= 1, got {}", args.max_concurrency));
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  pipelines::EngineOptions options{.max_seq_len = args.max_seq_len,
+                                   .num_threads = args.threads,
+                                   .weight_format = nn::parse_weight_format(args.dtype)};
+  options.kv_cache_dtype = parse_kv_dtype(args.kv_dtype);
+  options.kv_cache_bytes = kv_cache_bytes(args.kv_cache_gb);
+  options.max_num_seqs = args.max_concurrency;
+  LoadProgress progress;
+  options.on_stage = [&](std::string_view stage, int index, int total) { progress.stage(stage, index, total); };
+  std::shared_ptr<pipelines::GenerationEngine> engine;
+  if (auto config = pipelines::named_config(args.model)) {
+    progress.stage("random weights", 0, 2);
+    engine = std::make_shared<pipelines::GenerationEngine>(*config, pipelines::random_weights(*config, 0), nullptr,
+                                                          std::vector<int64_t>{}, options);
+  } else {
+    engine = pipelines::GenerationEngine::from_dir(args.model, options);
+  }
+  progress.done();
+  serve::ServerOptions server_options{.host = args.host, .port = args.port};
+  server_options.model_name =
+      !args.model_name.empty() ? args.model_name : std::filesystem::path(args.model).filename().string();
+  if (!args.api_key.empty()) server_options.api_key = args.api_key;
+  server_options.max_concurrency = args.max_concurrency;
+  serve::Server server(engine, server_options);
+  const int port = server.start();
+  std::fprintf(stderr, "kiln: serving '%s' on http://%s:%d (OpenAI API: /v1/completions, /v1/models; /health)\n",
+               server_options.model_name.c_str(), args.host.c_str(), port);
+  std::thread watcher([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    std::fprintf(stderr, "kiln: stopping (signal %d)\n", signal);
+    server.stop();
+  });
+  server.run();  // returns once stopped
+  if (watcher.joinable()) {
+    pthread_kill(watcher.native_handle(), SIGTERM);  // a stop not from a signal: release the watcher
+    watcher.join();
+  }
+  return 0;
+}
+
 int print_graphs(const std::string& model, int64_t max_seq_len) {
   nn::LlamaConfig config;
   if (auto named = pipelines::named_config(model))
@@ -332,6 +404,24 @@ int main(int argc, char** argv) {
   cache_cmd->add_subcommand("size", "Print the total size and the limit");
   cache_cmd->add_subcommand("clear", "Remove every entry");
 
+  ServeArgs serve_args;
+  auto* serve_cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  serve_cmd
+      ->add_option("--model", serve_args.model,
+                   "model directory, or a random-weight shape (stories15M, stories110M, llama-1B: token-id prompts)")
+      ->capture_default_str();
+  serve_cmd->add_option("--model-name", serve_args.model_name, "the model's name in the API (default: --model's)");
+  serve_cmd->add_option("--dtype", serve_args.dtype, "weight format: f32, f16, bf16 or q8_0")->capture_default_str();
+  serve_cmd->add_option("--host", serve_args.host, "address to listen on")->capture_default_str();
+  serve_cmd->add_option("--port", serve_args.port, "port (0: any free one)")->capture_default_str();
+  serve_cmd->add_option("--threads", serve_args.threads, "engine threads (default: one per core)");
+  serve_cmd->add_option("--max-seq-len", serve_args.max_seq_len, "longest sequence, prompt + generated");
+  serve_cmd->add_option("--kv-cache-gb", serve_args.kv_cache_gb, "KV cache budget in GiB");
+  serve_cmd->add_option("--kv-dtype", serve_args.kv_dtype, "KV cache dtype: f32, bf16 or f16")->capture_default_str();
+  serve_cmd->add_option("--max-concurrency", serve_args.max_concurrency, "connections and sequences served at once")
+      ->capture_default_str();
+  serve_cmd->add_option("--api-key", serve_args.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+
   bench::BenchCommand bench_cmd(app);
 
   app.add_subcommand("version", "Print kiln's version");
@@ -366,6 +456,8 @@ int main(int argc, char** argv) {
       return generate(gen);
     } else if (app.got_subcommand("graph")) {
       return print_graphs(graph_model, graph_max_seq_len);
+    } else if (app.got_subcommand("serve")) {
+      return serve_command(serve_args);
     } else if (app.got_subcommand("cache")) {
       return cache_command(*cache_cmd, cache_dir);
     } else if (bench_cmd.selected()) {

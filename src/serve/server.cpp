@@ -1,0 +1,396 @@
+// The OpenAI-compatible server: request JSON -> GenerationRequest (every field checked, errors
+// naming it), the engine's RequestStream -> server-sent events or one JSON response.
+#include "kiln/serve/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kiln/errors.h"
+
+namespace kiln::serve {
+
+namespace {
+
+using nlohmann::json;
+using pipelines::FinishReason;
+using pipelines::GenerationRequest;
+using pipelines::RequestUpdate;
+
+// A request the client got wrong: HTTP `status`, OpenAI's error body naming `param`.
+struct ClientError : std::runtime_error {
+  int status;
+  std::string param;
+  std::string type;
+  ClientError(int status, std::string message, std::string param = {}, std::string type = "invalid_request_error")
+      : std::runtime_error(std::move(message)), status(status), param(std::move(param)), type(std::move(type)) {}
+};
+
+json error_body(const std::string& message, const std::string& type, const std::string& param) {
+  return {{"error",
+           {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)}, {"code", nullptr}}}};
+}
+
+void send_error(httplib::Response& res, const ClientError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e.what(), e.type, e.param).dump(), "application/json");
+}
+
+// ---- request fields ---------------------------------------------------------------------------------
+
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+double number(const json& body, const char* name, double fallback, double lo, double hi) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number())
+    throw ClientError(400, fmt::format("'{}' must be a number, got {}", name, v->dump()), name);
+  const double x = v->get<double>();
+  if (!(x >= lo && x <= hi))
+    throw ClientError(400, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, x), name);
+  return x;
+}
+
+int64_t integer(const json& body, const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number_integer())
+    throw ClientError(400, fmt::format("'{}' must be an integer, got {}", name, v->dump()), name);
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) throw ClientError(400, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, x), name);
+  return x;
+}
+
+bool boolean(const json& body, const char* name, bool fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) throw ClientError(400, fmt::format("'{}' must be true or false, got {}", name, v->dump()), name);
+  return v->get<bool>();
+}
+
+struct Completion {
+  GenerationRequest request;
+  bool stream = false;
+  bool include_usage = false;
+  int64_t logprobs = -1;  // -1: none
+};
+
+// POST /v1/completions' body, as OpenAI's API reads it (with vLLM's and llama.cpp's extensions
+// top_k, min_p, repetition_penalty, ignore_eos).
+Completion parse_completion(const std::string& text, const std::string& model_name, int64_t vocab) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ClientError(400, fmt::format("the body is not valid JSON: {}", e.what()));
+  }
+  if (!body.is_object()) throw ClientError(400, "the body must be a JSON object");
+  Completion c;
+  if (const json* m = field(body, "model"); m && (!m->is_string() || m->get<std::string>() != model_name))
+    throw ClientError(404, fmt::format("model {} does not exist; this server serves '{}'", m->dump(), model_name),
+                      "model", "not_found_error");
+  const json* prompt = field(body, "prompt");
+  if (!prompt) throw ClientError(400, "'prompt' is required", "prompt");
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
+  if (prompt->is_string()) {
+    c.request.prompt = prompt->get<std::string>();
+    if (c.request.prompt.empty()) throw ClientError(400, "'prompt' is empty", "prompt");
+  } else if (prompt->is_array() && !prompt->empty()) {
+    for (const json& id : *prompt) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+        throw ClientError(400, fmt::format("'prompt' token ids must be integers in [0, {}), got {}", vocab, id.dump()),
+                          "prompt");
+      c.request.prompt_ids.push_back(id.get<int64_t>());
+    }
+  } else {
+    throw ClientError(400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt");
+  }
+  if (integer(body, "n", 1, 1, 1 << 20) != 1) throw ClientError(400, "'n' other than 1 is not supported yet", "n");
+  if (boolean(body, "echo", false)) throw ClientError(400, "'echo' is not supported yet", "echo");
+  pipelines::SamplingParams& s = c.request.sampling;
+  s.max_new_tokens = integer(body, "max_tokens", 16, 0, int64_t{1} << 31);
+  s.temperature = number(body, "temperature", 1.0, 0.0, 2.0);
+  s.top_p = number(body, "top_p", 1.0, 0.0, 1.0);
+  if (s.top_p == 0) throw ClientError(400, "'top_p' must be in (0, 1], got 0", "top_p");
+  const int64_t top_k = integer(body, "top_k", 0, -1, int64_t{1} << 31);
+  s.top_k = top_k < 0 ? 0 : top_k;  // vLLM: -1 is off
+  s.min_p = number(body, "min_p", 0.0, 0.0, 1.0);
+  s.presence_penalty = number(body, "presence_penalty", 0.0, -2.0, 2.0);
+  s.frequency_penalty = number(body, "frequency_penalty", 0.0, -2.0, 2.0);
+  s.repetition_penalty = number(body, "repetition_penalty", 1.0, 1e-6, 1e6);
+  s.ignore_eos = boolean(body, "ignore_eos", false);
+  if (const json* seed = field(body, "seed")) {
+    if (!seed->is_number_integer()) throw ClientError(400, fmt::format("'seed' must be an integer, got {}", seed->dump()), "seed");
+    s.seed = static_cast<uint64_t>(seed->get<int64_t>());
+  } else {
+    s.seed = std::nullopt;  // OpenAI: unseeded requests differ
+  }
+  if (const json* stop = field(body, "stop")) {
+    if (stop->is_string()) {
+      s.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& one : *stop) {
+        if (!one.is_string()) throw ClientError(400, "'stop' must be a string or an array of strings", "stop");
+        s.stop.push_back(one.get<std::string>());
+      }
+    } else {
+      throw ClientError(400, "'stop' must be a string or an array of strings", "stop");
+    }
+    for (const std::string& one : s.stop)
+      if (one.empty()) throw ClientError(400, "'stop' strings must not be empty", "stop");
+  }
+  c.logprobs = integer(body, "logprobs", -1, 0, 20);
+  if (const json* lp = field(body, "logprobs"); lp && lp->is_boolean())
+    throw ClientError(400, "'logprobs' of /v1/completions is a count (0..20)", "logprobs");
+  if (c.logprobs >= 0) {
+    s.logprobs = true;
+    s.top_logprobs = c.logprobs;
+  }
+  c.stream = boolean(body, "stream", false);
+  if (const json* options = field(body, "stream_options")) {
+    if (!options->is_object()) throw ClientError(400, "'stream_options' must be an object", "stream_options");
+    c.include_usage = boolean(*options, "include_usage", false);
+  }
+  return c;
+}
+
+const char* finish_name(FinishReason f) { return f == FinishReason::stop ? "stop" : "length"; }
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// ---- the server ---------------------------------------------------------------------------------------
+
+struct Server::Impl {
+  std::shared_ptr<pipelines::GenerationEngine> engine;
+  ServerOptions options;
+  httplib::Server http;
+  std::thread thread;
+  int port = 0;
+
+  Impl(std::shared_ptr<pipelines::GenerationEngine> e, ServerOptions o) : engine(std::move(e)), options(std::move(o)) {}
+
+  bool authorized(const httplib::Request& req, httplib::Response& res) const {
+    if (!options.api_key) return true;
+    if (req.get_header_value("Authorization") == "Bearer " + *options.api_key) return true;
+    send_error(res, ClientError(401, "a valid API key is required (Authorization: Bearer <key>)", {},
+                                "authentication_error"));
+    return false;
+  }
+
+  // The text of one token as the completions API's logprobs list it.
+  std::string token_text(int64_t id) const {
+    const pipelines::Tokenizer* tok = engine->tokenizer();
+    return tok ? tok->token_bytes(id) : std::to_string(id);
+  }
+
+  json logprobs_json(const std::vector<pipelines::GeneratedToken>& tokens, int64_t& offset) const {
+    json out = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+                {"text_offset", json::array()}};
+    for (const auto& t : tokens) {
+      const std::string text = token_text(t.id);
+      out["tokens"].push_back(text);
+      out["token_logprobs"].push_back(t.logprob);
+      json top = json::object();
+      for (const auto& [id, lp] : t.top_logprobs) top[token_text(id)] = lp;
+      out["top_logprobs"].push_back(top);
+      out["text_offset"].push_back(offset);
+      offset += static_cast<int64_t>(text.size());
+    }
+    return out;
+  }
+
+  json chunk(const std::string& id, int64_t created, const std::string& text, const json& logprobs,
+             const std::optional<FinishReason>& finish) const {
+    return {{"id", id},
+            {"object", "text_completion"},
+            {"created", created},
+            {"model", options.model_name},
+            {"choices",
+             json::array({{{"index", 0},
+                           {"text", text},
+                           {"logprobs", logprobs},
+                           {"finish_reason", finish ? json(finish_name(*finish)) : json(nullptr)}}})}};
+  }
+
+  static json usage(const pipelines::RequestMetrics& m) {
+    return {{"prompt_tokens", m.prompt_tokens},
+            {"completion_tokens", m.generated_tokens},
+            {"total_tokens", m.prompt_tokens + m.generated_tokens}};
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    Completion c;
+    try {
+      c = parse_completion(req.body, options.model_name, engine->config().vocab_size);
+    } catch (const ClientError& e) {
+      return send_error(res, e);
+    }
+    std::shared_ptr<pipelines::RequestStream> stream;
+    try {
+      stream = std::make_shared<pipelines::RequestStream>(engine->stream(std::move(c.request)));
+    } catch (const ValueError& e) {  // the engine's own checks (prompt length, top_k cap, ...)
+      return send_error(res, ClientError(400, e.what()));
+    }
+    const std::string id = fmt::format("cmpl-{}", stream->id());
+    const int64_t created = unix_time();
+    if (!c.stream) {
+      std::string text;
+      std::vector<pipelines::GeneratedToken> tokens;
+      RequestUpdate last;
+      while (auto u = stream->next(std::chrono::hours(24))) {
+        text += u->text;
+        tokens.insert(tokens.end(), u->tokens.begin(), u->tokens.end());
+        last = std::move(*u);
+        if (last.finish) break;
+      }
+      if (!last.finish || *last.finish == FinishReason::error || *last.finish == FinishReason::cancelled) {
+        res.status = 500;
+        res.set_content(error_body(last.error.empty() ? "generation did not finish" : last.error, "server_error", {}).dump(),
+                        "application/json");
+        return;
+      }
+      int64_t offset = 0;
+      json body = chunk(id, created, text, c.logprobs >= 0 ? logprobs_json(tokens, offset) : json(nullptr), last.finish);
+      body["usage"] = usage(last.metrics);
+      res.set_content(body.dump(), "application/json");
+      return;
+    }
+    // Server-sent events: one chunk per update, the finish reason on the last, then (with
+    // include_usage) the usage chunk, then [DONE]. A client gone away cancels the request.
+    auto offset = std::make_shared<int64_t>(0);
+    auto engine_ref = engine;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, stream, id, created, c, offset, engine_ref](size_t, httplib::DataSink& sink) {
+          auto send = [&](const json& j) {
+            const std::string event = "data: " + j.dump() + "\n\n";
+            return sink.write(event.data(), event.size());
+          };
+          std::optional<RequestUpdate> u = stream->next(std::chrono::milliseconds(100));
+          if (!u) {
+            if (sink.is_writable && !sink.is_writable()) {
+              engine_ref->cancel(stream->id());
+              return false;
+            }
+            return true;  // called again
+          }
+          const bool failed = u->finish && (*u->finish == FinishReason::error || *u->finish == FinishReason::cancelled);
+          if (failed) {
+            send(error_body(u->error.empty() ? "the request was cancelled" : u->error, "server_error", {}));
+          } else if (!u->text.empty() || !u->tokens.empty() || u->finish) {
+            const json lp = c.logprobs >= 0 ? logprobs_json(u->tokens, *offset) : json(nullptr);
+            if (!send(chunk(id, created, u->text, lp, u->finish))) {
+              engine_ref->cancel(stream->id());
+              return false;
+            }
+          }
+          if (!u->finish) return true;
+          if (c.include_usage && !failed) {
+            json usage_chunk = chunk(id, created, "", nullptr, std::nullopt);
+            usage_chunk["choices"] = json::array();
+            usage_chunk["usage"] = usage(u->metrics);
+            send(usage_chunk);
+          }
+          const std::string done = "data: [DONE]\n\n";
+          sink.write(done.data(), done.size());
+          sink.done();
+          return true;
+        },
+        [engine_ref, stream](bool success) {
+          if (!success) engine_ref->cancel(stream->id());  // the connection ended early
+        });
+  }
+
+  void routes() {
+    http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+    const int threads = std::max(1, options.max_concurrency);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      const json body = {{"object", "list"},
+                         {"data", json::array({{{"id", options.model_name},
+                                                {"object", "model"},
+                                                {"created", unix_time()},
+                                                {"owned_by", "kiln"},
+                                                {"max_model_len", engine->max_seq_len()}}})}};
+      res.set_content(body.dump(), "application/json");
+    });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      const std::string message = res.status == 404   ? fmt::format("no route {} {}", req.method, req.path)
+                                  : res.status == 413 ? "the request body is too large"
+                                                      : fmt::format("HTTP {}", res.status);
+      res.set_content(error_body(message, "invalid_request_error", {}).dump(), "application/json");
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string message = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        message = e.what();
+      } catch (...) {
+      }
+      res.status = 500;
+      res.set_content(error_body(message, "server_error", {}).dump(), "application/json");
+    });
+  }
+};
+
+Server::Server(std::shared_ptr<pipelines::GenerationEngine> engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(engine), std::move(options))) {
+  if (!impl_->engine) throw ValueError("serve::Server: no engine");
+  impl_->routes();
+}
+
+Server::~Server() { stop(); }
+
+namespace {
+
+int bind(Server::Impl& s) {
+  if (s.port > 0) return s.port;
+  const int port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host)
+                                       : (s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1);
+  if (port < 0)
+    throw LoadError(fmt::format("kiln serve: cannot listen on {}:{}", s.options.host, s.options.port));
+  s.port = port;
+  return port;
+}
+
+}  // namespace
+
+int Server::start() {
+  Impl& s = *impl_;
+  const int port = bind(s);
+  s.thread = std::thread([&s] { s.http.listen_after_bind(); });
+  return port;
+}
+
+void Server::run() {
+  bind(*impl_);
+  impl_->http.listen_after_bind();
+}
+
+void Server::stop() {
+  impl_->http.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace kiln::serve

@@ -1,0 +1,248 @@
+// The OpenAI-compatible server as clients meet it: started for real on a loopback port, driven over
+// HTTP (cpp-httplib's client): the completions it returns equal the engine's own output, streaming
+// and not; bad requests get 400s naming the field; a client that disconnects mid-stream has its
+// request cancelled and the server keeps serving; concurrent clients all finish.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kiln/serve/server.h"
+
+namespace {
+
+using namespace kiln;
+using nlohmann::json;
+
+std::filesystem::path kiln_tiny() {
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" / "kiln-tiny";
+}
+
+// One engine and server for the whole suite (loading and compiling once).
+class Served : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    engine_ = std::shared_ptr<pipelines::GenerationEngine>(
+        pipelines::GenerationEngine::from_dir(kiln_tiny(), {.max_seq_len = 256, .max_num_seqs = 16}));
+    server_ = std::make_unique<serve::Server>(engine_, serve::ServerOptions{.port = 0, .model_name = "kiln-tiny"});
+    port_ = server_->start();
+  }
+  static void TearDownTestSuite() {
+    server_.reset();
+    engine_.reset();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(std::chrono::seconds(60));
+    return c;
+  }
+  static json post(httplib::Client& c, const json& body, int expected_status = 200) {
+    auto res = c.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(res) << "no response";
+    if (!res) return {};
+    EXPECT_EQ(res->status, expected_status) << res->body;
+    return json::parse(res->body);
+  }
+  // The data lines of an event stream, [DONE] included.
+  static std::vector<std::string> events(const std::string& body) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while ((at = body.find("data: ", at)) != std::string::npos) {
+      const size_t end = body.find("\n\n", at);
+      out.push_back(body.substr(at + 6, end - at - 6));
+      at = end;
+    }
+    return out;
+  }
+
+  static std::shared_ptr<pipelines::GenerationEngine> engine_;
+  static std::unique_ptr<serve::Server> server_;
+  static int port_;
+};
+std::shared_ptr<pipelines::GenerationEngine> Served::engine_;
+std::unique_ptr<serve::Server> Served::server_;
+int Served::port_ = 0;
+
+TEST_F(Served, HealthAndModels) {
+  auto c = client();
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body).at("status"), "ok");
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json m = json::parse(models->body);
+  EXPECT_EQ(m.at("object"), "list");
+  EXPECT_EQ(m.at("data").at(0).at("id"), "kiln-tiny");
+  auto missing = c.Get("/v1/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_TRUE(json::parse(missing->body).contains("error"));
+}
+
+// Greedy completions are the engine's own tokens for the same prompt, with OpenAI's response shape.
+TEST_F(Served, CompletionEqualsTheEnginesOutput) {
+  pipelines::GenerationRequest direct;
+  direct.prompt = "You will";
+  direct.sampling.temperature = 0;
+  direct.sampling.max_new_tokens = 12;
+  const pipelines::GenerationOutput expected = engine_->generate(std::move(direct));
+
+  auto c = client();
+  const json r = post(c, {{"model", "kiln-tiny"}, {"prompt", "You will"}, {"max_tokens", 12}, {"temperature", 0}});
+  EXPECT_EQ(r.at("object"), "text_completion");
+  EXPECT_EQ(r.at("model"), "kiln-tiny");
+  EXPECT_EQ(r.at("choices").at(0).at("text"), expected.text);
+  EXPECT_EQ(r.at("choices").at(0).at("finish_reason"), expected.finish == pipelines::FinishReason::stop ? "stop" : "length");
+  EXPECT_EQ(r.at("usage").at("prompt_tokens"), expected.metrics.prompt_tokens);
+  EXPECT_EQ(r.at("usage").at("completion_tokens"), static_cast<int64_t>(expected.tokens.size()));
+  EXPECT_EQ(r.at("usage").at("total_tokens"), expected.metrics.prompt_tokens + static_cast<int64_t>(expected.tokens.size()));
+}
+
+TEST_F(Served, StreamingConcatenatesToTheSameTextThenUsageThenDone) {
+  auto c = client();
+  const json request = {{"prompt", "The best"}, {"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}};
+  const json whole = post(c, request);
+  json streamed = request;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  auto res = c.Post("/v1/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  const std::vector<std::string> lines = events(res->body);
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(lines.back(), "[DONE]");
+  std::string text;
+  int finishes = 0;
+  for (size_t i = 0; i + 2 < lines.size(); ++i) {
+    const json chunk = json::parse(lines[i]);
+    text += chunk.at("choices").at(0).at("text").get<std::string>();
+    if (!chunk.at("choices").at(0).at("finish_reason").is_null()) ++finishes;
+  }
+  EXPECT_EQ(text, whole.at("choices").at(0).at("text"));
+  EXPECT_EQ(finishes, 1);
+  const json usage = json::parse(lines[lines.size() - 2]);
+  EXPECT_TRUE(usage.at("choices").empty());
+  EXPECT_EQ(usage.at("usage").at("completion_tokens"), 10);
+}
+
+TEST_F(Served, LogprobsListEveryTokenWithItsTopAlternatives) {
+  auto c = client();
+  const json r = post(c, {{"prompt", "A"}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 3}, {"ignore_eos", true}});
+  const json& lp = r.at("choices").at(0).at("logprobs");
+  ASSERT_EQ(lp.at("tokens").size(), 5u);
+  std::string joined;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(lp.at("text_offset").at(i), static_cast<int64_t>(joined.size()));
+    joined += lp.at("tokens").at(i).get<std::string>();
+    EXPECT_LE(lp.at("token_logprobs").at(i).get<double>(), 0.0);
+    EXPECT_LE(lp.at("top_logprobs").at(i).size(), 3u);
+    EXPECT_GE(lp.at("top_logprobs").at(i).size(), 1u);
+  }
+  EXPECT_EQ(joined, r.at("choices").at(0).at("text"));
+}
+
+TEST_F(Served, BadRequestsAre400sNamingTheField) {
+  auto c = client();
+  auto bad = [&](const std::string& body, const std::string& param, int status = 400) {
+    auto res = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, status) << body;
+    const json e = json::parse(res->body).at("error");
+    EXPECT_FALSE(e.at("message").get<std::string>().empty());
+    if (!param.empty()) {
+      EXPECT_EQ(e.at("param"), param) << body << ": " << e.dump();
+      EXPECT_NE(e.at("message").get<std::string>().find(param), std::string::npos) << e.dump();
+    }
+  };
+  bad("{not json", "");
+  bad("[1, 2]", "");
+  bad(R"({"max_tokens": 4})", "prompt");
+  bad(R"({"prompt": ""})", "prompt");
+  bad(R"({"prompt": [1, -3]})", "prompt");
+  bad(R"({"prompt": "a", "temperature": -1})", "temperature");
+  bad(R"({"prompt": "a", "temperature": "hot"})", "temperature");
+  bad(R"({"prompt": "a", "max_tokens": "many"})", "max_tokens");
+  bad(R"({"prompt": "a", "top_p": 0})", "top_p");
+  bad(R"({"prompt": "a", "n": 2})", "n");
+  bad(R"({"prompt": "a", "stop": [""]})", "stop");
+  bad(R"({"prompt": "a", "logprobs": 50})", "logprobs");
+  bad(R"({"prompt": "a", "frequency_penalty": 3})", "frequency_penalty");
+  bad(R"({"prompt": "a", "model": "gpt-4"})", "model", 404);
+  // Still serving.
+  EXPECT_EQ(post(c, {{"prompt", "a"}, {"max_tokens", 2}}).at("choices").size(), 1u);
+}
+
+// A client that goes away mid-stream: its request is cancelled (its KV blocks freed) and the
+// server answers the next client.
+TEST_F(Served, ADisconnectedStreamIsCancelledAndTheServerKeepsServing) {
+  {
+    // A raw socket: send the request, read the first events, hang up.
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string body = json{{"prompt", "Long"}, {"max_tokens", 200}, {"ignore_eos", true}, {"stream", true}}.dump();
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+    std::string received;
+    char buffer[4096];
+    while (std::count(received.begin(), received.end(), '\n') < 12) {  // a few events in
+      const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+      ASSERT_GT(n, 0) << received;
+      received.append(buffer, static_cast<size_t>(n));
+    }
+    EXPECT_NE(received.find("data: "), std::string::npos) << received;
+    close(fd);
+  }
+  for (int i = 0; i < 200 && engine_->stats().running > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->stats().running, 0) << "the abandoned request still runs";
+  EXPECT_EQ(engine_->stats().kv_blocks_in_use, 0);
+  auto c = client();
+  EXPECT_EQ(post(c, {{"prompt", "a"}, {"max_tokens", 3}, {"ignore_eos", true}}).at("usage").at("completion_tokens"), 3);
+}
+
+TEST_F(Served, ConcurrentClientsAllFinish) {
+  std::vector<std::thread> clients;
+  std::vector<int64_t> tokens(8, 0);
+  for (int i = 0; i < 8; ++i)
+    clients.emplace_back([&, i] {
+      auto c = client();
+      const json r = post(c, {{"prompt", "Client " + std::to_string(i)}, {"max_tokens", 16}, {"ignore_eos", true},
+                              {"temperature", 0.8}, {"seed", i}});
+      tokens[static_cast<size_t>(i)] = r.value("usage", json::object()).value("completion_tokens", int64_t{0});
+    });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(tokens[static_cast<size_t>(i)], 16) << "client " << i;
+}
+
+TEST(Server, AnApiKeyIsRequiredWhenSet) {
+  auto engine = std::shared_ptr<pipelines::GenerationEngine>(pipelines::GenerationEngine::from_dir(kiln_tiny()));
+  serve::Server server(engine, {.port = 0, .api_key = "secret"});
+  const int port = server.start();
+  httplib::Client c("127.0.0.1", port);
+  auto refused = c.Get("/v1/models");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  auto allowed = c.Get("/v1/models", {{"Authorization", "Bearer secret"}});
+  ASSERT_TRUE(allowed);
+  EXPECT_EQ(allowed->status, 200);
+  EXPECT_EQ(c.Get("/health")->status, 200) << "health needs no key";
+}
+
+}  // namespace
