@@ -255,6 +255,7 @@ struct ServeArgs {
   std::string kv_dtype = "f32";
   int max_concurrency = 64;
   std::string api_key;
+  std::string tokenizer;  // a tokenizer for a random-weight shape (text prompts at real sizes)
 };
 
 // Serves until SIGINT or SIGTERM: the signals are blocked in every thread and taken by one that
@@ -279,10 +280,14 @@ int serve_command(const ServeArgs& args) {
   options.on_stage = [&](std::string_view stage, int index, int total) { progress.stage(stage, index, total); };
   std::shared_ptr<pipelines::GenerationEngine> engine;
   if (auto config = pipelines::named_config(args.model)) {
+    std::shared_ptr<const pipelines::Tokenizer> tokenizer;
+    if (!args.tokenizer.empty()) tokenizer = pipelines::Tokenizer::load(args.tokenizer);
     progress.stage("random weights", 0, 2);
-    engine = std::make_shared<pipelines::GenerationEngine>(*config, pipelines::random_weights(*config, 0), nullptr,
-                                                          std::vector<int64_t>{}, options);
+    engine = std::make_shared<pipelines::GenerationEngine>(*config, pipelines::random_weights(*config, 0),
+                                                          std::move(tokenizer), std::vector<int64_t>{}, options);
   } else {
+    if (!args.tokenizer.empty())
+      throw ValueError("--tokenizer is for the random-weight shapes; a model directory has its own");
     engine = pipelines::GenerationEngine::from_dir(args.model, options);
   }
   progress.done();
@@ -421,6 +426,8 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-concurrency", serve_args.max_concurrency, "connections and sequences served at once")
       ->capture_default_str();
   serve_cmd->add_option("--api-key", serve_args.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  serve_cmd->add_option("--tokenizer", serve_args.tokenizer,
+                        "random-weight shapes: a tokenizer (a model directory or tokenizer file), for text prompts");
 
   bench::BenchCommand bench_cmd(app);
 
