@@ -569,7 +569,7 @@ void GenerationEngine::Impl::emit(Request& r, GeneratedToken token) {
     return finish(r, FinishReason::stop, {}, std::move(update));
   }
   if (tokenizer) {
-    std::string piece = r.utf8.push(tokenizer->token_bytes(id));
+    std::string piece = r.utf8.push(output_bytes(*tokenizer, id));
     if (r.stop_strings) {
       StopStrings::Step s = r.stop_strings->push(piece);
       update.text = std::move(s.text);

@@ -70,4 +70,8 @@ std::string Utf8Stream::flush() {
   return out;
 }
 
+std::string output_bytes(const Tokenizer& tokenizer, int64_t id) {
+  return id >= 0 && id < tokenizer.vocab_size() ? tokenizer.token_bytes(id) : std::string();
+}
+
 }  // namespace kiln::pipelines

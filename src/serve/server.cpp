@@ -191,7 +191,7 @@ struct Server::Impl {
   // The text of one token as the completions API's logprobs list it.
   std::string token_text(int64_t id) const {
     const pipelines::Tokenizer* tok = engine->tokenizer();
-    return tok ? tok->token_bytes(id) : std::to_string(id);
+    return tok ? pipelines::output_bytes(*tok, id) : std::to_string(id);
   }
 
   json logprobs_json(const std::vector<pipelines::GeneratedToken>& tokens, int64_t& offset) const {

@@ -399,6 +399,28 @@ TEST(TextGeneration, EngineStopStringsMatchAcrossTokensAndAreNeverShown) {
   EXPECT_EQ(ids, (std::vector<int64_t>{3, 4, 5, 6})) << "up to the token that completes the stop string";
 }
 
+// A model whose embedding is padded past its tokenizer (as Qwen's): a sampled padding id has no
+// text, and never fails the request.
+TEST(TextGeneration, IdsPastTheTokenizersVocabularyHaveNoText) {
+  nn::LlamaConfig c = small_config(48);  // 48 rows, 16 tokens
+  auto pipe = TextGenerationPipeline::from_config(c, pipelines::random_weights(c, 5), std::make_shared<ChainTokenizer>());
+  const auto r = pipe.generate("He", {.max_new_tokens = 40, .temperature = 1.5, .seed = 3, .stop_at_eos = false});
+  EXPECT_EQ(r.ids.size(), 40u);
+  pipelines::Utf8Stream utf8;  // as streaming joins the pieces (invalid UTF-8 becomes U+FFFD)
+  std::string expected;
+  int64_t padding = 0;
+  for (int64_t id : r.ids) {
+    if (id >= kChainVocab) {
+      ++padding;
+      continue;
+    }
+    expected += utf8.push(pipe.tokenizer()->token_bytes(id));
+  }
+  expected += utf8.flush();
+  EXPECT_GT(padding, 0) << "the test wants some padding ids sampled";
+  EXPECT_EQ(r.text, expected);
+}
+
 // ---- the embedded model against PyTorch ----------------------------------------------------------
 
 // tools/reference/generate_reference.py: greedy ids of plain-torch LlamaForCausalLM, recomputing the

@@ -42,6 +42,11 @@ class Tokenizer {
   virtual bool is_special(int64_t id) const = 0;
 };
 
+// Tokenizer::token_bytes(id), or "" for an id at or past the tokenizer's vocabulary: a model's
+// embedding may be padded past its tokenizer (Qwen's 151936 rows for 151665 tokens), and a sampled
+// padding row has no text.
+std::string output_bytes(const Tokenizer& tokenizer, int64_t id);
+
 // Buffers the bytes of streamed tokens and returns only complete UTF-8 characters (the rest waits
 // for the next token; invalid bytes become U+FFFD).
 class Utf8Stream {
