@@ -13,10 +13,14 @@
 #include <algorithm>
 
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "kiln/serve/server.h"
+
+#include <fmt/format.h>
 
 namespace {
 
@@ -229,6 +233,52 @@ TEST_F(Served, ConcurrentClientsAllFinish) {
     });
   for (auto& t : clients) t.join();
   for (int i = 0; i < 8; ++i) EXPECT_EQ(tokens[static_cast<size_t>(i)], 16) << "client " << i;
+}
+
+// The Prometheus text: metric name (with labels) -> value.
+std::map<std::string, double> scrape(httplib::Client& c) {
+  auto res = c.Get("/metrics");
+  EXPECT_TRUE(res);
+  std::map<std::string, double> out;
+  if (!res) return out;
+  EXPECT_EQ(res->status, 200);
+  std::istringstream lines(res->body);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+TEST_F(Served, MetricsCountResponsesTokensAndTimings) {
+  auto c = client();
+  const auto before = scrape(c);
+  const std::string ok = R"(kiln_http_responses_total{path="/v1/completions",status="200"})";
+  const std::string bad = R"(kiln_http_responses_total{path="/v1/completions",status="400"})";
+  auto value = [](const std::map<std::string, double>& m, const std::string& k) {
+    auto it = m.find(k);
+    return it == m.end() ? 0.0 : it->second;
+  };
+  for (int i = 0; i < 3; ++i) post(c, {{"prompt", "Metrics"}, {"max_tokens", 4}, {"ignore_eos", true}});
+  for (int i = 0; i < 2; ++i) post(c, {{"prompt", "a"}, {"temperature", -1}}, 400);
+  const auto after = scrape(c);
+  EXPECT_EQ(value(after, ok) - value(before, ok), 3);
+  EXPECT_EQ(value(after, bad) - value(before, bad), 2);
+  EXPECT_EQ(value(after, "kiln_generation_tokens_total") - value(before, "kiln_generation_tokens_total"), 12);
+  EXPECT_EQ(value(after, "kiln_time_to_first_token_seconds_count") - value(before, "kiln_time_to_first_token_seconds_count"), 3);
+  EXPECT_EQ(value(after, R"(kiln_time_to_first_token_seconds_bucket{le="+Inf"})"),
+            value(after, "kiln_time_to_first_token_seconds_count"));
+  double previous = 0;
+  for (const char* le : {"0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "+Inf"}) {
+    const double v = value(after, fmt::format(R"(kiln_time_per_output_token_seconds_bucket{{le="{}"}})", le));
+    EXPECT_GE(v, previous) << le << ": buckets are cumulative";
+    previous = v;
+  }
+  EXPECT_EQ(value(after, "kiln_kv_blocks_used"), 0);
+  EXPECT_EQ(value(after, "kiln_requests_running"), 0);
+  EXPECT_GT(value(after, "kiln_kv_blocks_free"), 0);
 }
 
 TEST(Server, AnApiKeyIsRequiredWhenSet) {

@@ -1,6 +1,6 @@
 // An OpenAI-compatible HTTP server over a GenerationEngine (`kiln serve`, docs/serve.md), on
 // cpp-httplib: GET /health, GET /v1/models, POST /v1/completions (streaming as server-sent events,
-// or one JSON response). Every request becomes one request of the engine, so concurrent clients are
+// or one JSON response), GET /metrics (Prometheus). Every request becomes one request of the engine, so concurrent clients are
 // batched together; a client that disconnects mid-stream has its request cancelled.
 //
 //   auto engine = std::shared_ptr(pipelines::GenerationEngine::from_dir("models/kiln-tiny"));
