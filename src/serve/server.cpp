@@ -211,6 +211,18 @@ struct Server::Impl {
   Histogram ttft{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram tpot{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
 
+  // Counted as each handler returns, before the response is written (a client that reads it and
+  // scrapes /metrics at once finds it counted).
+  struct Counted {
+    Impl& impl;
+    const char* path;
+    const httplib::Response& res;
+    ~Counted() {
+      std::lock_guard lock(impl.metrics_mutex);
+      ++impl.responses[{path, res.status == -1 ? 200 : res.status}];  // -1: unset, which httplib sends as 200
+    }
+  };
+
   // A request's timings, once it has finished well.
   void observe(const RequestUpdate& last) {
     if (!last.finish || *last.finish == FinishReason::error || *last.finish == FinishReason::cancelled) return;
@@ -306,6 +318,7 @@ struct Server::Impl {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res) {
+    Counted counted{*this, "/v1/completions", res};
     if (!authorized(req, res)) return;
     Completion c;
     try {
@@ -396,10 +409,12 @@ struct Server::Impl {
     http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
     const int threads = std::max(1, options.max_concurrency);
     http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      Counted counted{*this, "/health", res};
       res.set_content(R"({"status":"ok"})", "application/json");
     });
     http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      Counted counted{*this, "/v1/models", res};
       if (!authorized(req, res)) return;
       const json body = {{"object", "list"},
                          {"data", json::array({{{"id", options.model_name},
@@ -412,16 +427,16 @@ struct Server::Impl {
     http.Post("/v1/completions",
               [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      Counted counted{*this, "/metrics", res};
       res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
-    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      const bool known = req.path == "/v1/completions" || req.path == "/v1/models" || req.path == "/health" ||
-                         req.path == "/metrics";
-      std::lock_guard lock(metrics_mutex);
-      ++responses[{known ? req.path : "other", res.status}];  // unknown paths are not labels of their own
-    });
-    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
+
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // a handler's own error, counted there
+      {
+        std::lock_guard lock(metrics_mutex);
+        ++responses[{"other", res.status}];  // no route (or a body too large): not a label of its own
+      }
       const std::string message = res.status == 404   ? fmt::format("no route {} {}", req.method, req.path)
                                   : res.status == 413 ? "the request body is too large"
                                                       : fmt::format("HTTP {}", res.status);
