@@ -79,6 +79,7 @@ bool boolean(const json& body, const char* name, bool fallback) {
 
 struct Completion {
   GenerationRequest request;
+  int64_t n = 1;  // choices: n requests of the engine
   bool stream = false;
   bool include_usage = false;
   int64_t logprobs = -1;  // -1: none
@@ -114,7 +115,7 @@ Completion parse_completion(const std::string& text, const std::string& model_na
   } else {
     throw ClientError(400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt");
   }
-  if (integer(body, "n", 1, 1, 1 << 20) != 1) throw ClientError(400, "'n' other than 1 is not supported yet", "n");
+  c.n = integer(body, "n", 1, 1, 32);
   if (boolean(body, "echo", false)) throw ClientError(400, "'echo' is not supported yet", "echo");
   pipelines::SamplingParams& s = c.request.sampling;
   s.max_new_tokens = integer(body, "max_tokens", 16, 0, int64_t{1} << 31);
@@ -298,23 +299,32 @@ struct Server::Impl {
     return out;
   }
 
-  json chunk(const std::string& id, int64_t created, const std::string& text, const json& logprobs,
-             const std::optional<FinishReason>& finish) const {
+  static json choice(size_t index, const std::string& text, const json& logprobs,
+                     const std::optional<FinishReason>& finish) {
+    return {{"index", index},
+            {"text", text},
+            {"logprobs", logprobs},
+            {"finish_reason", finish ? json(finish_name(*finish)) : json(nullptr)}};
+  }
+
+  json chunk(const std::string& id, int64_t created, json choices) const {
     return {{"id", id},
             {"object", "text_completion"},
             {"created", created},
             {"model", options.model_name},
-            {"choices",
-             json::array({{{"index", 0},
-                           {"text", text},
-                           {"logprobs", logprobs},
-                           {"finish_reason", finish ? json(finish_name(*finish)) : json(nullptr)}}})}};
+            {"choices", std::move(choices)}};
   }
 
-  static json usage(const pipelines::RequestMetrics& m) {
-    return {{"prompt_tokens", m.prompt_tokens},
-            {"completion_tokens", m.generated_tokens},
-            {"total_tokens", m.prompt_tokens + m.generated_tokens}};
+  // The prompt counted once, the choices' tokens summed.
+  static json usage(const std::vector<pipelines::RequestMetrics>& choices) {
+    const int64_t prompt = choices.empty() ? 0 : choices[0].prompt_tokens;
+    int64_t completion = 0;
+    for (const auto& m : choices) completion += m.generated_tokens;
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  }
+
+  static bool failed(const RequestUpdate& u) {
+    return !u.finish || *u.finish == FinishReason::error || *u.finish == FinishReason::cancelled;
   }
 
   void completions(const httplib::Request& req, httplib::Response& res) {
@@ -326,73 +336,108 @@ struct Server::Impl {
     } catch (const ClientError& e) {
       return send_error(res, e);
     }
-    std::shared_ptr<pipelines::RequestStream> stream;
+    // n choices are n requests of the engine, submitted together; choice i is seeded seed + i.
+    using Stream = std::shared_ptr<pipelines::RequestStream>;
+    std::vector<Stream> streams;
     try {
-      stream = std::make_shared<pipelines::RequestStream>(engine->stream(std::move(c.request)));
+      for (int64_t i = 0; i < c.n; ++i) {
+        GenerationRequest one = c.request;
+        if (one.sampling.seed) *one.sampling.seed += static_cast<uint64_t>(i);
+        streams.push_back(std::make_shared<pipelines::RequestStream>(engine->stream(std::move(one))));
+      }
     } catch (const ValueError& e) {  // the engine's own checks (prompt length, top_k cap, ...)
+      for (const Stream& st : streams) engine->cancel(st->id());
       return send_error(res, ClientError(400, e.what()));
     }
-    const std::string id = fmt::format("cmpl-{}", stream->id());
+    const std::string id = fmt::format("cmpl-{}", streams[0]->id());
     const int64_t created = unix_time();
     if (!c.stream) {
-      std::string text;
-      std::vector<pipelines::GeneratedToken> tokens;
-      RequestUpdate last;
-      while (auto u = stream->next(std::chrono::hours(24))) {
-        text += u->text;
-        tokens.insert(tokens.end(), u->tokens.begin(), u->tokens.end());
-        last = std::move(*u);
-        if (last.finish) break;
+      json choices = json::array();
+      std::vector<pipelines::RequestMetrics> metrics;
+      for (size_t i = 0; i < streams.size(); ++i) {
+        std::string text;
+        std::vector<pipelines::GeneratedToken> tokens;
+        RequestUpdate last;
+        while (auto u = streams[i]->next(std::chrono::hours(24))) {
+          text += u->text;
+          tokens.insert(tokens.end(), u->tokens.begin(), u->tokens.end());
+          last = std::move(*u);
+          if (last.finish) break;
+        }
+        if (failed(last)) {
+          for (const Stream& st : streams) engine->cancel(st->id());
+          res.status = 500;
+          res.set_content(
+              error_body(last.error.empty() ? "generation did not finish" : last.error, "server_error", {}).dump(),
+              "application/json");
+          return;
+        }
+        observe(last);
+        int64_t offset = 0;
+        choices.push_back(choice(i, text, c.logprobs >= 0 ? logprobs_json(tokens, offset) : json(nullptr), last.finish));
+        metrics.push_back(last.metrics);
       }
-      if (!last.finish || *last.finish == FinishReason::error || *last.finish == FinishReason::cancelled) {
-        res.status = 500;
-        res.set_content(error_body(last.error.empty() ? "generation did not finish" : last.error, "server_error", {}).dump(),
-                        "application/json");
-        return;
-      }
-      observe(last);
-      int64_t offset = 0;
-      json body = chunk(id, created, text, c.logprobs >= 0 ? logprobs_json(tokens, offset) : json(nullptr), last.finish);
-      body["usage"] = usage(last.metrics);
+      json body = chunk(id, created, std::move(choices));
+      body["usage"] = usage(metrics);
       res.set_content(body.dump(), "application/json");
       return;
     }
-    // Server-sent events: one chunk per update, the finish reason on the last, then (with
-    // include_usage) the usage chunk, then [DONE]. A client gone away cancels the request.
-    auto offset = std::make_shared<int64_t>(0);
+    // Server-sent events: one chunk per update of a choice, its finish reason on its last, then
+    // (with include_usage) the usage chunk, then [DONE]. A client gone away cancels every choice.
+    struct Progress {
+      std::vector<int64_t> offsets;
+      std::vector<bool> finished;
+      std::vector<pipelines::RequestMetrics> metrics;
+      size_t remaining = 0;
+    };
+    auto progress = std::make_shared<Progress>();
+    progress->offsets.assign(streams.size(), 0);
+    progress->finished.assign(streams.size(), false);
+    progress->metrics.resize(streams.size());
+    progress->remaining = streams.size();
     auto engine_ref = engine;
+    auto cancel_all = [engine_ref, streams] {
+      for (const Stream& st : streams) engine_ref->cancel(st->id());
+    };
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, stream, id, created, c, offset, engine_ref](size_t, httplib::DataSink& sink) {
+        [this, streams, id, created, c, progress, cancel_all](size_t, httplib::DataSink& sink) {
           auto send = [&](const json& j) {
             const std::string event = "data: " + j.dump() + "\n\n";
             return sink.write(event.data(), event.size());
           };
-          std::optional<RequestUpdate> u = stream->next(std::chrono::milliseconds(100));
-          if (!u) {
-            if (sink.is_writable && !sink.is_writable()) {
-              engine_ref->cancel(stream->id());
-              return false;
+          bool progressed = false;
+          for (size_t i = 0; i < streams.size(); ++i) {
+            if (progress->finished[i]) continue;
+            // Wait a little on the first choice with nothing new, not at all once one had news.
+            std::optional<RequestUpdate> u = streams[i]->next(std::chrono::milliseconds(progressed ? 0 : 50));
+            if (!u) continue;
+            progressed = true;
+            if (u->finish && failed(*u)) {
+              send(error_body(u->error.empty() ? "the request was cancelled" : u->error, "server_error", {}));
+            } else if (!u->text.empty() || !u->tokens.empty() || u->finish) {
+              const json lp = c.logprobs >= 0 ? logprobs_json(u->tokens, progress->offsets[i]) : json(nullptr);
+              if (!send(chunk(id, created, json::array({choice(i, u->text, lp, u->finish)})))) {
+                cancel_all();
+                return false;
+              }
             }
-            return true;  // called again
-          }
-          const bool failed = u->finish && (*u->finish == FinishReason::error || *u->finish == FinishReason::cancelled);
-          if (failed) {
-            send(error_body(u->error.empty() ? "the request was cancelled" : u->error, "server_error", {}));
-          } else if (!u->text.empty() || !u->tokens.empty() || u->finish) {
-            const json lp = c.logprobs >= 0 ? logprobs_json(u->tokens, *offset) : json(nullptr);
-            if (!send(chunk(id, created, u->text, lp, u->finish))) {
-              engine_ref->cancel(stream->id());
-              return false;
+            if (u->finish) {
+              observe(*u);
+              progress->finished[i] = true;
+              progress->metrics[i] = u->metrics;
+              --progress->remaining;
             }
           }
-          if (!u->finish) return true;
-          observe(*u);
-          if (c.include_usage && !failed) {
-            json usage_chunk = chunk(id, created, "", nullptr, std::nullopt);
-            usage_chunk["choices"] = json::array();
-            usage_chunk["usage"] = usage(u->metrics);
+          if (!progressed && sink.is_writable && !sink.is_writable()) {
+            cancel_all();
+            return false;
+          }
+          if (progress->remaining > 0) return true;  // called again
+          if (c.include_usage) {
+            json usage_chunk = chunk(id, created, json::array());
+            usage_chunk["usage"] = usage(progress->metrics);
             send(usage_chunk);
           }
           const std::string done = "data: [DONE]\n\n";
@@ -400,8 +445,8 @@ struct Server::Impl {
           sink.done();
           return true;
         },
-        [engine_ref, stream](bool success) {
-          if (!success) engine_ref->cancel(stream->id());  // the connection ended early
+        [cancel_all](bool success) {
+          if (!success) cancel_all();  // the connection ended early
         });
   }
 

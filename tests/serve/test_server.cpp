@@ -140,6 +140,55 @@ TEST_F(Served, StreamingConcatenatesToTheSameTextThenUsageThenDone) {
   EXPECT_EQ(usage.at("usage").at("completion_tokens"), 10);
 }
 
+// n choices are n seeded requests: choice i is what one request seeded seed + i gives, streamed or
+// not; usage counts the prompt once and every choice's tokens.
+TEST_F(Served, NChoicesAreSeededRequestsOfTheirOwn) {
+  auto c = client();
+  const json base = {{"prompt", "Choose"}, {"max_tokens", 6}, {"temperature", 0.9}, {"ignore_eos", true}};
+  std::vector<std::string> alone;
+  for (int i = 0; i < 3; ++i) {
+    json one = base;
+    one["seed"] = 40 + i;
+    alone.push_back(post(c, one).at("choices").at(0).at("text"));
+  }
+  json three = base;
+  three["seed"] = 40;
+  three["n"] = 3;
+  const json r = post(c, three);
+  ASSERT_EQ(r.at("choices").size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.at("choices").at(i).at("index"), i);
+    EXPECT_EQ(r.at("choices").at(i).at("text"), alone[i]) << "choice " << i;
+  }
+  EXPECT_EQ(r.at("usage").at("completion_tokens"), 18);
+  EXPECT_EQ(r.at("usage").at("total_tokens"),
+            r.at("usage").at("prompt_tokens").get<int64_t>() + 18);
+
+  three["stream"] = true;
+  three["stream_options"] = {{"include_usage", true}};
+  auto res = c.Post("/v1/completions", three.dump(), "application/json");
+  ASSERT_TRUE(res);
+  const std::vector<std::string> lines = events(res->body);
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(lines.back(), "[DONE]");
+  std::vector<std::string> texts(3);
+  std::vector<int> finishes(3, 0);
+  for (size_t i = 0; i + 2 < lines.size(); ++i) {
+    const json chunk = json::parse(lines[i]);
+    for (const json& ch : chunk.at("choices")) {
+      const size_t index = ch.at("index");
+      ASSERT_LT(index, 3u);
+      texts[index] += ch.at("text").get<std::string>();
+      if (!ch.at("finish_reason").is_null()) ++finishes[index];
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(texts[i], alone[i]) << "streamed choice " << i;
+    EXPECT_EQ(finishes[i], 1) << "streamed choice " << i;
+  }
+  EXPECT_EQ(json::parse(lines[lines.size() - 2]).at("usage").at("completion_tokens"), 18);
+}
+
 TEST_F(Served, LogprobsListEveryTokenWithItsTopAlternatives) {
   auto c = client();
   const json r = post(c, {{"prompt", "A"}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 3}, {"ignore_eos", true}});
@@ -178,7 +227,8 @@ TEST_F(Served, BadRequestsAre400sNamingTheField) {
   bad(R"({"prompt": "a", "temperature": "hot"})", "temperature");
   bad(R"({"prompt": "a", "max_tokens": "many"})", "max_tokens");
   bad(R"({"prompt": "a", "top_p": 0})", "top_p");
-  bad(R"({"prompt": "a", "n": 2})", "n");
+  bad(R"({"prompt": "a", "n": 0})", "n");
+  bad(R"({"prompt": "a", "n": 33})", "n");
   bad(R"({"prompt": "a", "stop": [""]})", "stop");
   bad(R"({"prompt": "a", "logprobs": 50})", "logprobs");
   bad(R"({"prompt": "a", "frequency_penalty": 3})", "frequency_penalty");
