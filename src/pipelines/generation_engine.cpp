@@ -246,13 +246,13 @@ struct GenerationEngine::Impl {
   void publish();
   void publish_locked();
   void intake();
-  std::vector<int64_t> sample_rows(Tensor& logits, const std::vector<Request*>& rows,
-                                   std::vector<GeneratedToken>& generated);
+  std::vector<GeneratedToken> sample_rows(Tensor& logits, const std::vector<Request*>& rows);
   void emit(Request& r, GeneratedToken token);
   bool is_eos(int64_t id) const {
     return std::binary_search(eos_token_ids.begin(), eos_token_ids.end(), id);
   }
   void finish(Request& r, FinishReason reason, std::string error = {}, RequestUpdate update = {});
+  StopStrings::Step held_back(Request& r);
   void deliver(Request& r, RequestUpdate update);
   void fail_all(std::vector<Request*> victims, const std::string& error);
   void check(const GenerationRequest& request, std::vector<int64_t>& prompt) const;
@@ -519,16 +519,20 @@ void GenerationEngine::Impl::deliver(Request& r, RequestUpdate update) {
   finish(r, FinishReason::error, std::move(failure));
 }
 
+// What the UTF-8 and stop-string filters still hold once the request ends: shown, up to a stop string
+// its last bytes complete (then `matched` names it).
+StopStrings::Step GenerationEngine::Impl::held_back(Request& r) {
+  StopStrings::Step held;
+  held.text = r.utf8.flush();
+  if (!r.stop_strings) return held;
+  held = r.stop_strings->push(held.text);
+  if (!held.stopped) held.text += r.stop_strings->finish();
+  return held;
+}
+
 // The request's last update (merged into `update`); the caller erases it from `requests`.
 void GenerationEngine::Impl::finish(Request& r, FinishReason reason, std::string error, RequestUpdate update) {
-  if (reason == FinishReason::length) {  // what the UTF-8 and stop-string filters still hold
-    std::string tail = r.utf8.flush();
-    if (r.stop_strings) {
-      StopStrings::Step held = r.stop_strings->push(tail);
-      tail = held.text + r.stop_strings->finish();
-    }
-    update.text += tail;
-  }
+  if (reason == FinishReason::length) update.text += held_back(r).text;
   update.finish = reason;
   update.error = std::move(error);
   r.finished = true;
@@ -560,12 +564,9 @@ void GenerationEngine::Impl::emit(Request& r, GeneratedToken token) {
   const bool stop_id = (!p.ignore_eos && is_eos(id)) ||
                        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
   if (stop_id) {  // its text is never shown; what was held back is
-    update.text = r.utf8.flush();
-    if (r.stop_strings) {
-      StopStrings::Step held = r.stop_strings->push(update.text);
-      update.text = held.text + (held.stopped ? "" : r.stop_strings->finish());
-      if (held.stopped) update.stop_string = held.matched;
-    }
+    StopStrings::Step held = held_back(r);
+    update.text = std::move(held.text);
+    update.stop_string = std::move(held.matched);
     return finish(r, FinishReason::stop, {}, std::move(update));
   }
   if (tokenizer) {
@@ -589,8 +590,7 @@ void GenerationEngine::Impl::emit(Request& r, GeneratedToken token) {
 
 // The next token of every sampled row: penalties on the host, then one run of the sampler graph (or
 // of the greedy graph, when every row is greedy). Log-probabilities are of the model's own logits.
-std::vector<int64_t> GenerationEngine::Impl::sample_rows(Tensor& logits, const std::vector<Request*>& rows,
-                                                         std::vector<GeneratedToken>& generated) {
+std::vector<GeneratedToken> GenerationEngine::Impl::sample_rows(Tensor& logits, const std::vector<Request*>& rows) {
   const int64_t vocab = config.vocab_size;
   const auto n = static_cast<int64_t>(rows.size());
   float* data = logits.data_as<float>();
@@ -616,8 +616,8 @@ std::vector<int64_t> GenerationEngine::Impl::sample_rows(Tensor& logits, const s
                  : models.at("sampler").execute({logits, Tensor::from_vector(temperature, {n}),
                                                  Tensor::from_vector(top_k, {n}), Tensor::from_vector(top_p, {n}),
                                                  Tensor::from_vector(min_p, {n}), Tensor::from_vector(u, {n})});
-  std::vector<int64_t> next = out.at(0).to_vector<int64_t>();
-  generated.assign(rows.size(), {});
+  const std::vector<int64_t> next = out.at(0).to_vector<int64_t>();
+  std::vector<GeneratedToken> generated(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const Request& r = *rows[i];
     generated[i].id = next[i];
@@ -630,7 +630,7 @@ std::vector<int64_t> GenerationEngine::Impl::sample_rows(Tensor& logits, const s
     generated[i].logprob = lp.chosen;
     generated[i].top_logprobs = std::move(lp.top);
   }
-  return next;
+  return generated;
 }
 
 void GenerationEngine::Impl::intake() {
@@ -754,7 +754,7 @@ bool GenerationEngine::Impl::step() {
          Tensor::from_vector(block_tables, {num_seqs, static_cast<int64_t>(max_blocks)}),
          Tensor::from_vector(logit_rows, {rows}), cache_k, cache_v});
     scheduler.complete(plan);
-    if (rows > 0) sample_rows(logits.at(0), sampled, generated);
+    if (rows > 0) generated = sample_rows(logits.at(0), sampled);
   } catch (const std::exception& e) {
     std::vector<Request*> victims;
     for (const ScheduledChunk& c : plan.chunks) victims.push_back(requests.at(c.seq->id).get());
