@@ -5,11 +5,12 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
-#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
-#include <chrono>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "kiln/errors.h"
@@ -37,9 +38,12 @@ json error_body(const std::string& message, const std::string& type, const std::
            {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)}, {"code", nullptr}}}};
 }
 
+// JSON text; bytes that are not UTF-8 (a token holding part of a character) become U+FFFD.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void send_error(httplib::Response& res, const ClientError& e) {
   res.status = e.status;
-  res.set_content(error_body(e.what(), e.type, e.param).dump(), "application/json");
+  res.set_content(dump(error_body(e.what(), e.type, e.param)), "application/json");
 }
 
 // ---- request fields ---------------------------------------------------------------------------------
@@ -77,48 +81,49 @@ bool boolean(const json& body, const char* name, bool fallback) {
   return v->get<bool>();
 }
 
-struct Completion {
-  GenerationRequest request;
-  int64_t n = 1;  // choices: n requests of the engine
+enum class Api { completions, chat };
+
+// A request of either API, as the engine will run it.
+struct Parsed {
+  Api api = Api::completions;
+  GenerationRequest request;  // choice 0's; choice i is seeded seed + i
+  int64_t n = 1;
   bool stream = false;
   bool include_usage = false;
-  int64_t logprobs = -1;  // -1: none
+  bool logprobs = false;
+  int64_t top_logprobs = 0;
+  bool max_tokens_given = false;
 };
 
-// POST /v1/completions' body, as OpenAI's API reads it (with vLLM's and llama.cpp's extensions
-// top_k, min_p, repetition_penalty, ignore_eos).
-Completion parse_completion(const std::string& text, const std::string& model_name, int64_t vocab) {
+constexpr int kMaxJsonDepth = 64;  // real requests nest 5 deep; deeper ones only cost stack
+
+json parse_body(const std::string& text, const std::string& model_name) {
   json body;
   try {
-    body = json::parse(text);
+    // Refused while parsing, before a deep value exists (printing one recurses per level).
+    body = json::parse(text, [](int depth, json::parse_event_t event, json&) {
+      if (depth >= kMaxJsonDepth && (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start))
+        throw ClientError(400, fmt::format("the body nests deeper than {} levels", kMaxJsonDepth));
+      return true;
+    });  // also refuses invalid UTF-8
   } catch (const json::exception& e) {
     throw ClientError(400, fmt::format("the body is not valid JSON: {}", e.what()));
   }
   if (!body.is_object()) throw ClientError(400, "the body must be a JSON object");
-  Completion c;
   if (const json* m = field(body, "model"); m && (!m->is_string() || m->get<std::string>() != model_name))
     throw ClientError(404, fmt::format("model {} does not exist; this server serves '{}'", m->dump(), model_name),
                       "model", "not_found_error");
-  const json* prompt = field(body, "prompt");
-  if (!prompt) throw ClientError(400, "'prompt' is required", "prompt");
-  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
-  if (prompt->is_string()) {
-    c.request.prompt = prompt->get<std::string>();
-    if (c.request.prompt.empty()) throw ClientError(400, "'prompt' is empty", "prompt");
-  } else if (prompt->is_array() && !prompt->empty()) {
-    for (const json& id : *prompt) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
-        throw ClientError(400, fmt::format("'prompt' token ids must be integers in [0, {}), got {}", vocab, id.dump()),
-                          "prompt");
-      c.request.prompt_ids.push_back(id.get<int64_t>());
-    }
-  } else {
-    throw ClientError(400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt");
-  }
-  c.n = integer(body, "n", 1, 1, 32);
-  if (boolean(body, "echo", false)) throw ClientError(400, "'echo' is not supported yet", "echo");
-  pipelines::SamplingParams& s = c.request.sampling;
-  s.max_new_tokens = integer(body, "max_tokens", 16, 0, int64_t{1} << 31);
+  return body;
+}
+
+// The fields both APIs share: n, the sampling parameters (OpenAI's, and vLLM's and llama.cpp's
+// extensions top_k, min_p, repetition_penalty, ignore_eos), stop, seed, stream.
+void parse_common(const json& body, Parsed& p) {
+  p.n = integer(body, "n", 1, 1, 32);
+  pipelines::SamplingParams& s = p.request.sampling;
+  const char* max_name = p.api == Api::chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  p.max_tokens_given = field(body, max_name) != nullptr;
+  s.max_new_tokens = integer(body, max_name, 16, 0, int64_t{1} << 31);
   s.temperature = number(body, "temperature", 1.0, 0.0, 2.0);
   s.top_p = number(body, "top_p", 1.0, 0.0, 1.0);
   if (s.top_p == 0) throw ClientError(400, "'top_p' must be in (0, 1], got 0", "top_p");
@@ -149,19 +154,130 @@ Completion parse_completion(const std::string& text, const std::string& model_na
     for (const std::string& one : s.stop)
       if (one.empty()) throw ClientError(400, "'stop' strings must not be empty", "stop");
   }
-  c.logprobs = integer(body, "logprobs", -1, 0, 20);
-  if (const json* lp = field(body, "logprobs"); lp && lp->is_boolean())
-    throw ClientError(400, "'logprobs' of /v1/completions is a count (0..20)", "logprobs");
-  if (c.logprobs >= 0) {
-    s.logprobs = true;
-    s.top_logprobs = c.logprobs;
-  }
-  c.stream = boolean(body, "stream", false);
+  p.stream = boolean(body, "stream", false);
   if (const json* options = field(body, "stream_options")) {
     if (!options->is_object()) throw ClientError(400, "'stream_options' must be an object", "stream_options");
-    c.include_usage = boolean(*options, "include_usage", false);
+    p.include_usage = boolean(*options, "include_usage", false);
   }
-  return c;
+  if (const json* format = field(body, "response_format");
+      format && !(format->is_object() && format->value("type", json()) == "text"))
+    throw ClientError(400, "only 'response_format' {\"type\": \"text\"} is supported", "response_format");
+}
+
+// POST /v1/completions' body.
+Parsed parse_completion(const std::string& text, const std::string& model_name, int64_t vocab) {
+  const json body = parse_body(text, model_name);
+  Parsed p;
+  p.api = Api::completions;
+  const json* prompt = field(body, "prompt");
+  if (!prompt) throw ClientError(400, "'prompt' is required", "prompt");
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
+  if (prompt->is_string()) {
+    p.request.prompt = prompt->get<std::string>();
+    if (p.request.prompt.empty()) throw ClientError(400, "'prompt' is empty", "prompt");
+  } else if (prompt->is_array() && !prompt->empty()) {
+    if ((*prompt)[0].is_string() || (*prompt)[0].is_array())
+      throw ClientError(400, "'prompt' as several prompts (a batch) is not supported: send one request per prompt",
+                        "prompt");
+    for (const json& id : *prompt) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+        throw ClientError(400, fmt::format("'prompt' token ids must be integers in [0, {}), got {}", vocab, id.dump()),
+                          "prompt");
+      p.request.prompt_ids.push_back(id.get<int64_t>());
+    }
+  } else {
+    throw ClientError(400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt");
+  }
+  if (boolean(body, "echo", false)) throw ClientError(400, "'echo' is not supported yet", "echo");
+  parse_common(body, p);
+  const int64_t logprobs = integer(body, "logprobs", -1, 0, 20);
+  if (const json* lp = field(body, "logprobs"); lp && lp->is_boolean())
+    throw ClientError(400, "'logprobs' of /v1/completions is a count (0..20)", "logprobs");
+  if (logprobs >= 0) {
+    p.logprobs = true;
+    p.top_logprobs = logprobs;
+  }
+  p.request.sampling.logprobs = p.logprobs;
+  p.request.sampling.top_logprobs = p.top_logprobs;
+  return p;
+}
+
+// A message's content as the template gets it: a string, or the text parts of an array joined by
+// newlines (as vLLM does for templates that take strings); images and audio are refused.
+std::string message_content(const json& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    throw ClientError(400, fmt::format("'{}' must be a string or an array of content parts", where), where);
+  std::string out;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& part = content[j];
+    const std::string at = fmt::format("{}[{}]", where, j);
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") || !part["text"].is_string())
+      throw ClientError(400, fmt::format("'{}' must be {{\"type\": \"text\", \"text\": \"...\"}} (only text is supported)", at),
+                        at);
+    if (!out.empty()) out += '\n';
+    out += part["text"].get<std::string>();
+  }
+  return out;
+}
+
+// POST /v1/chat/completions' body: the messages rendered with the chat template, then encoded as
+// Hugging Face's apply_chat_template does (no special tokens added: the template writes them).
+Parsed parse_chat(const std::string& text, const std::string& model_name, const pipelines::ChatTemplate* chat_template,
+                  const pipelines::Tokenizer* tokenizer) {
+  const json body = parse_body(text, model_name);
+  Parsed p;
+  p.api = Api::chat;
+  const json* messages = field(body, "messages");
+  if (!messages) throw ClientError(400, "'messages' is required", "messages");
+  if (!messages->is_array() || messages->empty())
+    throw ClientError(400, "'messages' must be a non-empty array of messages", "messages");
+  json context = {{"messages", json::array()}};
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string at = fmt::format("messages[{}]", i);
+    if (!m.is_object()) throw ClientError(400, fmt::format("'{}' must be an object", at), at);
+    const json* role = field(m, "role");
+    if (!role || !role->is_string() || role->get<std::string>().empty())
+      throw ClientError(400, fmt::format("'{}.role' must be a non-empty string", at), at + ".role");
+    json message = m;  // name, tool_calls, tool_call_id, ... as the client sent them
+    const json* content = field(m, "content");
+    if (content) {
+      message["content"] = message_content(*content, at + ".content");
+    } else if (!field(m, "tool_calls")) {
+      throw ClientError(400, fmt::format("'{}.content' is required", at), at + ".content");
+    }
+    context["messages"].push_back(std::move(message));
+  }
+  context["add_generation_prompt"] = boolean(body, "add_generation_prompt", true);
+  if (const json* tools = field(body, "tools")) {
+    if (!tools->is_array()) throw ClientError(400, "'tools' must be an array", "tools");
+    context["tools"] = *tools;
+  }
+  if (const json* kwargs = field(body, "chat_template_kwargs")) {  // vLLM's: enable_thinking, ...
+    if (!kwargs->is_object()) throw ClientError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    for (const auto& [key, value] : kwargs->items())
+      if (!context.contains(key)) context[key] = value;
+  }
+  parse_common(body, p);
+  p.logprobs = boolean(body, "logprobs", false);
+  p.top_logprobs = integer(body, "top_logprobs", 0, 0, 20);
+  if (p.top_logprobs > 0 && !p.logprobs)
+    throw ClientError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  p.request.sampling.logprobs = p.logprobs;
+  p.request.sampling.top_logprobs = p.top_logprobs;
+  if (!chat_template)
+    throw ClientError(400, "this model has no chat template (start kiln serve with --chat-template FILE)", "messages");
+  if (!tokenizer) throw ClientError(400, "this model has no tokenizer, so it cannot chat", "messages");
+  std::string prompt;
+  try {
+    prompt = chat_template->render(context.dump());
+  } catch (const ValueError& e) {
+    throw ClientError(400, fmt::format("the chat template refused the messages: {}", e.what()), "messages");
+  }
+  p.request.prompt_ids = tokenizer->encode(prompt, /*add_special_tokens=*/false);
+  if (p.request.prompt_ids.empty()) throw ClientError(400, "the rendered chat prompt is empty", "messages");
+  return p;
 }
 
 const char* finish_name(FinishReason f) { return f == FinishReason::stop ? "stop" : "length"; }
@@ -277,13 +393,14 @@ struct Server::Impl {
     return false;
   }
 
-  // The text of one token as the completions API's logprobs list it.
+  // The text of one token as the logprobs list it.
   std::string token_text(int64_t id) const {
     const pipelines::Tokenizer* tok = engine->tokenizer();
     return tok ? pipelines::output_bytes(*tok, id) : std::to_string(id);
   }
 
-  json logprobs_json(const std::vector<pipelines::GeneratedToken>& tokens, int64_t& offset) const {
+  // Completions' logprobs: parallel lists, text offsets counted from the choice's start.
+  json completion_logprobs(const std::vector<pipelines::GeneratedToken>& tokens, int64_t& offset) const {
     json out = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
                 {"text_offset", json::array()}};
     for (const auto& t : tokens) {
@@ -299,20 +416,54 @@ struct Server::Impl {
     return out;
   }
 
-  static json choice(size_t index, const std::string& text, const json& logprobs,
-                     const std::optional<FinishReason>& finish) {
-    return {{"index", index},
-            {"text", text},
-            {"logprobs", logprobs},
-            {"finish_reason", finish ? json(finish_name(*finish)) : json(nullptr)}};
+  // Chat's logprobs: one entry per token, with its bytes (a token may hold part of a character).
+  json chat_logprobs(const std::vector<pipelines::GeneratedToken>& tokens) const {
+    auto entry = [&](int64_t id, float logprob) {
+      const std::string text = token_text(id);
+      return json{{"token", text},
+                  {"logprob", logprob},
+                  {"bytes", std::vector<int>(reinterpret_cast<const unsigned char*>(text.data()),
+                                             reinterpret_cast<const unsigned char*>(text.data()) + text.size())}};
+    };
+    json content = json::array();
+    for (const auto& t : tokens) {
+      json one = entry(t.id, t.logprob);
+      one["top_logprobs"] = json::array();
+      for (const auto& [id, lp] : t.top_logprobs) one["top_logprobs"].push_back(entry(id, lp));
+      content.push_back(std::move(one));
+    }
+    return {{"content", std::move(content)}};
   }
 
-  json chunk(const std::string& id, int64_t created, json choices) const {
+  // The response object around choices (a whole response, or one chunk of a stream).
+  json envelope(const Parsed& p, const std::string& id, int64_t created, json choices, bool chunk) const {
+    const char* object = p.api == Api::completions ? "text_completion" : chunk ? "chat.completion.chunk" : "chat.completion";
     return {{"id", id},
-            {"object", "text_completion"},
+            {"object", object},
             {"created", created},
             {"model", options.model_name},
             {"choices", std::move(choices)}};
+  }
+
+  // One choice, whole or as a stream's delta: text and logprobs new since the last, its finish
+  // reason on its last. `first` (chat streams) carries the assistant role.
+  json choice(const Parsed& p, size_t index, const std::string& text, const std::vector<pipelines::GeneratedToken>& tokens,
+              int64_t& offset, const std::optional<FinishReason>& finish, bool chunk, bool first) const {
+    json logprobs = nullptr;
+    if (p.logprobs) logprobs = p.api == Api::completions ? completion_logprobs(tokens, offset) : chat_logprobs(tokens);
+    json out = {{"index", index}, {"logprobs", std::move(logprobs)},
+                {"finish_reason", finish ? json(finish_name(*finish)) : json(nullptr)}};
+    if (p.api == Api::completions) {
+      out["text"] = text;
+    } else if (!chunk) {
+      out["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+      json delta = json::object();
+      if (first) delta["role"] = "assistant";
+      if (!text.empty() || first) delta["content"] = text;
+      out["delta"] = std::move(delta);
+    }
+    return out;
   }
 
   // The prompt counted once, the choices' tokens summed.
@@ -327,99 +478,145 @@ struct Server::Impl {
     return !u.finish || *u.finish == FinishReason::error || *u.finish == FinishReason::cancelled;
   }
 
-  void completions(const httplib::Request& req, httplib::Response& res) {
-    Counted counted{*this, "/v1/completions", res};
-    if (!authorized(req, res)) return;
-    Completion c;
-    try {
-      c = parse_completion(req.body, options.model_name, engine->config().vocab_size);
-    } catch (const ClientError& e) {
-      return send_error(res, e);
+  // ---- requests in flight: bounded (429 past the limit), drained by shutdown() ----
+
+  std::mutex flight_mutex;
+  std::condition_variable flight_changed;
+  std::set<pipelines::RequestId> in_flight;  // engine requests of live HTTP requests
+  bool draining = false;
+
+  // An HTTP request's engine requests, released from in_flight when the handler (or, streaming,
+  // its content provider) lets go of it.
+  struct Flight {
+    Impl& impl;
+    std::vector<std::shared_ptr<pipelines::RequestStream>> streams;
+    explicit Flight(Impl& i) : impl(i) {}
+    ~Flight() {
+      for (const auto& st : streams) impl.engine->cancel(st->id());  // no-op for finished ones
+      std::lock_guard lock(impl.flight_mutex);
+      for (const auto& st : streams) impl.in_flight.erase(st->id());
+      impl.flight_changed.notify_all();
     }
-    // n choices are n requests of the engine, submitted together; choice i is seeded seed + i.
-    using Stream = std::shared_ptr<pipelines::RequestStream>;
-    std::vector<Stream> streams;
+    void cancel() const {
+      for (const auto& st : streams) impl.engine->cancel(st->id());
+    }
+  };
+
+  // Submits the n choices (seeded seed + i) unless the server is draining or full.
+  std::shared_ptr<Flight> admit(const Parsed& p) {
+    auto flight = std::make_shared<Flight>(*this);
+    std::lock_guard lock(flight_mutex);
+    if (draining) throw ClientError(503, "the server is shutting down", {}, "server_error");
+    const size_t limit = static_cast<size_t>(options.max_concurrency) + static_cast<size_t>(std::max(0, options.max_queue));
+    if (in_flight.size() + static_cast<size_t>(p.n) > limit)
+      throw ClientError(429, fmt::format("the server is busy ({} requests in flight, at most {}); retry later", in_flight.size(), limit),
+                        {}, "rate_limit_error");
     try {
-      for (int64_t i = 0; i < c.n; ++i) {
-        GenerationRequest one = c.request;
+      for (int64_t i = 0; i < p.n; ++i) {
+        GenerationRequest one = p.request;
         if (one.sampling.seed) *one.sampling.seed += static_cast<uint64_t>(i);
-        streams.push_back(std::make_shared<pipelines::RequestStream>(engine->stream(std::move(one))));
+        flight->streams.push_back(std::make_shared<pipelines::RequestStream>(engine->stream(std::move(one))));
+        in_flight.insert(flight->streams.back()->id());
       }
     } catch (const ValueError& e) {  // the engine's own checks (prompt length, top_k cap, ...)
-      for (const Stream& st : streams) engine->cancel(st->id());
-      return send_error(res, ClientError(400, e.what()));
+      const std::string message = e.what();
+      const bool prompt_fault = message.find("prompt") != std::string::npos;
+      throw ClientError(400, message, prompt_fault ? (p.api == Api::chat ? "messages" : "prompt") : "");
     }
-    const std::string id = fmt::format("cmpl-{}", streams[0]->id());
+    return flight;
+  }
+
+  void generate(Api api, const httplib::Request& req, httplib::Response& res) {
+    Counted counted{*this, api == Api::completions ? "/v1/completions" : "/v1/chat/completions", res};
+    if (!authorized(req, res)) return;
+    Parsed p;
+    std::shared_ptr<Flight> flight;
+    try {
+      if (api == Api::completions) {
+        p = parse_completion(req.body, options.model_name, engine->config().vocab_size);
+      } else {
+        p = parse_chat(req.body, options.model_name, options.chat_template.get(), engine->tokenizer());
+        // Chat's default length is the rest of the context (OpenAI: no limit but the model's).
+        if (!p.max_tokens_given)
+          p.request.sampling.max_new_tokens =
+              std::max<int64_t>(0, engine->max_seq_len() - static_cast<int64_t>(p.request.prompt_ids.size()));
+      }
+      flight = admit(p);
+    } catch (const ClientError& e) {
+      if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+      return send_error(res, e);
+    }
+    const std::string id = fmt::format("{}-{}", api == Api::completions ? "cmpl" : "chatcmpl", flight->streams[0]->id());
     const int64_t created = unix_time();
-    if (!c.stream) {
+    if (!p.stream) {
       json choices = json::array();
       std::vector<pipelines::RequestMetrics> metrics;
-      for (size_t i = 0; i < streams.size(); ++i) {
+      for (size_t i = 0; i < flight->streams.size(); ++i) {
         std::string text;
         std::vector<pipelines::GeneratedToken> tokens;
         RequestUpdate last;
-        while (auto u = streams[i]->next(std::chrono::hours(24))) {
+        while (auto u = flight->streams[i]->next(std::chrono::hours(24))) {
           text += u->text;
           tokens.insert(tokens.end(), u->tokens.begin(), u->tokens.end());
           last = std::move(*u);
           if (last.finish) break;
         }
         if (failed(last)) {
-          for (const Stream& st : streams) engine->cancel(st->id());
           res.status = 500;
           res.set_content(
-              error_body(last.error.empty() ? "generation did not finish" : last.error, "server_error", {}).dump(),
+              dump(error_body(last.error.empty() ? "generation did not finish" : last.error, "server_error", {})),
               "application/json");
           return;
         }
         observe(last);
         int64_t offset = 0;
-        choices.push_back(choice(i, text, c.logprobs >= 0 ? logprobs_json(tokens, offset) : json(nullptr), last.finish));
+        choices.push_back(choice(p, i, text, tokens, offset, last.finish, false, false));
         metrics.push_back(last.metrics);
       }
-      json body = chunk(id, created, std::move(choices));
+      json body = envelope(p, id, created, std::move(choices), false);
       body["usage"] = usage(metrics);
-      res.set_content(body.dump(), "application/json");
+      res.set_content(dump(body), "application/json");
       return;
     }
     // Server-sent events: one chunk per update of a choice, its finish reason on its last, then
     // (with include_usage) the usage chunk, then [DONE]. A client gone away cancels every choice.
     struct Progress {
       std::vector<int64_t> offsets;
-      std::vector<bool> finished;
+      std::vector<bool> started, finished;
       std::vector<pipelines::RequestMetrics> metrics;
       size_t remaining = 0;
     };
     auto progress = std::make_shared<Progress>();
-    progress->offsets.assign(streams.size(), 0);
-    progress->finished.assign(streams.size(), false);
-    progress->metrics.resize(streams.size());
-    progress->remaining = streams.size();
-    auto engine_ref = engine;
-    auto cancel_all = [engine_ref, streams] {
-      for (const Stream& st : streams) engine_ref->cancel(st->id());
-    };
+    const size_t n = flight->streams.size();
+    progress->offsets.assign(n, 0);
+    progress->started.assign(n, false);
+    progress->finished.assign(n, false);
+    progress->metrics.resize(n);
+    progress->remaining = n;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, streams, id, created, c, progress, cancel_all](size_t, httplib::DataSink& sink) {
+        [this, flight, id, created, p, progress](size_t, httplib::DataSink& sink) {
           auto send = [&](const json& j) {
-            const std::string event = "data: " + j.dump() + "\n\n";
+            const std::string event = "data: " + dump(j) + "\n\n";
             return sink.write(event.data(), event.size());
           };
           bool progressed = false;
-          for (size_t i = 0; i < streams.size(); ++i) {
+          for (size_t i = 0; i < flight->streams.size(); ++i) {
             if (progress->finished[i]) continue;
             // Wait a little on the first choice with nothing new, not at all once one had news.
-            std::optional<RequestUpdate> u = streams[i]->next(std::chrono::milliseconds(progressed ? 0 : 50));
+            std::optional<RequestUpdate> u = flight->streams[i]->next(std::chrono::milliseconds(progressed ? 0 : 50));
             if (!u) continue;
             progressed = true;
             if (u->finish && failed(*u)) {
               send(error_body(u->error.empty() ? "the request was cancelled" : u->error, "server_error", {}));
-            } else if (!u->text.empty() || !u->tokens.empty() || u->finish) {
-              const json lp = c.logprobs >= 0 ? logprobs_json(u->tokens, progress->offsets[i]) : json(nullptr);
-              if (!send(chunk(id, created, json::array({choice(i, u->text, lp, u->finish)})))) {
-                cancel_all();
+            } else if (!u->text.empty() || (p.logprobs && !u->tokens.empty()) || u->finish) {
+              // (Tokens whose bytes wait for the rest of a character make no chunk, unless logprobs list them.)
+              const bool first = p.api == Api::chat && !progress->started[i];
+              progress->started[i] = true;
+              const json one = choice(p, i, u->text, u->tokens, progress->offsets[i], u->finish, true, first);
+              if (!send(envelope(p, id, created, json::array({one}), true))) {
+                flight->cancel();
                 return false;
               }
             }
@@ -431,12 +628,12 @@ struct Server::Impl {
             }
           }
           if (!progressed && sink.is_writable && !sink.is_writable()) {
-            cancel_all();
+            flight->cancel();
             return false;
           }
           if (progress->remaining > 0) return true;  // called again
-          if (c.include_usage) {
-            json usage_chunk = chunk(id, created, json::array());
+          if (p.include_usage) {
+            json usage_chunk = envelope(p, id, created, json::array(), true);
             usage_chunk["usage"] = usage(progress->metrics);
             send(usage_chunk);
           }
@@ -445,34 +642,58 @@ struct Server::Impl {
           sink.done();
           return true;
         },
-        [cancel_all](bool success) {
-          if (!success) cancel_all();  // the connection ended early
+        [flight](bool success) {
+          if (!success) flight->cancel();  // the connection ended early
         });
+  }
+
+  json model_card() const {
+    return {{"id", options.model_name},
+            {"object", "model"},
+            {"created", unix_time()},
+            {"owned_by", "kiln"},
+            {"max_model_len", engine->max_seq_len()}};
   }
 
   void routes() {
     http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
-    const int threads = std::max(1, options.max_concurrency);
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    // A connection holds its thread while its request waits and streams, so there is one for every
+    // request that may be in flight, and a few more to answer /health, /metrics and 429s when full.
+    const size_t threads = static_cast<size_t>(std::max(1, options.max_concurrency)) +
+                           static_cast<size_t>(std::max(0, options.max_queue)) + 4;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       Counted counted{*this, "/health", res};
-      res.set_content(R"({"status":"ok"})", "application/json");
+      bool is_draining;
+      {
+        std::lock_guard lock(flight_mutex);
+        is_draining = draining;
+      }
+      if (is_draining) res.status = 503;  // load balancers: send no more
+      res.set_content(is_draining ? R"({"status":"draining"})" : R"({"status":"ok"})", "application/json");
     });
     http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       Counted counted{*this, "/v1/models", res};
       if (!authorized(req, res)) return;
-      const json body = {{"object", "list"},
-                         {"data", json::array({{{"id", options.model_name},
-                                                {"object", "model"},
-                                                {"created", unix_time()},
-                                                {"owned_by", "kiln"},
-                                                {"max_model_len", engine->max_seq_len()}}})}};
-      res.set_content(body.dump(), "application/json");
+      const json body = {{"object", "list"}, {"data", json::array({model_card()})}};
+      res.set_content(dump(body), "application/json");
+    });
+    http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      Counted counted{*this, "/v1/models/{model}", res};
+      if (!authorized(req, res)) return;
+      if (req.matches[1] != options.model_name)
+        return send_error(res, ClientError(404, fmt::format("model '{}' does not exist; this server serves '{}'",
+                                                            req.matches[1].str(), options.model_name),
+                                           "model", "not_found_error"));
+      res.set_content(dump(model_card()), "application/json");
     });
     http.Post("/v1/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+              [this](const httplib::Request& req, httplib::Response& res) { generate(Api::completions, req, res); });
+    http.Post("/v1/chat/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { generate(Api::chat, req, res); });
+    http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       Counted counted{*this, "/metrics", res};
+      if (!authorized(req, res)) return;
       res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
 
@@ -485,7 +706,7 @@ struct Server::Impl {
       const std::string message = res.status == 404   ? fmt::format("no route {} {}", req.method, req.path)
                                   : res.status == 413 ? "the request body is too large"
                                                       : fmt::format("HTTP {}", res.status);
-      res.set_content(error_body(message, "invalid_request_error", {}).dump(), "application/json");
+      res.set_content(dump(error_body(message, "invalid_request_error", {})), "application/json");
     });
     http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string message = "internal error";
@@ -496,7 +717,7 @@ struct Server::Impl {
       } catch (...) {
       }
       res.status = 500;
-      res.set_content(error_body(message, "server_error", {}).dump(), "application/json");
+      res.set_content(dump(error_body(message, "server_error", {})), "application/json");
     });
   }
 };
@@ -525,12 +746,14 @@ int bind(Server::Impl& s) {
 
 int Server::start() {
   Impl& s = *impl_;
+  if (s.thread.joinable()) return s.port;
   const int port = bind(s);
   s.thread = std::thread([&s] { s.http.listen_after_bind(); });
   return port;
 }
 
 void Server::run() {
+  if (impl_->thread.joinable()) throw ValueError("serve::Server::run: already serving (start() was called)");
   bind(*impl_);
   impl_->http.listen_after_bind();
 }
@@ -538,6 +761,22 @@ void Server::run() {
 void Server::stop() {
   impl_->http.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void Server::shutdown(std::chrono::milliseconds grace) {
+  Impl& s = *impl_;
+  std::unique_lock lock(s.flight_mutex);
+  s.draining = true;
+  if (!s.flight_changed.wait_for(lock, grace, [&] { return s.in_flight.empty(); })) {
+    const std::vector<pipelines::RequestId> left(s.in_flight.begin(), s.in_flight.end());
+    lock.unlock();
+    for (pipelines::RequestId id : left) s.engine->cancel(id);  // their streams end with an error event
+    lock.lock();
+    // Cancelled requests end at the engine's next step; their handlers then let go.
+    s.flight_changed.wait_for(lock, std::chrono::seconds(5), [&] { return s.in_flight.empty(); });
+  }
+  lock.unlock();
+  stop();
 }
 
 }  // namespace kiln::serve

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "kiln/pipelines/text_generation.h"
 #include "kiln/serve/server.h"
 
 #include <fmt/format.h>
@@ -31,13 +32,26 @@ std::filesystem::path kiln_tiny() {
   return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" / "kiln-tiny";
 }
 
+std::filesystem::path chatml() {
+  return std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "chat" / "chatml.jinja";
+}
+
+// What tests/data/chat/chatml.jinja renders, written out by hand.
+std::string chatml_prompt(const std::vector<std::pair<std::string, std::string>>& messages) {
+  std::string out;
+  for (const auto& [role, content] : messages) out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+  return out + "<|im_start|>assistant\n";
+}
+
 // One engine and server for the whole suite (loading and compiling once).
 class Served : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     engine_ = std::shared_ptr<pipelines::GenerationEngine>(
         pipelines::GenerationEngine::from_dir(kiln_tiny(), {.max_seq_len = 256, .max_num_seqs = 16}));
-    server_ = std::make_unique<serve::Server>(engine_, serve::ServerOptions{.port = 0, .model_name = "kiln-tiny"});
+    serve::ServerOptions options{.port = 0, .model_name = "kiln-tiny"};
+    options.chat_template = std::make_shared<const pipelines::ChatTemplate>(pipelines::ChatTemplate::from_file(chatml()));
+    server_ = std::make_unique<serve::Server>(engine_, options);
     port_ = server_->start();
   }
   static void TearDownTestSuite() {
@@ -87,6 +101,14 @@ TEST_F(Served, HealthAndModels) {
   const json m = json::parse(models->body);
   EXPECT_EQ(m.at("object"), "list");
   EXPECT_EQ(m.at("data").at(0).at("id"), "kiln-tiny");
+  auto one = c.Get("/v1/models/kiln-tiny");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(json::parse(one->body).at("id"), "kiln-tiny");
+  auto other = c.Get("/v1/models/gpt-4");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 404);
+  EXPECT_EQ(json::parse(other->body).at("error").at("param"), "model");
   auto missing = c.Get("/v1/nothing");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);
@@ -233,6 +255,7 @@ TEST_F(Served, BadRequestsAre400sNamingTheField) {
   bad(R"({"prompt": "a", "logprobs": 50})", "logprobs");
   bad(R"({"prompt": "a", "frequency_penalty": 3})", "frequency_penalty");
   bad(R"({"prompt": "a", "model": "gpt-4"})", "model", 404);
+  bad("{\"prompt\": \"a\", \"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}", "");  // nesting
   // Still serving.
   EXPECT_EQ(post(c, {{"prompt", "a"}, {"max_tokens", 2}}).at("choices").size(), 1u);
 }
@@ -331,6 +354,219 @@ TEST_F(Served, MetricsCountResponsesTokensAndTimings) {
   EXPECT_GT(value(after, "kiln_kv_blocks_free"), 0);
 }
 
+// Chat: the messages rendered by the template (here ChatML, its rendering written out by hand), then
+// encoded without added special tokens, generate what the engine generates for those ids.
+TEST_F(Served, ChatEqualsTheEnginesOutputForTheRenderedPrompt) {
+  const std::string prompt = chatml_prompt({{"system", "Be brief."}, {"user", "Tell me a fortune."}});
+  pipelines::GenerationRequest direct;
+  direct.prompt_ids = engine_->tokenizer()->encode(prompt, false);
+  direct.sampling.temperature = 0;
+  direct.sampling.max_new_tokens = 12;
+  const pipelines::GenerationOutput expected = engine_->generate(std::move(direct));
+
+  auto c = client();
+  const json request = {{"model", "kiln-tiny"},
+                        {"messages", {{{"role", "system"}, {"content", "Be brief."}},
+                                      {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Tell me a fortune."}}}}}}},
+                        {"max_completion_tokens", 12},
+                        {"temperature", 0}};
+  auto res = c.Post("/v1/chat/completions", request.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json r = json::parse(res->body);
+  EXPECT_EQ(r.at("object"), "chat.completion");
+  EXPECT_EQ(r.at("id").get<std::string>().rfind("chatcmpl-", 0), 0u);
+  const json& choice = r.at("choices").at(0);
+  EXPECT_EQ(choice.at("message").at("role"), "assistant");
+  EXPECT_EQ(choice.at("message").at("content"), expected.text);
+  EXPECT_EQ(choice.at("finish_reason"), expected.finish == pipelines::FinishReason::stop ? "stop" : "length");
+  EXPECT_EQ(r.at("usage").at("prompt_tokens"), static_cast<int64_t>(expected.metrics.prompt_tokens));
+  EXPECT_EQ(r.at("usage").at("completion_tokens"), static_cast<int64_t>(expected.tokens.size()));
+
+  // Streamed: the role first, then content pieces that concatenate to the same text, one finish.
+  json streamed = request;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  streamed["logprobs"] = true;
+  streamed["top_logprobs"] = 2;
+  auto sres = c.Post("/v1/chat/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(sres);
+  ASSERT_EQ(sres->status, 200) << sres->body;
+  const std::vector<std::string> lines = events(sres->body);
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_EQ(lines.back(), "[DONE]");
+  std::string text;
+  int finishes = 0, logprob_entries = 0;
+  for (size_t i = 0; i + 2 < lines.size(); ++i) {
+    const json chunk = json::parse(lines[i]);
+    EXPECT_EQ(chunk.at("object"), "chat.completion.chunk");
+    const json& ch = chunk.at("choices").at(0);
+    EXPECT_EQ(ch.at("delta").contains("role"), i == 0) << lines[i];
+    text += ch.at("delta").value("content", "");
+    if (!ch.at("finish_reason").is_null()) ++finishes;
+    if (!ch.at("logprobs").is_null())
+      for (const json& e : ch.at("logprobs").at("content")) {
+        ++logprob_entries;
+        EXPECT_LE(e.at("logprob").get<double>(), 0.0);
+        EXPECT_EQ(e.at("top_logprobs").size(), 2u);
+        const std::string token = e.at("token");
+        EXPECT_EQ(e.at("bytes").size(), token.size());
+      }
+  }
+  EXPECT_EQ(text, expected.text);
+  EXPECT_EQ(finishes, 1);
+  EXPECT_EQ(logprob_entries, static_cast<int>(expected.tokens.size()));
+  EXPECT_EQ(json::parse(lines[lines.size() - 2]).at("usage").at("completion_tokens"),
+            static_cast<int64_t>(expected.tokens.size()));
+}
+
+TEST_F(Served, BadChatRequestsAre400sNamingTheField) {
+  auto c = client();
+  auto bad = [&](const std::string& body, const std::string& param) {
+    auto res = c.Post("/v1/chat/completions", body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << body;
+    const json e = json::parse(res->body).at("error");
+    EXPECT_EQ(e.at("param"), param) << body << ": " << e.dump();
+  };
+  bad(R"({"prompt": "a"})", "messages");
+  bad(R"({"messages": []})", "messages");
+  bad(R"({"messages": "hi"})", "messages");
+  bad(R"({"messages": [{"content": "hi"}]})", "messages[0].role");
+  bad(R"({"messages": [{"role": "user"}]})", "messages[0].content");
+  bad(R"({"messages": [{"role": "user", "content": 7}]})", "messages[0].content");
+  bad(R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})",
+      "messages[0].content[0]");
+  bad(R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3})", "top_logprobs");
+  bad(R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1})", "max_completion_tokens");
+  bad(R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})",
+      "response_format");
+  // A prompt past the context (256 positions here) names the messages.
+  bad(json{{"messages", {{{"role", "user"}, {"content", std::string(3000, 'x')}}}}}.dump(), "messages");
+  // Bytes that are not UTF-8 are not JSON.
+  auto res = c.Post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}",
+                    "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+}
+
+TEST(Server, ChatWithoutATemplateIsRefusedNamingTheFix) {
+  auto engine = std::shared_ptr<pipelines::GenerationEngine>(
+      pipelines::GenerationEngine::from_dir(kiln_tiny(), {.max_seq_len = 64, .max_num_seqs = 2}));
+  serve::Server server(engine, {.port = 0});
+  httplib::Client c("127.0.0.1", server.start());
+  auto res = c.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_NE(res->body.find("--chat-template"), std::string::npos) << res->body;
+}
+
+// Opens a streaming completion on a raw socket and reads until its first event, leaving it open.
+int open_stream(int port, const json& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return close(fd), -1;
+  const std::string text = body.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
+  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) return close(fd), -1;
+  std::string received;
+  char buffer[4096];
+  while (received.find("data: ") == std::string::npos) {
+    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) return close(fd), -1;
+    received.append(buffer, static_cast<size_t>(n));
+  }
+  return fd;
+}
+
+// Reads what is left of a stream until the server closes it or [DONE] comes.
+std::string read_rest(int fd) {
+  std::string received;
+  char buffer[4096];
+  ssize_t n;
+  while (received.find("data: [DONE]") == std::string::npos && (n = recv(fd, buffer, sizeof buffer, 0)) > 0)
+    received.append(buffer, static_cast<size_t>(n));
+  close(fd);
+  return received;
+}
+
+// Long requests: stories15M's shape with random weights generates ~1000 tokens in a second or more.
+std::shared_ptr<pipelines::GenerationEngine> slow_engine(int64_t max_num_seqs) {
+  const nn::LlamaConfig config = *pipelines::named_config("stories15M");
+  return std::make_shared<pipelines::GenerationEngine>(
+      config, pipelines::random_weights(config, 0), nullptr, std::vector<int64_t>{},
+      pipelines::EngineOptions{.max_seq_len = 1024, .max_num_seqs = max_num_seqs});
+}
+
+const json kLong = {{"prompt", {1, 2, 3}}, {"max_tokens", 1000}, {"ignore_eos", true}, {"stream", true}};
+
+// Past max_concurrency + max_queue requests in flight, more are refused with 429 and Retry-After at
+// once (no unbounded queue), /health and /metrics still answer, and once one ends a new one is taken.
+TEST(Server, AFullServerAnswers429WithRetryAfterAndKeepsServing) {
+  auto engine = slow_engine(1);
+  serve::Server server(engine, {.port = 0, .max_concurrency = 1, .max_queue = 1});
+  const int port = server.start();
+  const int a = open_stream(port, kLong);
+  ASSERT_GE(a, 0);
+  // The second waits in the engine's queue behind the first (no event yet): submit it on a thread.
+  std::thread second([&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(std::chrono::seconds(120));
+    json body = kLong;
+    body["max_tokens"] = 2;
+    body["stream"] = false;
+    auto res = c.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+  });
+  httplib::Client c("127.0.0.1", port);
+  for (int i = 0; i < 500 && engine->stats().waiting < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(engine->stats().waiting, 1);
+  auto refused = c.Post("/v1/completions", R"({"prompt": [1], "max_tokens": 1})", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 429) << refused->body;
+  EXPECT_EQ(refused->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(json::parse(refused->body).at("error").at("type"), "rate_limit_error");
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  EXPECT_EQ(c.Get("/metrics")->status, 200);
+  close(a);  // the first hangs up: cancelled, and the queued one runs
+  second.join();
+  json again = kLong;
+  again["stream"] = false;
+  again["max_tokens"] = 3;
+  auto res = c.Post("/v1/completions", again.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+}
+
+// shutdown(grace): new requests get 503 (and /health says draining) while those in flight may
+// finish; past the grace they are cancelled, their streams end, and shutdown returns.
+TEST(Server, ShutdownDrainsThenCancelsWhatIsLeft) {
+  auto engine = slow_engine(2);
+  serve::Server server(engine, {.port = 0, .max_concurrency = 2});
+  const int port = server.start();
+  const int a = open_stream(port, kLong);
+  ASSERT_GE(a, 0);
+  std::thread stopper([&] { server.shutdown(std::chrono::milliseconds(800)); });
+  httplib::Client c("127.0.0.1", port);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto refused = c.Post("/v1/completions", R"({"prompt": [1], "max_tokens": 1})", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_EQ(refused->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(c.Get("/health")->status, 503);
+  const std::string rest = read_rest(a);
+  stopper.join();
+  EXPECT_NE(rest.find("cancelled"), std::string::npos) << "the stream ends with an error event: " << rest.substr(0, 300);
+  EXPECT_EQ(engine->stats().running, 0);
+  EXPECT_EQ(engine->stats().kv_blocks_in_use, 0);
+}
+
 TEST(Server, AnApiKeyIsRequiredWhenSet) {
   auto engine = std::shared_ptr<pipelines::GenerationEngine>(pipelines::GenerationEngine::from_dir(kiln_tiny()));
   serve::Server server(engine, {.port = 0, .api_key = "secret"});
@@ -342,6 +578,8 @@ TEST(Server, AnApiKeyIsRequiredWhenSet) {
   auto allowed = c.Get("/v1/models", {{"Authorization", "Bearer secret"}});
   ASSERT_TRUE(allowed);
   EXPECT_EQ(allowed->status, 200);
+  EXPECT_EQ(c.Get("/metrics")->status, 401);
+  EXPECT_EQ(c.Post("/v1/chat/completions", "{}", "application/json")->status, 401);
   EXPECT_EQ(c.Get("/health")->status, 200) << "health needs no key";
 }
 

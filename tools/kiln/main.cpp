@@ -21,12 +21,14 @@
 #include <kiln/kiln.h>
 #include <kiln/pipelines/hf_config.h>
 #include <kiln/pipelines/text_generation.h>
+#include <kiln/pipelines/chat_template.h>
 #include <kiln/serve/server.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "chat.h"
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -254,16 +256,42 @@ struct ServeArgs {
   double kv_cache_gb = 0;
   std::string kv_dtype = "f32";
   int max_concurrency = 64;
+  int max_queue = 256;
+  double shutdown_grace_s = 10;
   std::string api_key;
   std::string tokenizer;  // a tokenizer for a random-weight shape (text prompts at real sizes)
+  std::string chat_template;  // a template file, over the model's own
 };
 
-// Serves until SIGINT or SIGTERM: the signals are blocked in every thread and taken by one that
-// stops the server, so requests in flight end cleanly.
+// The chat template: --chat-template FILE, else the model directory's (or, for a random-weight
+// shape, the --tokenizer directory's); null when there is none.
+std::shared_ptr<const pipelines::ChatTemplate> load_chat_template(const std::string& file, const std::string& model_dir,
+                                                                 const pipelines::Tokenizer* tokenizer) {
+  std::optional<pipelines::ChatTemplate> found;
+  std::filesystem::path dir = model_dir;
+  if (!dir.empty() && !std::filesystem::is_directory(dir)) dir = dir.parent_path();
+  if (!dir.empty()) found = pipelines::ChatTemplate::from_model_dir(dir);
+  if (!file.empty()) {
+    // The file's template, with the model's special tokens (from its tokenizer_config.json, else its tokenizer).
+    std::string bos = found ? found->bos_token() : std::string();
+    std::string eos = found ? found->eos_token() : std::string();
+    if (tokenizer && bos.empty() && tokenizer->bos_id()) bos = tokenizer->decode({*tokenizer->bos_id()}, false);
+    if (tokenizer && eos.empty() && tokenizer->eos_id()) eos = tokenizer->decode({*tokenizer->eos_id()}, false);
+    found = pipelines::ChatTemplate::from_file(file, bos, eos);
+  }
+  if (!found) return nullptr;
+  return std::make_shared<const pipelines::ChatTemplate>(std::move(*found));
+}
+
+// Serves until SIGINT or SIGTERM, blocked in every thread and awaited by this one, which then shuts
+// the server down gracefully: no new requests, those in flight given --shutdown-grace seconds.
 int serve_command(const ServeArgs& args) {
   if (args.port < 0 || args.port > 65535) throw ValueError(fmt::format("--port must be in [0, 65535], got {}", args.port));
   if (args.max_concurrency < 1)
     throw ValueError(fmt::format("--max-concurrency must be >= 1, got {}", args.max_concurrency));
+  if (args.max_queue < 0) throw ValueError(fmt::format("--max-queue must be >= 0, got {}", args.max_queue));
+  if (!(args.shutdown_grace_s >= 0))
+    throw ValueError(fmt::format("--shutdown-grace must be >= 0 seconds, got {}", args.shutdown_grace_s));
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -279,6 +307,7 @@ int serve_command(const ServeArgs& args) {
   LoadProgress progress;
   options.on_stage = [&](std::string_view stage, int index, int total) { progress.stage(stage, index, total); };
   std::shared_ptr<pipelines::GenerationEngine> engine;
+  const bool named_shape = pipelines::named_config(args.model).has_value();
   if (auto config = pipelines::named_config(args.model)) {
     std::shared_ptr<const pipelines::Tokenizer> tokenizer;
     if (!args.tokenizer.empty()) tokenizer = pipelines::Tokenizer::load(args.tokenizer);
@@ -296,21 +325,56 @@ int serve_command(const ServeArgs& args) {
       !args.model_name.empty() ? args.model_name : std::filesystem::path(args.model).filename().string();
   if (!args.api_key.empty()) server_options.api_key = args.api_key;
   server_options.max_concurrency = args.max_concurrency;
+  server_options.max_queue = args.max_queue;
+  server_options.chat_template =
+      load_chat_template(args.chat_template, named_shape ? args.tokenizer : args.model, engine->tokenizer());
   serve::Server server(engine, server_options);
   const int port = server.start();
-  std::fprintf(stderr, "kiln: serving '%s' on http://%s:%d (OpenAI API: /v1/completions, /v1/models; /health)\n",
-               server_options.model_name.c_str(), args.host.c_str(), port);
-  std::thread watcher([&] {
-    int signal = 0;
-    sigwait(&signals, &signal);
-    std::fprintf(stderr, "kiln: stopping (signal %d)\n", signal);
-    server.stop();
-  });
-  server.run();  // returns once stopped
-  if (watcher.joinable()) {
-    pthread_kill(watcher.native_handle(), SIGTERM);  // a stop not from a signal: release the watcher
-    watcher.join();
-  }
+  std::fprintf(stderr,
+               "kiln: serving '%s' on http://%s:%d (OpenAI API: /v1/completions, /v1/chat/completions%s, /v1/models; "
+               "/health, /metrics)\n",
+               server_options.model_name.c_str(), args.host.c_str(), port,
+               server_options.chat_template ? "" : " [no chat template]");
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::fprintf(stderr, "kiln: stopping (signal %d): finishing requests in flight for up to %g s\n", signal,
+               args.shutdown_grace_s);
+  server.shutdown(std::chrono::milliseconds(static_cast<int64_t>(args.shutdown_grace_s * 1000)));
+  std::fprintf(stderr, "kiln: stopped\n");
+  return 0;
+}
+
+// ---- chat ---------------------------------------------------------------------------------------
+
+struct ChatArgs {
+  std::string model = KILN_DEFAULT_MODEL_DIR;
+  std::string dtype = "f32";
+  int threads = 0;
+  int64_t max_seq_len = 0;
+  std::string chat_template;
+  chat::ChatOptions options;
+};
+
+int chat_command(ChatArgs args) {
+  if (pipelines::named_config(args.model))
+    throw ValueError(fmt::format("kiln chat needs a model directory with a tokenizer; '{}' is a random-weight shape",
+                                 args.model));
+  LoadProgress progress;
+  pipelines::EngineOptions options{.max_seq_len = args.max_seq_len,
+                                   .num_threads = args.threads,
+                                   .weight_format = nn::parse_weight_format(args.dtype)};
+  options.max_num_seqs = 1;
+  options.on_stage = [&](std::string_view stage, int index, int total) { progress.stage(stage, index, total); };
+  auto engine = pipelines::GenerationEngine::from_dir(args.model, options);
+  progress.done();
+  auto chat_template = load_chat_template(args.chat_template, args.model, engine->tokenizer());
+  if (!chat_template)
+    throw ValueError(fmt::format("'{}' has no chat template (tokenizer_config.json's chat_template or "
+                                 "chat_template.jinja): give --chat-template FILE",
+                                 args.model));
+  args.options.prompt_marks = isatty(fileno(stdin)) != 0;
+  if (args.options.prompt_marks) std::fprintf(stderr, "kiln chat: /reset forgets the conversation, /exit ends it\n");
+  chat::run_chat(*engine, *chat_template, args.options, std::cin, std::cout, std::cerr);
   return 0;
 }
 
@@ -423,11 +487,38 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-seq-len", serve_args.max_seq_len, "longest sequence, prompt + generated");
   serve_cmd->add_option("--kv-cache-gb", serve_args.kv_cache_gb, "KV cache budget in GiB");
   serve_cmd->add_option("--kv-dtype", serve_args.kv_dtype, "KV cache dtype: f32, bf16 or f16")->capture_default_str();
-  serve_cmd->add_option("--max-concurrency", serve_args.max_concurrency, "connections and sequences served at once")
+  serve_cmd->add_option("--max-concurrency", serve_args.max_concurrency, "requests generating at once")
       ->capture_default_str();
+  serve_cmd->add_option("--max-queue", serve_args.max_queue, "requests waiting beyond those (more get 429)")
+      ->capture_default_str();
+  serve_cmd->add_option("--shutdown-grace", serve_args.shutdown_grace_s,
+                        "seconds requests in flight may take to finish after SIGINT/SIGTERM")
+      ->capture_default_str();
+  serve_cmd->add_option("--chat-template", serve_args.chat_template,
+                        "a Jinja chat template file, over the model's own (tokenizer_config.json, chat_template.jinja)");
   serve_cmd->add_option("--api-key", serve_args.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   serve_cmd->add_option("--tokenizer", serve_args.tokenizer,
                         "random-weight shapes: a tokenizer (a model directory or tokenizer file), for text prompts");
+
+  ChatArgs chat_args;
+  chat_args.options.sampling.max_new_tokens = 0;
+  chat_args.options.sampling.temperature = 0.8;
+  chat_args.options.sampling.top_k = 40;
+  chat_args.options.sampling.top_p = 0.95;
+  auto* chat_cmd = app.add_subcommand("chat", "Chat with a model in the terminal (its chat template)");
+  chat_cmd->add_option("--model", chat_args.model, "model directory")->capture_default_str();
+  chat_cmd->add_option("--chat-template", chat_args.chat_template, "a Jinja chat template file, over the model's own");
+  chat_cmd->add_option("--system", chat_args.options.system, "a system message");
+  chat_cmd->add_option("--max-tokens", chat_args.options.sampling.max_new_tokens,
+                       "longest reply (0: the rest of the context)")
+      ->capture_default_str();
+  chat_cmd->add_option("--temperature", chat_args.options.sampling.temperature, "0: greedy")->capture_default_str();
+  chat_cmd->add_option("--top-k", chat_args.options.sampling.top_k, "0: off")->capture_default_str();
+  chat_cmd->add_option("--top-p", chat_args.options.sampling.top_p, "1: off")->capture_default_str();
+  chat_cmd->add_option("--seed", chat_args.options.sampling.seed, "sampling seed")->capture_default_str();
+  chat_cmd->add_option("--dtype", chat_args.dtype, "weight format: f32, f16, bf16 or q8_0")->capture_default_str();
+  chat_cmd->add_option("--threads", chat_args.threads, "threads (default: one per core)");
+  chat_cmd->add_option("--max-seq-len", chat_args.max_seq_len, "the context: conversation + reply");
 
   bench::BenchCommand bench_cmd(app);
 
@@ -463,6 +554,8 @@ int main(int argc, char** argv) {
       return generate(gen);
     } else if (app.got_subcommand("graph")) {
       return print_graphs(graph_model, graph_max_seq_len);
+    } else if (app.got_subcommand("chat")) {
+      return chat_command(chat_args);
     } else if (app.got_subcommand("serve")) {
       return serve_command(serve_args);
     } else if (app.got_subcommand("cache")) {
