@@ -1647,7 +1647,7 @@ bool known_test(const std::string& name) { return tests().count(name) > 0; }
 
 // Parameter `name`, at position `i`, of a filter, test, method or global: given by position, by
 // name, or `fallback`.
-const Value& arg(const Args& a, size_t i, std::string_view name, const Value& fallback = Value()) {
+Value arg(const Args& a, size_t i, std::string_view name, const Value& fallback = Value()) {
   if (i < a.pos.size()) return a.pos[i];
   for (const auto& [k, v] : a.kw)
     if (k == name) return v;
@@ -1776,7 +1776,7 @@ class Renderer {
   bool eq(const Value& a, const Value& b, int depth = 0) const {
     check_depth(depth, limits.max_data_depth);
     if (is_number(a) && is_number(b)) {
-      int64_t x, y;
+      int64_t x = 0, y = 0;
       if (int_of(a, x) && int_of(b, y)) return x == y;
       return float_of(a) == float_of(b);
     }
@@ -1807,7 +1807,7 @@ class Renderer {
   bool lt(const Value& a, const Value& b, int depth = 0) const {
     check_depth(depth, limits.max_data_depth);
     if (is_number(a) && is_number(b)) {
-      int64_t x, y;
+      int64_t x = 0, y = 0;
       if (int_of(a, x) && int_of(b, y)) return x < y;
       return float_of(a) < float_of(b);
     }
@@ -2148,7 +2148,7 @@ std::string py_format(Renderer& r, const std::string& s, const Args& a) {
 
 Value str_method(Renderer& r, const std::string& s, const std::string& name, Args& a) {
   auto opt_str = [&](size_t i, const char* n) -> std::optional<std::string> {
-    const Value& v = arg(a, i, n);
+    const Value v = arg(a, i, n);
     if (v.undefined() || v.none()) return std::nullopt;
     return need_str(v, fmt::format("{}'s argument", name));
   };
@@ -2186,7 +2186,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
     check_args(a, name, {"sub"});
-    const std::string& sub = need_str(arg(a, 0, "sub"), "the substring");
+    const std::string sub = need_str(arg(a, 0, "sub"), "the substring");
     const size_t at = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
     if (at == std::string::npos) {
       if (name.find("index") != std::string::npos) fault("substring not found");
@@ -2196,7 +2196,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "count") {
     check_args(a, name, {"sub"});
-    const std::string& sub = need_str(arg(a, 0, "sub"), "the substring");
+    const std::string sub = need_str(arg(a, 0, "sub"), "the substring");
     if (sub.empty()) return cp_count(s) + 1;
     int64_t n = 0;
     for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
@@ -2216,14 +2216,14 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "format") return py_format(r, s, a);
   if (name == "removeprefix" || name == "removesuffix") {
-    const std::string& x = need_str(arg(a, 0, "fix"), name);
+    const std::string x = need_str(arg(a, 0, "fix"), name);
     if (name == "removeprefix") return s.compare(0, x.size(), x) == 0 ? s.substr(x.size()) : s;
     return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0 ? s.substr(0, s.size() - x.size()) : s;
   }
   if (name == "center" || name == "ljust" || name == "rjust") {
     const int64_t width = need_int(arg(a, 0, "width"), "width");
     r.check_string(static_cast<size_t>(std::max<int64_t>(width, 0)));
-    const Value& fill = arg(a, 1, "fillchar", " ");
+    const Value fill = arg(a, 1, "fillchar", " ");
     return pad(s, width, need_str(fill, "fillchar"), name == "center" ? 0 : name == "ljust" ? -1 : 1);
   }
   if (name == "zfill") {
@@ -2235,7 +2235,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
     return (sign ? s.substr(0, 1) : "") + std::string(width - len, '0') + (sign ? s.substr(1) : s);
   }
   if (name == "partition" || name == "rpartition") {
-    const std::string& sep = need_str(arg(a, 0, "sep"), "sep");
+    const std::string sep = need_str(arg(a, 0, "sep"), "sep");
     if (sep.empty()) fault("partition: empty separator");
     const size_t at = name == "partition" ? s.find(sep) : s.rfind(sep);
     std::vector<Value> parts;
@@ -2307,7 +2307,7 @@ Value Renderer::getattr(const Value& obj, const std::string& name) const {
           const DictObj& dict = *self.dict();
           if (n == "get") {
             check_args(a, "get", {"key", "default"});
-            const Value& key = arg(a, 0, "key");
+            const Value key = arg(a, 0, "key");
             const Value* v = key.is_str() ? dict.find(key.str()) : nullptr;
             return v ? *v : arg(a, 1, "default", None{});
           }
@@ -2328,7 +2328,7 @@ Value Renderer::getattr(const Value& obj, const std::string& name) const {
     if (name == "index" || name == "count")
       return bound([](Renderer& r, const Value& self, const std::string& n, Args& a) -> Value {
         check_args(a, n, {"value"});
-        const Value& x = arg(a, 0, "value");
+        const Value x = arg(a, 0, "value");
         int64_t i = 0, hits = 0;
         for (const Value& item : self.list()->items) {
           if (r.eq(item, x)) {
@@ -2423,7 +2423,7 @@ Value Renderer::binop(const std::string& op, const Value& a, const Value& b) con
   auto unsupported = [&]() -> Value {
     fault(fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
   };
-  int64_t x, y;
+  int64_t x = 0, y = 0;
   const bool ints = int_of(a, x) && int_of(b, y);
   if (is_number(a) && is_number(b)) {
     const double fx = float_of(a), fy = float_of(b);
@@ -2856,7 +2856,7 @@ void Renderer::add_globals(Scope& g) {
   });
   g.vars["strftime_now"] = make_func("strftime_now", [](Renderer& r, Args& a) -> Value {
     check_args(a, "strftime_now", {"format"});
-    const std::string& format = need_str(arg(a, 0, "format"), "strftime_now's format");
+    const std::string format = need_str(arg(a, 0, "format"), "strftime_now's format");
     if (format.empty()) return "";
     const std::time_t now = std::time(nullptr);
     std::tm tm{};
@@ -2975,7 +2975,7 @@ Value f_tojson(Renderer& r, const Value& v, Args& a) {
   JsonStyle style;
   style.limit = r.limits.max_data_depth;
   style.ensure_ascii = Renderer::truthy(arg(a, 0, "ensure_ascii", false));
-  const Value& indent = arg(a, 1, "indent", None{});
+  const Value indent = arg(a, 1, "indent", None{});
   if (!indent.none() && !indent.undefined()) {
     if (indent.is_str()) {
       style.indent = indent.str();
@@ -2985,7 +2985,7 @@ Value f_tojson(Renderer& r, const Value& v, Args& a) {
     }
     style.item_sep = ",";
   }
-  const Value& seps = arg(a, 2, "separators", None{});
+  const Value seps = arg(a, 2, "separators", None{});
   if (!seps.none() && !seps.undefined()) {
     auto parts = r.iterate(seps);
     if (parts.size() != 2) fault("tojson: separators must be an (item_separator, key_separator) pair");
@@ -3030,7 +3030,7 @@ Value f_last(Renderer& r, const Value& v, Args& a) {
 
 Value f_int(Renderer& r, const Value& v, Args& a) {
   check_args(a, "int", {"default", "base"});
-  const Value& fallback = arg(a, 0, "default", 0);
+  const Value fallback = arg(a, 0, "default", 0);
   const int64_t base = need_int(arg(a, 1, "base", 10), "base");
   int64_t i;
   if (int_of(v, i)) return i;
@@ -3111,7 +3111,7 @@ Value f_capitalize(Renderer& r, const Value& v, Args&) { return py_capitalize(r.
 Value f_safe(Renderer&, const Value& v, Args&) { return v; }
 Value f_trim(Renderer& r, const Value& v, Args& a) {
   check_args(a, "trim", {"chars"});
-  const Value& chars = arg(a, 0, "chars", None{});
+  const Value chars = arg(a, 0, "chars", None{});
   std::optional<std::string> set;
   if (!chars.none() && !chars.undefined()) set = need_str(chars, "trim's chars");
   return py_strip(r.to_str(v), set, true, true);
@@ -3130,7 +3130,7 @@ Value f_title(Renderer& r, const Value& v, Args&) {
 }
 Value f_replace(Renderer& r, const Value& v, Args& a) {
   check_args(a, "replace", {"old", "new", "count"});
-  const Value& count = arg(a, 2, "count", None{});
+  const Value count = arg(a, 2, "count", None{});
   return py_replace(r, r.to_str(v), r.to_str(arg(a, 0, "old")), r.to_str(arg(a, 1, "new")),
                     count.none() || count.undefined() ? -1 : need_int(count, "count"));
 }
@@ -3211,11 +3211,11 @@ Value f_map(Renderer& r, const Value& v, Args& a) {
   std::vector<Value> out;
   if (!Renderer::truthy(v)) return generator({});
   if (a.pos.empty()) {
-    const Value& attribute = arg(a, 99, "attribute");
+    const Value attribute = arg(a, 99, "attribute");
     if (attribute.undefined()) fault("map: needs a filter name or attribute=");
     for (const auto& kv : a.kw)
       if (kv.first != "attribute" && kv.first != "default") fault(fmt::format("map: unexpected keyword argument '{}'", kv.first));
-    const Value& fallback = arg(a, 99, "default");
+    const Value fallback = arg(a, 99, "default");
     auto key = key_getter(r, attribute, false);
     for (const Value& item : r.iterate(v)) {
       Value x = key(item);
@@ -3258,7 +3258,7 @@ Value f_selectattr(Renderer& r, const Value& v, Args& a) { return select_or_reje
 Value f_rejectattr(Renderer& r, const Value& v, Args& a) { return select_or_reject(r, v, a, false, true); }
 Value f_indent(Renderer& r, const Value& v, Args& a) {
   check_args(a, "indent", {"width", "first", "blank"});
-  const Value& width = arg(a, 0, "width", 4);
+  const Value width = arg(a, 0, "width", 4);
   const std::string indention = width.is_str() ? width.str()
                                                : std::string(static_cast<size_t>(std::clamp<int64_t>(need_int(width, "width"), 0, 1024)), ' ');
   const bool first = Renderer::truthy(arg(a, 1, "first", false));
@@ -3312,7 +3312,7 @@ Value f_batch(Renderer& r, const Value& v, Args& a) {
   check_args(a, "batch", {"linecount", "fill_with"});
   const int64_t n = need_int(arg(a, 0, "linecount"), "linecount");
   if (n <= 0) fault("batch: linecount must be positive");
-  const Value& fill = arg(a, 1, "fill_with");
+  const Value fill = arg(a, 1, "fill_with");
   std::vector<Value> out;
   std::vector<Value> cur;
   for (const Value& item : r.iterate(v)) {
@@ -3409,7 +3409,7 @@ bool t_upper(Renderer& r, const Value& v, Args&) {
   return Renderer::truthy(str_method(r, r.to_str(v), "isupper", none));
 }
 bool t_sameas(Renderer& r, const Value& v, Args& a) {
-  const Value& other = arg(a, 0, "other");
+  const Value other = arg(a, 0, "other");
   if (v.v.index() != other.v.index()) return false;
   if (v.is_list()) return v.list() == other.list();
   if (v.is_dict()) return v.dict() == other.dict();
