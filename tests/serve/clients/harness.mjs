@@ -57,7 +57,10 @@ export async function startServer({ extraArgs = [], apiKey, chat = serveHasChatT
   if (chat && serveHasChatTemplate) args.push('--chat-template', chatTemplate);
   const env = { ...process.env };
   env.KILN_CACHE_DIR ??= join(dirname(kilnBin), 'test-compile-cache');  // never the user's ~/.cache
-  const proc = spawn(kilnBin, args, { stdio: ['ignore', 'pipe', 'pipe'], env });
+  // KILN_LAUNCHER: a command to run kiln under (the TSan build's `setarch x86_64 -R`).
+  const launcher = (process.env.KILN_LAUNCHER ?? '').split(' ').filter(Boolean);
+  const proc = spawn(launcher[0] ?? kilnBin, [...launcher.slice(1), ...(launcher.length ? [kilnBin] : []), ...args],
+                     { stdio: ['ignore', 'pipe', 'pipe'], env });
   let stderr = '';
   let stdout = '';
   proc.stdout.setEncoding('utf8').on('data', (d) => (stdout += d));
