@@ -15,12 +15,17 @@ if (!curlFound) {
 
 // curl with `args`; returns { status (HTTP), body, headers (lower case) }. The headers come first on
 // stdout (-D -), ended by a blank line.
-function curl(args) {
-  const r = spawnSync('curl', ['-sS', '--max-time', '30', '-D', '-', ...args], { encoding: 'utf8' });
+function curl(args, input) {
+  const r = spawnSync('curl', ['-sS', '--max-time', '30', '-D', '-', ...args], { encoding: 'utf8', input });
   assert.equal(r.status, 0, `curl ${args.join(' ')} failed (${r.signal ?? r.status}): ${r.stderr}`);
-  const end = r.stdout.indexOf('\r\n\r\n');
-  const headers = r.stdout.slice(0, end);
-  return { status: Number(headers.split(' ')[1]), body: r.stdout.slice(end + 4), headers: headers.toLowerCase() };
+  let out = r.stdout;
+  let end = out.indexOf('\r\n\r\n');
+  while (/^HTTP\/[\d.]+ 100/.test(out)) {  // a large body: curl's Expect: 100-continue, answered first
+    out = out.slice(end + 4);
+    end = out.indexOf('\r\n\r\n');
+  }
+  const headers = out.slice(0, end);
+  return { status: Number(headers.split(' ')[1]), body: out.slice(end + 4), headers: headers.toLowerCase() };
 }
 
 describe('curl', () => {
@@ -95,6 +100,13 @@ describe('curl', () => {
       assert.equal(error.type, 'invalid_request_error');
       assert.ok('param' in error && 'code' in error, JSON.stringify(error));
     }
+  });
+
+  test('a body over 1 MiB is a 413 with an OpenAI error object', () => {
+    const r = curl([`${server.url}/v1/completions`, '-H', 'Content-Type: application/json', '--data-binary', '@-'],
+                   JSON.stringify({ prompt: 'x'.repeat(1 << 21) }));
+    assert.equal(r.status, 413);
+    assert.equal(typeof JSON.parse(r.body).error.message, 'string');
   });
 
   test('an unknown route is a 404 with an OpenAI error object', () => {
