@@ -307,3 +307,45 @@ describe('SIGTERM with a stream in flight', () => {
     if (!r.broken) for (const e of r.events) assert.ok(!e.error, JSON.stringify(e));
   });
 });
+
+// Byte-level tokens that split a character: the text holds them back (or replaces what never
+// completes), and logprobs must list them without breaking the JSON (and the server).
+describe('openai client: tokens that split UTF-8 characters', () => {
+  let server;
+  let openai;
+  before(async () => {
+    server = await startServer({ chat: false });
+    openai = client(server);
+  });
+  after(async () => {
+    if (server) await server.stop();
+  });
+  // Greedy kiln-tiny answers this prompt with byte tokens that never make a whole character.
+  const params = { model: modelName, prompt: '🙂 café', max_tokens: 4, temperature: 0 };
+
+  test('streamed text equals the non-streamed text', async () => {
+    const whole = await openai.completions.create(params);
+    const { texts } = await collect(await openai.completions.create({ ...params, stream: true }));
+    assert.equal(texts[0], whole.choices[0].text);
+  });
+
+  test('logprobs, not streamed: 200, one entry per token', async () => {
+    const r = await openai.completions.create({ ...params, logprobs: 1 });
+    assert.equal(r.choices[0].logprobs.tokens.length, 4);
+    assert.equal(r.choices[0].logprobs.token_logprobs.length, 4);
+  });
+
+  test('logprobs, streamed: the stream completes, and the server still serves', async () => {
+    const r = await sse(`${server.baseURL}/completions`, { ...params, logprobs: 1, stream: true })
+      .catch((e) => ({ broken: e.message }));
+    let health;
+    try {
+      health = (await fetch(`${server.url}/health`)).status;
+    } catch (e) {
+      health = `no answer (${e.cause?.code ?? e.message}): kiln serve died`;
+    }
+    assert.equal(health, 200);
+    assert.ok(!r.broken, `the stream broke: ${r.broken}`);
+    assert.ok(r.done, 'saw [DONE]');
+  });
+});
