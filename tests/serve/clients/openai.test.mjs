@@ -1,6 +1,7 @@
 // `kiln serve` as the official `openai` npm client meets it: /v1/completions streamed and not, n,
 // stop, max_tokens, usage, logprobs, models, and errors raised as the client's APIError classes; a
-// second server with --api-key for 401. Each server is stopped with SIGTERM and must exit 0.
+// second server with --api-key for 401; SIGTERM with a stream in flight; byte tokens that split a
+// UTF-8 character (streamed text, logprobs). Each server is stopped with SIGTERM and must exit 0.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
