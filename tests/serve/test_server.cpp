@@ -495,15 +495,18 @@ std::string read_rest(int fd) {
   return received;
 }
 
-// Long requests: stories15M's shape with random weights generates ~1000 tokens in a second or more.
+// Long requests: stories15M's shape with random weights (and a longer context: RoPE takes any
+// position) generates 2000 tokens in seconds. Without a tokenizer there is no text, so the requests
+// ask for logprobs to have a chunk per token.
 std::shared_ptr<pipelines::GenerationEngine> slow_engine(int64_t max_num_seqs) {
-  const nn::LlamaConfig config = *pipelines::named_config("stories15M");
+  nn::LlamaConfig config = *pipelines::named_config("stories15M");
+  config.max_position_embeddings = 2048;
   return std::make_shared<pipelines::GenerationEngine>(
       config, pipelines::random_weights(config, 0), nullptr, std::vector<int64_t>{},
-      pipelines::EngineOptions{.max_seq_len = 1024, .max_num_seqs = max_num_seqs});
+      pipelines::EngineOptions{.max_seq_len = 2048, .max_num_seqs = max_num_seqs});
 }
 
-const json kLong = {{"prompt", {1, 2, 3}}, {"max_tokens", 1000}, {"ignore_eos", true}, {"stream", true}};
+const json kLong = {{"prompt", {1, 2, 3}}, {"max_tokens", 2000}, {"ignore_eos", true}, {"stream", true}, {"logprobs", 0}};
 
 // Past max_concurrency + max_queue requests in flight, more are refused with 429 and Retry-After at
 // once (no unbounded queue), /health and /metrics still answer, and once one ends a new one is taken.
