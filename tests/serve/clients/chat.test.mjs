@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { chatml, chatTemplate, client, importDep, modelDir, modelName, OpenAI, serveHasChatTemplate, sse,
+import { chatml, chatTemplate, client, importDep, modelDir, modelName, OpenAI, sse,
          startServer } from './harness.mjs';
 
 const { Template } = await importDep('@huggingface/jinja/dist/index.js');
@@ -47,10 +47,6 @@ describe('openai client: /v1/chat/completions', () => {
     assert.equal(r.usage.prompt_tokens, ids.length);
     return r;
   }
-
-  test('kiln serve takes --chat-template (the flag is being added beside these tests)', () => {
-    assert.ok(serveHasChatTemplate, '`kiln serve --help` lists no --chat-template: this kiln has no chat endpoint yet');
-  });
 
   test('the truth is sound: the template rendered by @huggingface/jinja is ChatML, the JS tokenizer is kiln\'s', async () => {
     const messages = [system, user];

@@ -7,7 +7,7 @@
 // Environment: KILN_BIN (the kiln binary; default build/kiln), KILN_SOURCE_DIR (the repository;
 // default: found from this file), KILN_TEST_DEPS (tools/test-deps, where `npm ci` put the clients).
 // Nothing beyond node's own modules and tools/test-deps is used.
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -40,21 +40,15 @@ export async function importDep(entry) {
 
 export const { default: OpenAI } = await importDep('openai/index.mjs');
 
-// Whether this kiln's `serve` takes --chat-template (it is being added alongside these tests).
-export const serveHasChatTemplate = (() => {
-  const help = spawnSync(kilnBin, ['serve', '--help'], { encoding: 'utf8' });
-  return `${help.stdout}${help.stderr}`.includes('--chat-template');
-})();
-
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // Starts `kiln serve` on port 0 and waits until GET /health answers. `extraArgs` are more flags.
 // Returns { url, baseURL, port, proc, log(), stop() }; stop() sends SIGTERM and resolves once the
 // process has exited, throwing unless it exited 0 within `graceMs`.
-export async function startServer({ extraArgs = [], apiKey, chat = serveHasChatTemplate, startTimeoutMs = 60000 } = {}) {
+export async function startServer({ extraArgs = [], apiKey, chat = true, startTimeoutMs = 60000 } = {}) {
   const args = ['serve', '--model', modelDir, '--port', '0', '--threads', '2', ...extraArgs];
   if (apiKey) args.push('--api-key', apiKey);
-  if (chat && serveHasChatTemplate) args.push('--chat-template', chatTemplate);
+  if (chat) args.push('--chat-template', chatTemplate);
   const env = { ...process.env };
   env.KILN_CACHE_DIR ??= join(dirname(kilnBin), 'test-compile-cache');  // never the user's ~/.cache
   // KILN_LAUNCHER: a command to run kiln under (the TSan build's `setarch x86_64 -R`).

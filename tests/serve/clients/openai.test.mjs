@@ -48,8 +48,8 @@ describe('openai client: /v1/completions', () => {
     assert.equal(typeof models[0].owned_by, 'string');
   });
 
-  // OpenAI's GET /v1/models/{model}: kiln serves only the list so far.
-  test('models.retrieve names the model', { todo: 'kiln serve has no GET /v1/models/{model} yet (404)' }, async () => {
+  // OpenAI's GET /v1/models/{model}.
+  test('models.retrieve names the model', async () => {
     const m = await openai.models.retrieve(modelName);
     assert.equal(m.id, modelName);
     assert.equal(m.object, 'model');
