@@ -1551,6 +1551,8 @@ class Parser {
   }
   ExprPtr parse_call(ExprPtr callee) {
     auto e = make(Ex::Call, cur());
+    e->line = callee->line;  // a failing call points at what was called
+    e->col = callee->col;
     e->kids.push_back(std::move(callee));
     parse_args(*e);
     return e;
@@ -2677,7 +2679,7 @@ Value Renderer::call_macro(const Stmt& m, Scope* closure, Args& args, const Valu
     else
       s.vars[p] = Undefined{fmt::format("parameter '{}' was not provided", p)};
   }
-  auto varargs = make_list();
+  auto varargs = make_list({}, Seq::Tuple);
   for (size_t i = m.params.size(); i < args.pos.size(); ++i) varargs->items.push_back(args.pos[i]);
   auto kwargs = make_dict();
   for (const auto& [k, v] : args.kw)
@@ -3042,9 +3044,20 @@ Value f_int(Renderer& r, const Value& v, Args& a) {
   if (v.is_str()) {
     std::string s = py_strip(v.str(), std::nullopt, true, true);
     s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
-    const char* b = s.data() + (!s.empty() && s[0] == '+');
-    auto res = std::from_chars(b, s.data() + s.size(), i, static_cast<int>(std::clamp<int64_t>(base, 2, 36)));
-    if (!s.empty() && res.ec == std::errc() && res.ptr == s.data() + s.size()) return i;
+    const bool negative = !s.empty() && s[0] == '-';
+    size_t at = !s.empty() && (s[0] == '+' || s[0] == '-');
+    int radix = static_cast<int>(base);
+    // Python's int(s, base) takes a 0x / 0o / 0b prefix that matches the base, and base 0 reads it.
+    if (s.size() > at + 1 && s[at] == '0') {
+      const char p = static_cast<char>(s[at + 1] | 0x20);
+      const int prefixed = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+      if (prefixed && (radix == 0 || radix == prefixed)) radix = prefixed, at += 2;
+    }
+    if (radix == 0) radix = 10;
+    if (radix >= 2 && radix <= 36 && at < s.size() && s[at] != '-' && s[at] != '+') {
+      auto res = std::from_chars(s.data() + at, s.data() + s.size(), i, radix);
+      if (res.ec == std::errc() && res.ptr == s.data() + s.size()) return negative ? -i : i;
+    }
     char* end = nullptr;
     const double d = std::strtod(s.c_str(), &end);
     if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d) && std::abs(d) < 9.2e18) return static_cast<int64_t>(d);
