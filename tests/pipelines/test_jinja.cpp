@@ -328,3 +328,49 @@ TEST(JinjaErrors, LimitsStopRunawayTemplates) {
   std::string deep = std::string(1000, '[') + std::string(1000, ']');
   expect_error<ValueError>([&] { render("{{ x }}", "{\"x\": " + deep + "}"); }, {"nested deeper than"});
 }
+
+// Templates mangled at random (characters dropped, duplicated, swapped for syntax) either render or
+// fail with a ValueError: never another exception, a crash, or a hang. Under the sanitize preset this
+// also checks memory safety on broken input.
+TEST(JinjaErrors, MangledTemplatesFailCleanly) {
+  const std::vector<std::string> seeds = {
+      R"({%- for message in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}{%- if ns.multi and message.role == "user" and not(message.content.startswith('<t>') and message.content.endswith('</t>')) %}{%- set ns.multi = false %}{%- endif %}{%- endfor %})",
+      R"({% set ns = namespace(a=1, b=[1, 2]) %}{% macro m(x, y='d') %}{{ x ~ y }}{{ caller() if caller is defined }}{% endmacro %}{% for k, v in d.items() if k != 'z' %}{{ m(k) }}{{ v|tojson(indent=2) }}{{ loop.cycle('a', 'b') }}{% else %}none{% endfor %})",
+      R"({{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set p = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set p = "" -%}{%- endif -%}{%- for message in loop_messages -%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception("alternate") }}{%- endif -%}{{ '<start>' + message['role'] | trim }}{%- endfor -%})",
+      R"({% raw %}{{ x }}{% endraw %}{# c #}{{ [1, 2.5, 'x', none, true]|map('string')|join(',') }}{{ "a\tb"|replace('\t', ' ')|upper }}{% filter lower %}AB{% endfilter %}{{ 10 // 3 ** 2 }}{{ x.y.z }})",
+  };
+  const std::string alphabet = "{}%#-+()[]'\",.|:=~*/ abxy\n";
+  const auto context = nlohmann::ordered_json::parse(
+      R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], "d": {"a": 1, "z": 2}, "bos_token": "<s>"})");
+  Limits limits;
+  limits.max_loop_iterations = 10000;
+  limits.max_output_bytes = 1 << 20;
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  auto next = [&](uint64_t n) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return static_cast<size_t>(rng % n);
+  };
+  int rendered = 0, refused = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string t = seeds[next(seeds.size())];
+    for (size_t edits = 1 + next(4); edits > 0; --edits) {
+      const size_t at = next(t.size());
+      switch (next(3)) {
+        case 0: t.erase(at, 1 + next(3)); break;
+        case 1: t.insert(at, 1, alphabet[next(alphabet.size())]); break;
+        default: t.insert(at, t.substr(next(t.size()), next(12))); break;
+      }
+    }
+    try {
+      Template::parse(t, "fuzz", limits).render(context);
+      ++rendered;
+    } catch (const ValueError& e) {
+      ++refused;
+      EXPECT_EQ(std::string(e.what()).rfind("fuzz", 0), 0u) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a ValueError: " << e.what() << "\ntemplate: " << t;
+    }
+  }
+  EXPECT_GT(rendered, 100);
+  EXPECT_GT(refused, 100);
+}
