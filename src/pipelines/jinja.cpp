@@ -778,6 +778,7 @@ class Lexer {
       if (depth == 0) {
         const char* close = kind == '{' ? "}}" : "%}";
         for (char sign : {'-', '+', '\0'}) {
+          if (sign == '+' && kind == '{') continue;  // "+}}" is not an end: jinja reads '+' then '}}'
           const std::string end = sign ? std::string(1, sign) + close : std::string(close);
           if (rest.substr(0, end.size()) != end) continue;
           push(kind == '{' ? Tok::VarEnd : Tok::BlockEnd, "", p);
@@ -847,6 +848,8 @@ class Lexer {
     }
     std::string text(src_.substr(start, p - start));
     text.erase(std::remove(text.begin(), text.end(), '_'), text.end());
+    if (!is_float && text.size() > 1 && text[0] == '0' && text.find_first_not_of('0') != std::string::npos)
+      fail(start, "leading zeros in integer literals are not permitted");
     Token t{is_float ? Tok::Float : Tok::Int, text};
     std::tie(t.line, t.col) = place(start);
     if (is_float) {
@@ -992,6 +995,7 @@ class Parser {
   Body parse_template() {
     std::string end;
     Body body = parse_body({}, end, nullptr);
+    validate(body, false);
     return body;
   }
 
@@ -1029,6 +1033,11 @@ class Parser {
   std::string expect_name(const char* what = "a name") {
     if (cur().type != Tok::Name) fail(cur(), fmt::format("expected {}, got {}", what, describe(cur())));
     return next().text;
+  }
+  // jinja takes `{% else: %}`, `{% for x in y: %}`: an optional colon before a block's body.
+  void expect_body_start() {
+    skip_op(":");
+    expect_block_end();
   }
   void expect_block_end() {
     if (cur().type != Tok::BlockEnd) fail(cur(), fmt::format("expected end of statement block '%}}', got {}", describe(cur())));
@@ -1098,15 +1107,15 @@ class Parser {
     std::string end;
     if (tag == "if") {
       auto s = make(St::If, t);
-      s->exprs.push_back(parse_tuple(true, false));
-      expect_block_end();
+      s->exprs.push_back(parse_tuple(false, false));  // as jinja: `{% if a if b %}` does not parse
+      expect_body_start();
       while (true) {
         s->bodies.push_back(parse_body({"elif", "else", "endif"}, end, &t));
         if (end == "elif") {
-          s->exprs.push_back(parse_tuple(true, false));
-          expect_block_end();
+          s->exprs.push_back(parse_tuple(false, false));
+          expect_body_start();
         } else if (end == "else") {
-          expect_block_end();
+          expect_body_start();
           s->bodies.push_back(parse_body({"endif"}, end, &t));
           expect_block_end();
           return s;
@@ -1128,12 +1137,12 @@ class Parser {
         s->exprs[1] = parse_expression();
       }
       if (is_name("recursive")) fail(cur(), "recursive loops are not supported");
-      expect_block_end();
+      expect_body_start();
       ++loops_;
       s->bodies.push_back(parse_body({"else", "endfor"}, end, &t));
       --loops_;
       if (end == "else") {
-        expect_block_end();
+        expect_body_start();
         s->bodies.push_back(parse_body({"endfor"}, end, &t));
       } else {
         s->bodies.emplace_back();
@@ -1154,7 +1163,7 @@ class Parser {
       auto s = make(St::SetBlock, t);
       s->target = std::move(target);
       s->exprs.push_back(is_op("|") ? parse_filters(make(Ex::BlockValue, cur())) : nullptr);
-      expect_block_end();
+      expect_body_start();
       s->bodies.push_back(parse_body({"endset"}, end, &t));
       expect_block_end();
       return s;
@@ -1168,7 +1177,7 @@ class Parser {
         if (call->kind != Ex::Call) fail(t, "{% call %} needs a macro call");
         s->exprs.push_back(std::move(call));
       }
-      expect_block_end();
+      expect_body_start();
       const int loops = loops_;
       loops_ = 0;  // break and continue do not cross a macro
       s->bodies.push_back(parse_body({tag == "macro" ? "endmacro" : "endcall"}, end, &t));
@@ -1179,7 +1188,7 @@ class Parser {
     if (tag == "filter") {
       auto s = make(St::FilterBlock, t);
       s->exprs.push_back(parse_filters(make(Ex::BlockValue, cur()), false));
-      expect_block_end();
+      expect_body_start();
       s->bodies.push_back(parse_body({"endfilter"}, end, &t));
       expect_block_end();
       return s;
@@ -1192,7 +1201,7 @@ class Parser {
         expect_op("=");
         s->exprs.push_back(parse_expression());
       }
-      expect_block_end();
+      expect_body_start();
       s->bodies.push_back(parse_body({"endwith"}, end, &t));
       expect_block_end();
       return s;
@@ -1205,7 +1214,7 @@ class Parser {
     }
     if (tag == "generation") {  // transformers' extension: marks the assistant's tokens; renders as is
       auto s = make(St::Body, t);
-      expect_block_end();
+      expect_body_start();
       s->bodies.push_back(parse_body({"endgeneration"}, end, &t));
       expect_block_end();
       return s;
@@ -1220,7 +1229,10 @@ class Parser {
     while (!is_op(")")) {
       if (!s.params.empty()) expect_op(",");
       if (is_op(")")) break;
+      const Token& at = cur();
       s.params.push_back(expect_name("a parameter name"));
+      if (std::count(s.params.begin(), s.params.end(), s.params.back()) > 1)
+        fail(at, fmt::format("duplicate argument '{}'", s.params.back()));
       if (skip_op("=")) {
         s.defaults.push_back(parse_expression());
       } else {
@@ -1253,8 +1265,7 @@ class Parser {
           n->name == "False" || n->name == "None")
         fail(cur(), fmt::format("cannot assign to '{}'", n->name));
       tuple->kids.push_back(std::move(n));
-      if (!skip_op(",")) break;
-      if (cur().type != Tok::Name) break;
+      if (!skip_op(",")) break;  // jinja refuses a trailing comma here
     }
     if (parens) expect_op(")");
     if (tuple->kids.size() == 1 && !parens) return std::move(tuple->kids[0]);
@@ -1512,10 +1523,16 @@ class Parser {
   }
   ExprPtr parse_subscript(ExprPtr obj, const Token& t) {
     ExprPtr start, stop, step;
+    if (is_op("]")) return binary(Ex::Item, t, std::move(obj), make(Ex::Tuple, t));  // x[]: undefined, as in jinja
     if (!is_op(":")) {
       start = parse_expression();
       if (!is_op(":")) {
-        if (is_op(",")) fail(cur(), "tuple subscripts are not supported");
+        if (is_op(",")) {  // x[a, b]: a tuple key, which no JSON value has, so undefined
+          auto key = make(Ex::Tuple, t);
+          key->kids.push_back(std::move(start));
+          while (skip_op(",") && !is_op("]")) key->kids.push_back(parse_expression());
+          return binary(Ex::Item, t, std::move(obj), std::move(key));
+        }
         return binary(Ex::Item, t, std::move(obj), std::move(start));
       }
     }
@@ -1583,7 +1600,6 @@ class Parser {
         next();
         e->name += "." + expect_name();
       }
-      if (!known_filter(e->name)) fail(t, fmt::format("no filter named '{}'", e->name));
       e->kids.push_back(std::move(node));
       if (is_op("(")) parse_args(*e);
       node = std::move(e);
@@ -1598,12 +1614,13 @@ class Parser {
       e->negated = true;
     }
     const Token& t = cur();
+    e->line = t.line;  // errors point at the test's name
+    e->col = t.col;
     e->name = expect_name("a test name");
     while (is_op(".")) {
       next();
       e->name += "." + expect_name();
     }
-    if (!known_test(e->name)) fail(t, fmt::format("no test named '{}'", e->name));
     e->kids.push_back(std::move(node));
     const Token& c = cur();
     if (is_op("(")) {
@@ -1615,6 +1632,35 @@ class Parser {
       e->kids.push_back(parse_postfix(parse_primary()));
     }
     return e;
+  }
+
+  // An unknown filter or test is an error at parse time, as jinja's compiler makes it, except in
+  // the branches of an if or of `a if c else b` (jinja's "soft" frames), where it fails only if it
+  // runs: templates guard optional features that way.
+  void validate(const Expr& e, bool soft) const {
+    if (e.kind == Ex::Cond) soft = true;
+    if ((e.kind == Ex::Filter && !known_filter(e.name)) || (e.kind == Ex::Test && !known_test(e.name))) {
+      if (!soft)
+        throw ValueError(fmt::format("{}:{}:{}: no {} named '{}'", origin_, e.line, e.col,
+                                     e.kind == Ex::Filter ? "filter" : "test", e.name));
+    }
+    for (const auto& k : e.kids)
+      if (k) validate(*k, soft);
+    for (const auto& kv : e.kwargs) validate(*kv.second, soft);
+  }
+  void validate(const Body& body, bool soft) const {
+    for (const auto& st : body) {
+      const bool is_if = st->kind == St::If;
+      // Loops, macros and blocks open a new frame, which is not soft; what a statement evaluates in
+      // the current frame (a loop's iterable, a set's value) keeps its softness.
+      const bool own_frame = st->kind == St::SetBlock || st->kind == St::FilterBlock || st->kind == St::Macro;
+      if (st->target) validate(*st->target, soft);
+      for (size_t i = 0; i < st->exprs.size(); ++i)
+        if (st->exprs[i]) validate(*st->exprs[i], is_if || (soft && !own_frame && !(st->kind == St::For && i == 1)));
+      for (const auto& d : st->defaults)
+        if (d) validate(*d, false);
+      for (const auto& b : st->bodies) validate(b, is_if);
+    }
   }
 
   std::vector<Token> toks_;
@@ -1654,6 +1700,15 @@ Value arg(const Args& a, size_t i, std::string_view name, const Value& fallback 
   for (const auto& [k, v] : a.kw)
     if (k == name) return v;
   return fallback;
+}
+Value need_arg(const Args& a, size_t i, std::string_view name, std::string_view fn) {
+  Value v = arg(a, i, name);
+  if (v.undefined() && i >= a.pos.size()) {
+    bool given = false;
+    for (const auto& kv : a.kw) given = given || kv.first == name;
+    if (!given) fault(fmt::format("{}() missing required argument '{}'", fn, name));
+  }
+  return v;
 }
 void check_args(const Args& a, std::string_view fn, std::initializer_list<std::string_view> names) {
   if (a.pos.size() > names.size())
@@ -2170,7 +2225,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "startswith" || name == "endswith") {
     check_args(a, name, {"prefix"});
-    return prefix_test(s, arg(a, 0, "prefix"), name == "endswith");
+    return prefix_test(s, need_arg(a, 0, "prefix", name), name == "endswith");
   }
   if (name == "upper") return upper(s);
   if (name == "lower" || name == "casefold") return lower(s);
@@ -2183,12 +2238,12 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "replace") {
     check_args(a, name, {"old", "new", "count"});
-    return py_replace(r, s, need_str(arg(a, 0, "old"), "replace's old"), need_str(arg(a, 1, "new"), "replace's new"),
+    return py_replace(r, s, need_str(need_arg(a, 0, "old", name), "replace's old"), need_str(need_arg(a, 1, "new", name), "replace's new"),
                       need_int(arg(a, 2, "count", -1), "count"));
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
     check_args(a, name, {"sub"});
-    const std::string sub = need_str(arg(a, 0, "sub"), "the substring");
+    const std::string sub = need_str(need_arg(a, 0, "sub", name), "the substring");
     const size_t at = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
     if (at == std::string::npos) {
       if (name.find("index") != std::string::npos) fault("substring not found");
@@ -2198,7 +2253,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "count") {
     check_args(a, name, {"sub"});
-    const std::string sub = need_str(arg(a, 0, "sub"), "the substring");
+    const std::string sub = need_str(need_arg(a, 0, "sub", name), "the substring");
     if (sub.empty()) return cp_count(s) + 1;
     int64_t n = 0;
     for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
@@ -2237,7 +2292,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
     return (sign ? s.substr(0, 1) : "") + std::string(width - len, '0') + (sign ? s.substr(1) : s);
   }
   if (name == "partition" || name == "rpartition") {
-    const std::string sep = need_str(arg(a, 0, "sep"), "sep");
+    const std::string sep = need_str(need_arg(a, 0, "sep", name), "sep");
     if (sep.empty()) fault("partition: empty separator");
     const size_t at = name == "partition" ? s.find(sep) : s.rfind(sep);
     std::vector<Value> parts;
@@ -2376,7 +2431,8 @@ Value Renderer::getitem(const Value& obj, const Value& key) const {
 Value Renderer::slice(const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v) const {
   if (obj.undefined()) undefined_fault(obj);
   auto bound = [](const Value& v, const char* what) -> std::optional<int64_t> {
-    if (v.undefined() || v.none()) return std::nullopt;
+    if (v.undefined()) undefined_fault(v);
+    if (v.none()) return std::nullopt;
     return need_int(v, what);
   };
   const int64_t step = bound(step_v, "slice step").value_or(1);
@@ -2835,6 +2891,7 @@ void Renderer::add_globals(Scope& g) {
     auto d = make_dict(kind);
     if (!a.pos.empty()) {
       const Value& init = a.pos[0];
+      if (init.undefined()) Renderer::undefined_fault(init);
       if (is_plain_dict(init) || (init.is_dict() && init.dict()->kind == Obj::Namespace)) {
         for (const auto& [k, v] : init.dict()->items) d->set(k, v);
       } else {
@@ -3144,7 +3201,7 @@ Value f_title(Renderer& r, const Value& v, Args&) {
 Value f_replace(Renderer& r, const Value& v, Args& a) {
   check_args(a, "replace", {"old", "new", "count"});
   const Value count = arg(a, 2, "count", None{});
-  return py_replace(r, r.to_str(v), r.to_str(arg(a, 0, "old")), r.to_str(arg(a, 1, "new")),
+  return py_replace(r, r.to_str(v), r.to_str(need_arg(a, 0, "old", "replace")), r.to_str(need_arg(a, 1, "new", "replace")),
                     count.none() || count.undefined() ? -1 : need_int(count, "count"));
 }
 Value f_reverse(Renderer& r, const Value& v, Args& a) {
@@ -3323,7 +3380,7 @@ Value f_center(Renderer& r, const Value& v, Args& a) {
 }
 Value f_batch(Renderer& r, const Value& v, Args& a) {
   check_args(a, "batch", {"linecount", "fill_with"});
-  const int64_t n = need_int(arg(a, 0, "linecount"), "linecount");
+  const int64_t n = need_int(need_arg(a, 0, "linecount", "batch"), "linecount");
   if (n <= 0) fault("batch: linecount must be positive");
   const Value fill = arg(a, 1, "fill_with");
   std::vector<Value> out;
@@ -3341,7 +3398,7 @@ Value f_batch(Renderer& r, const Value& v, Args& a) {
 }
 Value f_attr(Renderer& r, const Value& v, Args& a) {
   check_args(a, "attr", {"name"});
-  return r.getattr(v, need_str(arg(a, 0, "name"), "attribute name"));
+  return r.getattr(v, need_str(need_arg(a, 0, "name", "attr"), "attribute name"));
 }
 Value f_truncate(Renderer& r, const Value& v, Args& a) {
   check_args(a, "truncate", {"length", "killwords", "end", "leeway"});
@@ -3402,17 +3459,17 @@ int64_t int_operand(const Value& v, const char* test) {
 bool t_odd(Renderer&, const Value& v, Args&) { return floor_mod(int_operand(v, "odd"), 2) == 1; }
 bool t_even(Renderer&, const Value& v, Args&) { return floor_mod(int_operand(v, "even"), 2) == 0; }
 bool t_divisibleby(Renderer&, const Value& v, Args& a) {
-  const int64_t n = int_operand(arg(a, 0, "num"), "divisibleby");
+  const int64_t n = int_operand(need_arg(a, 0, "num", "divisibleby"), "divisibleby");
   if (n == 0) fault("integer division or modulo by zero");
   return floor_mod(int_operand(v, "divisibleby"), n) == 0;
 }
-bool t_eq(Renderer& r, const Value& v, Args& a) { return r.eq(v, arg(a, 0, "other")); }
-bool t_ne(Renderer& r, const Value& v, Args& a) { return !r.eq(v, arg(a, 0, "other")); }
-bool t_lt(Renderer& r, const Value& v, Args& a) { return r.lt(v, arg(a, 0, "other")); }
-bool t_le(Renderer& r, const Value& v, Args& a) { return r.lt(v, arg(a, 0, "other")) || r.eq(v, arg(a, 0, "other")); }
-bool t_gt(Renderer& r, const Value& v, Args& a) { return r.lt(arg(a, 0, "other"), v); }
-bool t_ge(Renderer& r, const Value& v, Args& a) { return r.lt(arg(a, 0, "other"), v) || r.eq(v, arg(a, 0, "other")); }
-bool t_in(Renderer& r, const Value& v, Args& a) { return r.contains(arg(a, 0, "seq"), v); }
+bool t_eq(Renderer& r, const Value& v, Args& a) { return r.eq(v, need_arg(a, 0, "other", "test")); }
+bool t_ne(Renderer& r, const Value& v, Args& a) { return !r.eq(v, need_arg(a, 0, "other", "test")); }
+bool t_lt(Renderer& r, const Value& v, Args& a) { return r.lt(v, need_arg(a, 0, "other", "test")); }
+bool t_le(Renderer& r, const Value& v, Args& a) { return r.lt(v, need_arg(a, 0, "other", "test")) || r.eq(v, need_arg(a, 0, "other", "test")); }
+bool t_gt(Renderer& r, const Value& v, Args& a) { return r.lt(need_arg(a, 0, "other", "test"), v); }
+bool t_ge(Renderer& r, const Value& v, Args& a) { return r.lt(need_arg(a, 0, "other", "test"), v) || r.eq(v, need_arg(a, 0, "other", "test")); }
+bool t_in(Renderer& r, const Value& v, Args& a) { return r.contains(need_arg(a, 0, "seq", "in"), v); }
 bool t_lower(Renderer& r, const Value& v, Args&) {
   Args none;
   return Renderer::truthy(str_method(r, r.to_str(v), "islower", none));
@@ -3422,7 +3479,7 @@ bool t_upper(Renderer& r, const Value& v, Args&) {
   return Renderer::truthy(str_method(r, r.to_str(v), "isupper", none));
 }
 bool t_sameas(Renderer& r, const Value& v, Args& a) {
-  const Value other = arg(a, 0, "other");
+  const Value other = need_arg(a, 0, "other", "test");
   if (v.v.index() != other.v.index()) return false;
   if (v.is_list()) return v.list() == other.list();
   if (v.is_dict()) return v.dict() == other.dict();

@@ -277,6 +277,30 @@ TEST(JinjaErrors, ParseErrorsNameTheTemplateLineAndColumn) {
   expect_error<ValueError>([] { Template::parse("h\u00e9\u00e9 {{ ) }}", "t"); }, {"t:1:8:"});  // columns count code points
 }
 
+// jinja's compiler checks filter and test names, except in the branches of an if or a conditional
+// expression, where a missing one fails only when it runs; kiln draws the same line.
+TEST(JinjaErrors, UnknownFiltersInsideIfFailOnlyWhenRun) {
+  EXPECT_EQ(render("{% if false %}{{ x|nosuch }}{{ x is nosuch }}{% endif %}ok"), "ok");
+  EXPECT_EQ(render("{{ (x|nosuch) if false else 1 }}"), "1");
+  expect_error<ValueError>([] { render("{% if true %}{{ x|nosuch }}{% endif %}"); }, {"t.jinja:1:19:", "no filter named 'nosuch'"});
+  expect_error<ValueError>([] { Template::parse("{% if false %}{% for i in x %}{{ i|nosuch }}{% endfor %}{% endif %}", "t"); },
+                           {"t:1:36:", "no filter named"});
+  expect_error<ValueError>([] { Template::parse("{% if false %}{% set y %}{{ 1|nosuch }}{% endset %}{% endif %}", "t"); },
+                           {"no filter named"});
+}
+
+TEST(JinjaErrors, SyntaxJinjaRefusesOrTakes) {
+  EXPECT_EQ(render("{% for x in [1, 2]: %}{{ x }}{% else: %}-{% endfor %}{% if true: %}y{% elif false: %}{% endif %}"), "12y");
+  EXPECT_EQ(render("[{{ x[] }}] [{{ d['a', 'b'] }}]", R"({"x": [1], "d": {}})"), "[] []");
+  expect_error<ValueError>([] { Template::parse("{% if a if b %}{% endif %}", "t"); }, {"t:1:9:"});
+  expect_error<ValueError>([] { Template::parse("{% set a, = [1] %}", "t"); }, {"t:1:11:"});
+  expect_error<ValueError>([] { Template::parse("{{ 1 +}}", "t"); }, {"t:1:"});
+  expect_error<ValueError>([] { Template::parse("{{ 01 }}", "t"); }, {"t:1:4:", "leading zeros"});
+  expect_error<ValueError>([] { Template::parse("{% macro m(a, a) %}{% endmacro %}", "t"); }, {"t:1:15:", "duplicate argument 'a'"});
+  expect_error<ValueError>([] { render("{{ 'a'|replace('a') }}"); }, {"missing required argument 'new'"});
+  expect_error<ValueError>([] { render("{{ namespace(nope) }}"); }, {"'nope' is undefined"});
+}
+
 TEST(JinjaErrors, RenderErrorsNameTheTemplateLineAndColumn) {
   expect_error<ValueError>([] { render("line\n  {{ raise_exception('Roles must alternate!') }}"); },
                            {"t.jinja:2:6:", "raise_exception: Roles must alternate!"});
