@@ -47,29 +47,35 @@ TEST(Jinja, WhitespaceControlAndHfBlockTrimming) {
       {R"({% if true %}
 yes
 {% endif %}
-done)", R"({})", R"(yes
+done)",
+       R"({})", R"(yes
 done)"},
       {R"(  {% if true %}
     indented
   {% endif %}
-end)", R"({})", R"(    indented
+end)",
+       R"({})", R"(    indented
 end)"},
       {R"(a   {{- 'b' -}}   c)", R"({})", R"(abc)"},
       {R"(a
   {%- if true %} b {% endif -%}
-  c)", R"({})", R"(a b c)"},
+  c)",
+       R"({})", R"(a b c)"},
       {R"(x {%+ if true %}y{% endif %})", R"({})", R"(x y)"},
       {R"(  {{ 'var tags keep their indentation' }}
 {# a comment #}
-after)", R"({})", R"(  var tags keep their indentation
+after)",
+       R"({})", R"(  var tags keep their indentation
 after)"},
       {R"(line
-)", R"({})", R"(line)"},
+)",
+       R"({})", R"(line)"},
       {R"({% raw %}{{ not evaluated }}{% endraw %})", R"({})", R"({{ not evaluated }})"},
       {R"(a {{ "}}" }} {{ {'k': {'n': 1}}['k']['n'] }})", R"({})", R"(a }} 1)"},
       {R"({% for i in [1, 2] %}
   {{ i }}
-{% endfor %})", R"({})", R"(  1
+{% endfor %})",
+       R"({})", R"(  1
   2
 )"},
       {"a\r\nb\rc", R"({})", "a\nb\nc"},
@@ -85,7 +91,8 @@ TEST(Jinja, LoopsAndLoopVariables) {
       {R"({% for x in [1, 2, 3] %}{{ loop.previtem }}<{{ x }}>{{ loop.nextitem }};{% endfor %})", R"({})",
        R"(<1>2;1<2>3;2<3>;)"},
       {R"({% for x in range(5) %}{{ loop.cycle('a', 'b') }}{% endfor %})", R"({})", R"(ababa)"},
-      {R"({% for k, v in d.items() %}{{ k }}={{ v }} {% endfor %})", R"({"d": {"z": 1, "a": [2]}})", R"(z=1 a=[2] )"},
+      {R"({% for k, v in d.items() %}{{ k }}={{ v }} {% endfor %})", R"({"d": {"z": 1, "a": [2]}})",
+       R"(z=1 a=[2] )"},
       {R"({% for k in d %}{{ k }}{% endfor %})", R"({"d": {"z": 1, "a": 2}})", R"(za)"},
       {R"({% for x in xs if x is odd %}{{ loop.index }}:{{ x }} {% endfor %})", R"({"xs": [1, 2, 3, 4, 5]})",
        R"(1:1 2:3 3:5 )"},
@@ -97,7 +104,8 @@ TEST(Jinja, LoopsAndLoopVariables) {
       {R"({% for a, b in [(1, 2), [3, 4]] %}{{ a + b }} {% endfor %})", R"({})", R"(3 7 )"},
       {R"({% for row in [[1, 2], [3]] %}{% for x in row %}{{ loop.index }}{% endfor %}|{{ loop.index }} {% endfor %})",
        R"({})", R"(12|1 1|2 )"},
-      {R"({{ range(3)|list }} {{ range(1, 10, 4)|list }} {{ range(5, 0, -2)|list }})", R"({})", R"([0, 1, 2] [1, 5, 9] [5, 3, 1])"},
+      {R"({{ range(3)|list }} {{ range(1, 10, 4)|list }} {{ range(5, 0, -2)|list }})", R"({})",
+       R"([0, 1, 2] [1, 5, 9] [5, 3, 1])"},
   });
 }
 
@@ -126,7 +134,8 @@ TEST(Jinja, Macros) {
        R"(1|(2, 3)|{'k': 4})"},
       {R"({% macro fact(n) %}{{ 1 if n <= 1 else n * fact(n - 1)|int }}{% endmacro %}{{ fact(5) }})", R"({})",
        R"(120)"},
-      {R"({% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}body{% endcall %})", R"({})", R"(<body>)"},
+      {R"({% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}body{% endcall %})", R"({})",
+       R"(<body>)"},
       {R"({% macro row(x) %}{{ x }}{{ caller(x * 2) }}{% endmacro %}{% call(y) row(3) %}={{ y }}{% endcall %})",
        R"({})", R"(3=6)"},
       {R"({% macro m(a) %}[{{ a }}]{% endmacro %}{{ m() }})", R"({})", R"([])"},
@@ -137,17 +146,18 @@ TEST(Jinja, ExpressionsAndPythonArithmetic) {
   check({
       {R"({{ 7 / 2 }} {{ 8 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 2 ** 10 }} {{ 2 ** -1 }})",
        R"({})", R"(3.5 4.0 3 -4 2 -2 1024 0.5)"},
-      {R"({{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 1.5 + 1 }} {{ 7.5 // 2 }} {{ -7.5 % 2 }} {{ true + 1 }})", R"({})",
-       R"(7 9 2.5 3.0 0.5 2)"},
-      {R"({{ 'ab' ~ 1 ~ none ~ true }} {{ 'ab' + 'cd' }} {{ 'ab' * 3 }} {{ [1] + [2] }} {{ [0] * 3 }})", R"({})",
-       R"(ab1NoneTrue abcd ababab [1, 2] [0, 0, 0])"},
+      {R"({{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 1.5 + 1 }} {{ 7.5 // 2 }} {{ -7.5 % 2 }} {{ true + 1 }})",
+       R"({})", R"(7 9 2.5 3.0 0.5 2)"},
+      {R"({{ 'ab' ~ 1 ~ none ~ true }} {{ 'ab' + 'cd' }} {{ 'ab' * 3 }} {{ [1] + [2] }} {{ [0] * 3 }})",
+       R"({})", R"(ab1NoneTrue abcd ababab [1, 2] [0, 0, 0])"},
       {R"({{ 1 < 2 < 3 }} {{ 1 < 3 < 2 }} {{ 1 == 1.0 }} {{ 'a' != 'b' }} {{ [1, 2] == [1, 2] }} {{ {'a': 1} == {'a': 1} }})",
        R"({})", R"(True False True True True True)"},
       {R"({{ 'ell' in 'hello' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [1, 2] }})", R"({})",
        R"(True True True True)"},
       {R"({{ 0 or 'x' }} {{ 1 and 'y' }} {{ not 0 }} {{ [] or {} or 'last' }} {{ none and 1 }})", R"({})",
        R"(x y True last None)"},
-      {R"({{ 'a' if x else 'b' }} [{{ 'only if' if x }}] {{ -x|abs if x else 0 }})", R"({"x": 0})", R"(b [] 0)"},
+      {R"({{ 'a' if x else 'b' }} [{{ 'only if' if x }}] {{ -x|abs if x else 0 }})", R"({"x": 0})",
+       R"(b [] 0)"},
       {R"({{ -3|abs }} {{ - 2 ** 2 }} {{ (-2) ** 2 }})", R"({})", R"(3 4 4)"},
       {R"({{ m.a.b }} {{ m['a']['b'] }} {{ m.l[1] }} {{ m.l[-1] }} {{ m.l.0 }} [{{ m.l[9] }}] [{{ m.nope }}])",
        R"({"m": {"a": {"b": "deep"}, "l": [10, 20, 30]}})", R"(deep deep 20 30 10 [] [])"},
@@ -161,12 +171,14 @@ TEST(Jinja, ExpressionsAndPythonArithmetic) {
 TEST(Jinja, PrintsValuesAsPythonStr) {
   check({
       {R"({{ true }} {{ false }} {{ none }} {{ 1.0 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 }} {{ 0.00001 }} {{ 1/3 }} {{ -0.0 }})",
-       R"({})", R"(True False None 1.0 0.30000000000000004 1e+16 1000000000000000.0 1e-05 0.3333333333333333 -0.0)"},
-      {R"({{ [1, 'a', 1.5, none, true, [], {}] }} {{ ('x',) }} {{ (1, 2) }} {{ {'k': 'v', 'n': [1]} }})", R"({})",
-       R"([1, 'a', 1.5, None, True, [], {}] ('x',) (1, 2) {'k': 'v', 'n': [1]})"},
+       R"({})",
+       R"(True False None 1.0 0.30000000000000004 1e+16 1000000000000000.0 1e-05 0.3333333333333333 -0.0)"},
+      {R"({{ [1, 'a', 1.5, none, true, [], {}] }} {{ ('x',) }} {{ (1, 2) }} {{ {'k': 'v', 'n': [1]} }})",
+       R"({})", R"([1, 'a', 1.5, None, True, [], {}] ('x',) (1, 2) {'k': 'v', 'n': [1]})"},
       {R"({{ ["it's", 'say "hi"', 'both \' "', 'new\nline', 'back\\slash'] }})", R"({})",
        R"(["it's", 'say "hi"', 'both \' "', 'new\nline', 'back\\slash'])"},
-      {R"({{ x }})", R"({"x": {"a": 1, "b": [true, null, 2.5, "s"]}})", R"({'a': 1, 'b': [True, None, 2.5, 's']})"},
+      {R"({{ x }})", R"({"x": {"a": 1, "b": [true, null, 2.5, "s"]}})",
+       R"({'a': 1, 'b': [True, None, 2.5, 's']})"},
       {R"([{{ undefined_name }}] {{ namespace(a=1) }})", R"({})", R"([] <Namespace {'a': 1}>)"},
   });
 }
@@ -188,7 +200,8 @@ TEST(Jinja, Filters) {
       {R"({{ 'a-b-c'|replace('-', '+') }} {{ 'aaa'|replace('a', 'b', 2) }} {{ 'abc'|reverse }} {{ [1, 2, 3]|reverse|list }})",
        R"({})", R"(a+b+c bba cba [3, 2, 1])"},
       {R"({{ ['b', 'A', 'c']|sort }} {{ ['b', 'A', 'c']|sort(case_sensitive=true) }} {{ [3, 1, 2]|sort(reverse=true) }} {{ users|sort(attribute='age')|map(attribute='name')|list }})",
-       R"({"users": [{"name": "x", "age": 30}, {"name": "y", "age": 20}]})", R"(['A', 'b', 'c'] ['A', 'b', 'c'] [3, 2, 1] ['y', 'x'])"},
+       R"({"users": [{"name": "x", "age": 30}, {"name": "y", "age": 20}]})",
+       R"(['A', 'b', 'c'] ['A', 'b', 'c'] [3, 2, 1] ['y', 'x'])"},
       {R"({{ ['a', 'A', 'b', 'a']|unique|list }} {{ [1, 2, 1.0, true]|unique|list }} {{ {'b': 1, 'A': 2}|dictsort }} {{ {'b': 1, 'a': 2}|dictsort(by='value') }})",
        R"({})", R"(['a', 'b'] [1, 2] [('A', 2), ('b', 1)] [('b', 1), ('a', 2)])"},
       {R"({{ [1, 2, 3, 4]|select('even')|list }} {{ [1, 2, 3, 4]|reject('even')|list }} {{ [0, 1, '', 'x']|select|list }} {{ ['a', 'b']|map('upper')|join }} {{ [1, 5, 9]|select('gt', 4)|list }})",
@@ -197,9 +210,10 @@ TEST(Jinja, Filters) {
        R"({"ms": [{"role": "user", "c": 1}, {"role": "bot", "c": 2, "tool": true}, {"role": "user", "c": 3}]})",
        R"([1, 3] [2] 1 2 ---)"},
       {R"({{ d|items|list }} {{ d.items()|list }} {{ d.keys()|list }} {{ d.values()|list }} {{ d.get('a') }} {{ d.get('z', 0) }} {{ d.get('z') }})",
-       R"({"d": {"a": 1, "b": 2}})", R"([('a', 1), ('b', 2)] [('a', 1), ('b', 2)] ['a', 'b'] [1, 2] 1 0 None)"},
-      {"{{ 'a\\nb\\n\\nc'|indent }}|{{ 'a\\nb'|indent(2, true) }}|{{ 'a\\n\\nb'|indent('> ', blank=true) }}", R"({})",
-       "a\n    b\n\n    c|  a\n  b|a\n> \n> b"},
+       R"({"d": {"a": 1, "b": 2}})",
+       R"([('a', 1), ('b', 2)] [('a', 1), ('b', 2)] ['a', 'b'] [1, 2] 1 0 None)"},
+      {"{{ 'a\\nb\\n\\nc'|indent }}|{{ 'a\\nb'|indent(2, true) }}|{{ 'a\\n\\nb'|indent('> ', blank=true) }}",
+       R"({})", "a\n    b\n\n    c|  a\n  b|a\n> \n> b"},
       {R"({{ 'one two  three'|wordcount }} {{ 'ab'|center(6) }}| {{ '<a href="x">'|e }} {{ '<b>'|safe }} {{ 5|string ~ 'x' }} {{ [1, [2]]|list }} {{ 'ab'|list }})",
        R"({})", R"(3   ab  | &lt;a href=&#34;x&#34;&gt; <b> 5x [1, [2]] ['a', 'b'])"},
       {R"({{ [3, 1, 2]|max }} {{ [3, 1, 2]|min }} {{ [1, 2, 3]|sum }} {{ users|sum(attribute='n') }} {{ [1, 2, 3, 4, 5]|batch(2)|list }})",
@@ -214,7 +228,8 @@ TEST(Jinja, TojsonAsTransformersDefinesIt) {
       {R"({{ x|tojson(indent=2) }})", R"({"x": {"a": [1, {"b": null}], "e": []}})",
        "{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ],\n  \"e\": []\n}"},
       {R"({{ x|tojson(separators=(',', ':'), sort_keys=true) }} {{ x|tojson(ensure_ascii=true) }})",
-       R"({"x": {"z": "\u00e9\ud83c\udf0d", "a": 1}})", R"({"a":1,"z":"é🌍"} {"z": "\u00e9\ud83c\udf0d", "a": 1})"},
+       R"({"x": {"z": "\u00e9\ud83c\udf0d", "a": 1}})",
+       R"({"a":1,"z":"é🌍"} {"z": "\u00e9\ud83c\udf0d", "a": 1})"},
       {R"({{ 'str'|tojson }} {{ 1.5e300|tojson }} {{ (1, 2)|tojson }} {{ "\x01\t"|tojson }})", R"({})",
        R"("str" 1.5e+300 [1, 2] "\u0001\t")"},
   });
@@ -234,8 +249,8 @@ TEST(Jinja, Tests) {
        R"({})", R"(True False True True False True False True)"},
       {R"({{ 'abc' is lower }} {{ 'aBc' is lower }} {{ 'ABC' is upper }} {{ none is sameas none }} {{ x is sameas x }})",
        R"({"x": [1]})", R"(True False True True True)"},
-      {R"({{ (x is defined and x) }} {{ not x is defined }} {{ 'upper' is filter }} {{ 'odd' is test }})", R"({})",
-       R"(False True True True)"},
+      {R"({{ (x is defined and x) }} {{ not x is defined }} {{ 'upper' is filter }} {{ 'odd' is test }})",
+       R"({})", R"(False True True True)"},
   });
 }
 
@@ -263,18 +278,24 @@ TEST(Jinja, StringMethods) {
 
 TEST(JinjaErrors, ParseErrorsNameTheTemplateLineAndColumn) {
   expect_error<ValueError>([] { Template::parse("a\n  {{ 1 + }}", "my.jinja"); }, {"my.jinja:2:10:", "'}}'"});
-  expect_error<ValueError>([] { Template::parse("{% for x in y %}\n{{ x }}", "t"); }, {"t:2:", "endfor", "1:4"});
-  expect_error<ValueError>([] { Template::parse("{% frobnicate %}", "t"); }, {"t:1:4:", "unknown tag 'frobnicate'"});
-  expect_error<ValueError>([] { Template::parse("{{ x | nosuchfilter }}", "t"); }, {"t:1:8:", "no filter named 'nosuchfilter'"});
-  expect_error<ValueError>([] { Template::parse("{{ x is nosuchtest }}", "t"); }, {"t:1:9:", "no test named"});
-  expect_error<ValueError>([] { Template::parse("{{ 'unterminated }}", "t"); }, {"t:1:4:", "unterminated string"});
+  expect_error<ValueError>([] { Template::parse("{% for x in y %}\n{{ x }}", "t"); },
+                           {"t:2:", "endfor", "1:4"});
+  expect_error<ValueError>([] { Template::parse("{% frobnicate %}", "t"); },
+                           {"t:1:4:", "unknown tag 'frobnicate'"});
+  expect_error<ValueError>([] { Template::parse("{{ x | nosuchfilter }}", "t"); },
+                           {"t:1:8:", "no filter named 'nosuchfilter'"});
+  expect_error<ValueError>([] { Template::parse("{{ x is nosuchtest }}", "t"); },
+                           {"t:1:9:", "no test named"});
+  expect_error<ValueError>([] { Template::parse("{{ 'unterminated }}", "t"); },
+                           {"t:1:4:", "unterminated string"});
   expect_error<ValueError>([] { Template::parse("{# never closed", "t"); }, {"t:1:1:", "comment"});
   expect_error<ValueError>([] { Template::parse("{% if x %}{% endfor %}", "t"); }, {"t:1:14:", "endfor"});
   expect_error<ValueError>([] { Template::parse("{% break %}", "t"); }, {"t:1:4:", "outside a loop"});
   expect_error<ValueError>([] { Template::parse("{{ x ! y }}", "t"); }, {"t:1:6:", "unexpected character"});
   expect_error<ValueError>([] { Template::parse("{% include 'x' %}", "t"); }, {"t:1:4:", "not supported"});
   expect_error<ValueError>([] { Template::parse("{{ 99999999999999999999 }}", "t"); }, {"t:1:4:", "64 bits"});
-  expect_error<ValueError>([] { Template::parse("h\u00e9\u00e9 {{ ) }}", "t"); }, {"t:1:8:"});  // columns count code points
+  expect_error<ValueError>([] { Template::parse("h\u00e9\u00e9 {{ ) }}", "t"); },
+                           {"t:1:8:"});  // columns count code points
 }
 
 // jinja's compiler checks filter and test names, except in the branches of an if or a conditional
@@ -282,21 +303,28 @@ TEST(JinjaErrors, ParseErrorsNameTheTemplateLineAndColumn) {
 TEST(JinjaErrors, UnknownFiltersInsideIfFailOnlyWhenRun) {
   EXPECT_EQ(render("{% if false %}{{ x|nosuch }}{{ x is nosuch }}{% endif %}ok"), "ok");
   EXPECT_EQ(render("{{ (x|nosuch) if false else 1 }}"), "1");
-  expect_error<ValueError>([] { render("{% if true %}{{ x|nosuch }}{% endif %}"); }, {"t.jinja:1:19:", "no filter named 'nosuch'"});
-  expect_error<ValueError>([] { Template::parse("{% if false %}{% for i in x %}{{ i|nosuch }}{% endfor %}{% endif %}", "t"); },
-                           {"t:1:36:", "no filter named"});
-  expect_error<ValueError>([] { Template::parse("{% if false %}{% set y %}{{ 1|nosuch }}{% endset %}{% endif %}", "t"); },
-                           {"no filter named"});
+  expect_error<ValueError>([] { render("{% if true %}{{ x|nosuch }}{% endif %}"); },
+                           {"t.jinja:1:19:", "no filter named 'nosuch'"});
+  expect_error<ValueError>(
+      [] { Template::parse("{% if false %}{% for i in x %}{{ i|nosuch }}{% endfor %}{% endif %}", "t"); },
+      {"t:1:36:", "no filter named"});
+  expect_error<ValueError>(
+      [] { Template::parse("{% if false %}{% set y %}{{ 1|nosuch }}{% endset %}{% endif %}", "t"); },
+      {"no filter named"});
 }
 
 TEST(JinjaErrors, SyntaxJinjaRefusesOrTakes) {
-  EXPECT_EQ(render("{% for x in [1, 2]: %}{{ x }}{% else: %}-{% endfor %}{% if true: %}y{% elif false: %}{% endif %}"), "12y");
+  EXPECT_EQ(
+      render(
+          "{% for x in [1, 2]: %}{{ x }}{% else: %}-{% endfor %}{% if true: %}y{% elif false: %}{% endif %}"),
+      "12y");
   EXPECT_EQ(render("[{{ x[] }}] [{{ d['a', 'b'] }}]", R"({"x": [1], "d": {}})"), "[] []");
   expect_error<ValueError>([] { Template::parse("{% if a if b %}{% endif %}", "t"); }, {"t:1:9:"});
   expect_error<ValueError>([] { Template::parse("{% set a, = [1] %}", "t"); }, {"t:1:11:"});
   expect_error<ValueError>([] { Template::parse("{{ 1 +}}", "t"); }, {"t:1:"});
   expect_error<ValueError>([] { Template::parse("{{ 01 }}", "t"); }, {"t:1:4:", "leading zeros"});
-  expect_error<ValueError>([] { Template::parse("{% macro m(a, a) %}{% endmacro %}", "t"); }, {"t:1:15:", "duplicate argument 'a'"});
+  expect_error<ValueError>([] { Template::parse("{% macro m(a, a) %}{% endmacro %}", "t"); },
+                           {"t:1:15:", "duplicate argument 'a'"});
   expect_error<ValueError>([] { render("{{ 'a'|replace('a') }}"); }, {"missing required argument 'new'"});
   expect_error<ValueError>([] { render("{{ namespace(nope) }}"); }, {"'nope' is undefined"});
 }
@@ -307,14 +335,17 @@ TEST(JinjaErrors, RenderErrorsNameTheTemplateLineAndColumn) {
   expect_error<ValueError>([] { render("{{ missing.attr }}"); }, {"t.jinja:1:", "'missing' is undefined"});
   expect_error<ValueError>([] { render("{{ missing + 1 }}"); }, {"'missing' is undefined"});
   expect_error<ValueError>([] { render("{{ missing() }}"); }, {"'missing' is undefined"});
-  expect_error<ValueError>([] { render("{{ 'a' + 1 }}"); }, {"t.jinja:1:8:", "unsupported operand type(s) for +: 'str' and 'int'"});
+  expect_error<ValueError>([] { render("{{ 'a' + 1 }}"); },
+                           {"t.jinja:1:8:", "unsupported operand type(s) for +: 'str' and 'int'"});
   expect_error<ValueError>([] { render("{{ 1 / 0 }}"); }, {"division by zero"});
   expect_error<ValueError>([] { render("{{ 1 < 'a' }}"); }, {"'<' not supported"});
-  expect_error<ValueError>([] { render("{% for x in 5 %}{% endfor %}"); }, {"t.jinja:1:", "'int' object is not iterable"});
+  expect_error<ValueError>([] { render("{% for x in 5 %}{% endfor %}"); },
+                           {"t.jinja:1:", "'int' object is not iterable"});
   expect_error<ValueError>([] { render("{% set x = 1 %}{% set x.a = 2 %}"); }, {"non-namespace"});
   expect_error<ValueError>([] { render("{{ xs.append(1) }}", R"({"xs": []})"); }, {"unsafe"});
   expect_error<ValueError>([] { render("{{ 'a'.split('') }}"); }, {"empty separator"});
-  expect_error<ValueError>([] { render("{{ {'a': 1}|tojson }}{{ missing|tojson }}"); }, {"not JSON serializable"});
+  expect_error<ValueError>([] { render("{{ {'a': 1}|tojson }}{{ missing|tojson }}"); },
+                           {"not JSON serializable"});
   expect_error<ValueError>([] { render("{{ 9223372036854775807 + 1 }}"); }, {"integer overflow"});
   expect_error<ValueError>([] { render("{% set a, b = [1] %}"); }, {"not enough values to unpack"});
   expect_error<ValueError>([] { render("{% set ns = namespace() %}{% set ns.me = [ns] %}"); }, {"itself"});
@@ -323,8 +354,9 @@ TEST(JinjaErrors, RenderErrorsNameTheTemplateLineAndColumn) {
 
 TEST(JinjaErrors, LimitsStopRunawayTemplates) {
   // Deep nesting in the source: parse error, not a stack overflow.
-  expect_error<ValueError>([] { Template::parse("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "t"); },
-                           {"t:1:", "nested deeper"});
+  expect_error<ValueError>(
+      [] { Template::parse("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "t"); },
+      {"t:1:", "nested deeper"});
   std::string blocks;
   for (int i = 0; i < 3000; ++i) blocks += "{% if true %}";
   expect_error<ValueError>([&] { Template::parse(blocks, "t"); }, {"nested deeper"});
@@ -335,20 +367,38 @@ TEST(JinjaErrors, LimitsStopRunawayTemplates) {
   expect_error<ValueError>([] { render("{% for i in range(1000000000) %}{% endfor %}"); }, {"Range too big"});
   Limits small;
   small.max_loop_iterations = 1000;
-  expect_error<ValueError>([&] { render("{% for i in range(100) %}{% for j in range(100) %}{% endfor %}{% endfor %}", "{}", small); },
-                           {"t.jinja:1:", "loop iterations exceed the limit of 1000"});
+  expect_error<ValueError>(
+      [&] {
+        render("{% for i in range(100) %}{% for j in range(100) %}{% endfor %}{% endfor %}", "{}", small);
+      },
+      {"t.jinja:1:", "loop iterations exceed the limit of 1000"});
   // Output: the rendered text and every string built on the way.
   small.max_output_bytes = 1 << 16;
-  expect_error<ValueError>([&] { render("{% for i in range(1000) %}0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef{% endfor %}", "{}", small); },
-                           {"output limit"});
+  expect_error<ValueError>(
+      [&] {
+        render(
+            "{% for i in range(1000) "
+            "%}0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef{% endfor %}",
+            "{}", small);
+      },
+      {"output limit"});
   expect_error<ValueError>([&] { render("{{ 'x' * 100000000000 }}", "{}", small); }, {"output limit"});
-  expect_error<ValueError>([&] {
-    render("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "{}", small);
-  }, {"output limit"});
+  expect_error<ValueError>(
+      [&] {
+        render(
+            "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor "
+            "%}",
+            "{}", small);
+      },
+      {"output limit"});
   // Values nested deeper than printing may follow, built in a loop and in the context.
-  expect_error<ValueError>([] {
-    render("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}");
-  }, {"nested deeper than"});
+  expect_error<ValueError>(
+      [] {
+        render(
+            "{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ "
+            "ns.x }}");
+      },
+      {"nested deeper than"});
   std::string deep = std::string(1000, '[') + std::string(1000, ']');
   expect_error<ValueError>([&] { render("{{ x }}", "{\"x\": " + deep + "}"); }, {"nested deeper than"});
 }
@@ -380,9 +430,15 @@ TEST(JinjaErrors, MangledTemplatesFailCleanly) {
     for (size_t edits = 1 + next(4); edits > 0; --edits) {
       const size_t at = next(t.size());
       switch (next(3)) {
-        case 0: t.erase(at, 1 + next(3)); break;
-        case 1: t.insert(at, 1, alphabet[next(alphabet.size())]); break;
-        default: t.insert(at, t.substr(next(t.size()), next(12))); break;
+        case 0:
+          t.erase(at, 1 + next(3));
+          break;
+        case 1:
+          t.insert(at, 1, alphabet[next(alphabet.size())]);
+          break;
+        default:
+          t.insert(at, t.substr(next(t.size()), next(12)));
+          break;
       }
     }
     try {
