@@ -72,7 +72,8 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const fs::path& dir) {
     } catch (const ojson::exception& e) {
       throw LoadError(fmt::format("chat template: {}: not valid JSON: {}", config_file.string(), e.what()));
     }
-    if (!config.is_object()) throw LoadError(fmt::format("chat template: {}: not a JSON object", config_file.string()));
+    if (!config.is_object())
+      throw LoadError(fmt::format("chat template: {}: not a JSON object", config_file.string()));
   }
 
   std::string source, origin;
@@ -85,19 +86,23 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const fs::path& dir) {
     origin = config_file.string();
     if (it->is_string()) {
       source = it->get<std::string>();
-    } else if (it->is_array()) {  // named templates: [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+    } else if (it->is_array()) {  // named templates: [{"name": "default", "template": ...}, {"name":
+                                  // "tool_use", ...}]
       bool found = false;
       for (const auto& entry : *it) {
-        if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") || !entry["name"].is_string() ||
-            !entry["template"].is_string())
-          throw LoadError(fmt::format("chat template: {}: 'chat_template' entries must be {{\"name\": ..., \"template\": ...}}",
-                                      config_file.string()));
+        if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") ||
+            !entry["name"].is_string() || !entry["template"].is_string())
+          throw LoadError(fmt::format(
+              "chat template: {}: 'chat_template' entries must be {{\"name\": ..., \"template\": ...}}",
+              config_file.string()));
         if (entry["name"] == "default") {
           source = entry["template"].get<std::string>();
           found = true;
         }
       }
-      if (!found) throw LoadError(fmt::format("chat template: {}: 'chat_template' has no template named \"default\"", config_file.string()));
+      if (!found)
+        throw LoadError(fmt::format("chat template: {}: 'chat_template' has no template named \"default\"",
+                                    config_file.string()));
       origin += " (chat_template \"default\")";
     } else {
       throw LoadError(fmt::format("chat template: {}: 'chat_template' is {}, expected a string or a list",
@@ -142,7 +147,8 @@ std::string ChatTemplate::render(std::string_view context_json) const {
   } catch (const ojson::exception& e) {
     throw ValueError(fmt::format("{}: the context is not valid JSON: {}", impl_->tmpl.origin(), e.what()));
   }
-  if (!context.is_object()) throw ValueError(fmt::format("{}: the context must be a JSON object", impl_->tmpl.origin()));
+  if (!context.is_object())
+    throw ValueError(fmt::format("{}: the context must be a JSON object", impl_->tmpl.origin()));
   if (!context.contains("bos_token")) context["bos_token"] = impl_->bos_token;
   if (!context.contains("eos_token")) context["eos_token"] = impl_->eos_token;
   return impl_->tmpl.render(context);

@@ -198,16 +198,22 @@ std::string type_name(const Value& v) {
   if (v.is_str()) return "str";
   if (v.is_list()) {
     switch (v.list()->kind) {
-      case Seq::List: return "list";
-      case Seq::Tuple: return "tuple";
-      case Seq::Generator: return "generator";
+      case Seq::List:
+        return "list";
+      case Seq::Tuple:
+        return "tuple";
+      case Seq::Generator:
+        return "generator";
     }
   }
   if (v.is_dict()) {
     switch (v.dict()->kind) {
-      case Obj::Dict: return "dict";
-      case Obj::Namespace: return "Namespace";
-      case Obj::Loop: return "LoopContext";
+      case Obj::Dict:
+        return "dict";
+      case Obj::Namespace:
+        return "Namespace";
+      case Obj::Loop:
+        return "LoopContext";
     }
   }
   return "function";
@@ -235,8 +241,11 @@ std::vector<char32_t> decode(std::string_view s) {
       if ((c >> 6) != 2) ok = false;
       cp = (cp << 6) | (c & 0x3F);
     }
-    if (ok && len > 1 && (cp < (len == 2 ? 0x80u : len == 3 ? 0x800u : 0x10000u) || cp > 0x10FFFF ||
-                          (cp >= 0xD800 && cp <= 0xDFFF)))
+    if (ok && len > 1 &&
+        (cp < (len == 2   ? 0x80u
+               : len == 3 ? 0x800u
+                          : 0x10000u) ||
+         cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)))
       ok = false;
     if (!ok) {
       out.push_back(0xDC00 + b);
@@ -382,7 +391,8 @@ bool py_printable(char32_t c) {
   if (c == 0x1680 || (c >= 0x2000 && c <= 0x200F) || (c >= 0x2028 && c <= 0x202F) ||
       (c >= 0x205F && c <= 0x2064) || c == 0x3000 || c == 0xFEFF || c == 0x061C || c == 0x180E)
     return false;
-  if ((c >= 0xD800 && c <= 0xDFFF) || (c >= 0xE000 && c <= 0xF8FF) || c == 0xFFFE || c == 0xFFFF) return false;
+  if ((c >= 0xD800 && c <= 0xDFFF) || (c >= 0xE000 && c <= 0xF8FF) || c == 0xFFFE || c == 0xFFFF)
+    return false;
   return true;
 }
 
@@ -493,13 +503,27 @@ void json_string(std::string_view s, const JsonStyle& style, std::string& out) {
   out.push_back('"');
   for (char32_t c : decode(s)) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20 || (style.ensure_ascii && c >= 0x7F)) {
           if (c >= 0x10000) {
@@ -576,16 +600,21 @@ void json_dump(const Value& v, const JsonStyle& style, std::string& out, int lev
 Value from_json(const nlohmann::ordered_json& j, int depth, int limit) {
   check_depth(depth, limit);
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return None{};
-    case nlohmann::ordered_json::value_t::boolean: return j.get<bool>();
-    case nlohmann::ordered_json::value_t::number_integer: return j.get<int64_t>();
+    case nlohmann::ordered_json::value_t::null:
+      return None{};
+    case nlohmann::ordered_json::value_t::boolean:
+      return j.get<bool>();
+    case nlohmann::ordered_json::value_t::number_integer:
+      return j.get<int64_t>();
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const auto u = j.get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return static_cast<double>(u);
       return static_cast<int64_t>(u);
     }
-    case nlohmann::ordered_json::value_t::number_float: return j.get<double>();
-    case nlohmann::ordered_json::value_t::string: return j.get<std::string>();
+    case nlohmann::ordered_json::value_t::number_float:
+      return j.get<double>();
+    case nlohmann::ordered_json::value_t::string:
+      return j.get<std::string>();
     case nlohmann::ordered_json::value_t::array: {
       auto l = make_list();
       l->items.reserve(j.size());
@@ -594,10 +623,12 @@ Value from_json(const nlohmann::ordered_json& j, int depth, int limit) {
     }
     case nlohmann::ordered_json::value_t::object: {
       auto d = make_dict();
-      for (auto it = j.begin(); it != j.end(); ++it) d->set(it.key(), from_json(it.value(), depth + 1, limit));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d->set(it.key(), from_json(it.value(), depth + 1, limit));
       return d;
     }
-    default: fault("context: binary JSON values are not supported");
+    default:
+      fault("context: binary JSON values are not supported");
   }
 }
 
@@ -623,17 +654,27 @@ struct Token {
 
 std::string describe(const Token& t) {
   switch (t.type) {
-    case Tok::Data: return "template text";
-    case Tok::VarBegin: return "'{{'";
-    case Tok::VarEnd: return "end of print statement '}}'";
-    case Tok::BlockBegin: return "'{%'";
-    case Tok::BlockEnd: return "end of statement block '%}'";
-    case Tok::Name: return fmt::format("'{}'", t.text);
-    case Tok::String: return "string literal";
+    case Tok::Data:
+      return "template text";
+    case Tok::VarBegin:
+      return "'{{'";
+    case Tok::VarEnd:
+      return "end of print statement '}}'";
+    case Tok::BlockBegin:
+      return "'{%'";
+    case Tok::BlockEnd:
+      return "end of statement block '%}'";
+    case Tok::Name:
+      return fmt::format("'{}'", t.text);
+    case Tok::String:
+      return "string literal";
     case Tok::Int:
-    case Tok::Float: return "number";
-    case Tok::Op: return fmt::format("'{}'", t.text);
-    case Tok::Eof: return "end of template";
+    case Tok::Float:
+      return "number";
+    case Tok::Op:
+      return fmt::format("'{}'", t.text);
+    case Tok::Eof:
+      return "end of template";
   }
   return "token";
 }
@@ -773,11 +814,13 @@ class Lexer {
     while (true) {
       while (p < src_.size() && is_space(src_[p])) ++p;
       if (p >= src_.size())
-        fail(begin, kind == '{' ? "unexpected end of template: missing '}}'" : "unexpected end of template: missing '%}'");
+        fail(begin, kind == '{' ? "unexpected end of template: missing '}}'"
+                                : "unexpected end of template: missing '%}'");
       const std::string_view rest = src_.substr(p);
       if (depth == 0) {
         const char* close = kind == '{' ? "}}" : "%}";
         for (char sign : {'-', '+', '\0'}) {
+          if (sign == '+' && kind == '{') continue;  // "+}}" is not an end: jinja reads '+' then '}}'
           const std::string end = sign ? std::string(1, sign) + close : std::string(close);
           if (rest.substr(0, end.size()) != end) continue;
           push(kind == '{' ? Tok::VarEnd : Tok::BlockEnd, "", p);
@@ -847,6 +890,8 @@ class Lexer {
     }
     std::string text(src_.substr(start, p - start));
     text.erase(std::remove(text.begin(), text.end(), '_'), text.end());
+    if (!is_float && text.size() > 1 && text[0] == '0' && text.find_first_not_of('0') != std::string::npos)
+      fail(start, "leading zeros in integer literals are not permitted");
     Token t{is_float ? Tok::Float : Tok::Int, text};
     std::tie(t.line, t.col) = place(start);
     if (is_float) {
@@ -868,8 +913,10 @@ class Lexer {
       char32_t v = 0;
       for (int k = 0; k < n; ++k) {
         const char h = at + k < src_.size() ? src_[at + k] : '\0';
-        if (!std::isxdigit(static_cast<unsigned char>(h))) fail(at, "truncated \\x, \\u or \\U escape in string");
-        v = v * 16 + static_cast<char32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (h | 0x20) - 'a' + 10);
+        if (!std::isxdigit(static_cast<unsigned char>(h)))
+          fail(at, "truncated \\x, \\u or \\U escape in string");
+        v = v * 16 + static_cast<char32_t>(
+                         std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (h | 0x20) - 'a' + 10);
       }
       return v;
     };
@@ -889,19 +936,46 @@ class Lexer {
       const char e = src_[p + 1];
       p += 2;
       switch (e) {
-        case '\n': break;
-        case '\\': out.push_back('\\'); break;
-        case '\'': out.push_back('\''); break;
-        case '"': out.push_back('"'); break;
-        case 'a': out.push_back('\a'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'v': out.push_back('\v'); break;
-        case 'x': encode(hex(p, 2), out); p += 2; break;
-        case 'u': encode(hex(p, 4), out); p += 4; break;
+        case '\n':
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '\'':
+          out.push_back('\'');
+          break;
+        case '"':
+          out.push_back('"');
+          break;
+        case 'a':
+          out.push_back('\a');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'v':
+          out.push_back('\v');
+          break;
+        case 'x':
+          encode(hex(p, 2), out);
+          p += 2;
+          break;
+        case 'u':
+          encode(hex(p, 4), out);
+          p += 4;
+          break;
         case 'U': {
           const char32_t cp = hex(p, 8);
           if (cp > 0x10FFFF) fail(p - 2, "\\U escape out of range");
@@ -939,8 +1013,28 @@ class Lexer {
 // (.attr [index] (call)) and filters/tests (| and is).
 // ================================================================================================
 
-enum class Ex { Literal, Name, List, Tuple, Dict, Attr, Item, Slice, Call, Filter, Test, Neg, Pos, Not, And, Or,
-                Binary, Compare, Cond, BlockValue };
+enum class Ex {
+  Literal,
+  Name,
+  List,
+  Tuple,
+  Dict,
+  Attr,
+  Item,
+  Slice,
+  Call,
+  Filter,
+  Test,
+  Neg,
+  Pos,
+  Not,
+  And,
+  Or,
+  Binary,
+  Compare,
+  Cond,
+  BlockValue
+};
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
@@ -948,15 +1042,29 @@ using ExprPtr = std::unique_ptr<Expr>;
 struct Expr {
   Ex kind;
   int line = 0, col = 0;
-  Value value;                 // Literal
-  std::string name;            // Name, Attr, Filter, Test, Binary's operator
-  std::vector<ExprPtr> kids;   // operands; a missing slice bound or else branch is null
+  Value value;                   // Literal
+  std::string name;              // Name, Attr, Filter, Test, Binary's operator
+  std::vector<ExprPtr> kids;     // operands; a missing slice bound or else branch is null
   std::vector<std::string> ops;  // Compare: the operator before each kid after the first
   std::vector<std::pair<std::string, ExprPtr>> kwargs;  // Call, Filter, Test
-  bool negated = false;        // Test: `is not`
+  bool negated = false;                                 // Test: `is not`
 };
 
-enum class St { Text, Print, If, For, Set, SetBlock, Macro, CallBlock, FilterBlock, With, Break, Continue, Body };
+enum class St {
+  Text,
+  Print,
+  If,
+  For,
+  Set,
+  SetBlock,
+  Macro,
+  CallBlock,
+  FilterBlock,
+  With,
+  Break,
+  Continue,
+  Body
+};
 
 struct Stmt;
 using StmtPtr = std::unique_ptr<Stmt>;
@@ -971,8 +1079,8 @@ struct Stmt {
                                // SetBlock/FilterBlock [filters applied to BlockValue or null];
                                // CallBlock [call]; With [values]
   std::vector<Body> bodies;    // If: one per branch, then else; For: body, else; others: body
-  std::vector<std::string> params;   // Macro, CallBlock: parameter names; With: names
-  std::vector<ExprPtr> defaults;     // Macro, CallBlock: default per parameter or null
+  std::vector<std::string> params;  // Macro, CallBlock: parameter names; With: names
+  std::vector<ExprPtr> defaults;    // Macro, CallBlock: default per parameter or null
 };
 
 struct Node {
@@ -992,6 +1100,7 @@ class Parser {
   Body parse_template() {
     std::string end;
     Body body = parse_body({}, end, nullptr);
+    validate(body, false);
     return body;
   }
 
@@ -1030,8 +1139,14 @@ class Parser {
     if (cur().type != Tok::Name) fail(cur(), fmt::format("expected {}, got {}", what, describe(cur())));
     return next().text;
   }
+  // jinja takes `{% else: %}`, `{% for x in y: %}`: an optional colon before a block's body.
+  void expect_body_start() {
+    skip_op(":");
+    expect_block_end();
+  }
   void expect_block_end() {
-    if (cur().type != Tok::BlockEnd) fail(cur(), fmt::format("expected end of statement block '%}}', got {}", describe(cur())));
+    if (cur().type != Tok::BlockEnd)
+      fail(cur(), fmt::format("expected end of statement block '%}}', got {}", describe(cur())));
     next();
   }
   ExprPtr make(Ex kind, const Token& t) {
@@ -1059,7 +1174,8 @@ class Parser {
         if (!opener) return body;
         std::string want;
         for (const char* e : ends) want += fmt::format("{}'{}'", want.empty() ? "" : " or ", e);
-        fail(t, fmt::format("unexpected end of template: the block at {}:{} needs {}", opener->line, opener->col, want));
+        fail(t, fmt::format("unexpected end of template: the block at {}:{} needs {}", opener->line,
+                            opener->col, want));
       }
       if (t.type == Tok::Data) {
         auto s = make(St::Text, t);
@@ -1069,7 +1185,8 @@ class Parser {
         next();
         auto s = make(St::Print, t);
         s->exprs.push_back(parse_tuple(true, false));
-        if (cur().type != Tok::VarEnd) fail(cur(), fmt::format("expected end of print statement '}}}}', got {}", describe(cur())));
+        if (cur().type != Tok::VarEnd)
+          fail(cur(), fmt::format("expected end of print statement '}}}}', got {}", describe(cur())));
         next();
         body.push_back(std::move(s));
       } else if (t.type == Tok::BlockBegin) {
@@ -1098,15 +1215,15 @@ class Parser {
     std::string end;
     if (tag == "if") {
       auto s = make(St::If, t);
-      s->exprs.push_back(parse_tuple(true, false));
-      expect_block_end();
+      s->exprs.push_back(parse_tuple(false, false));  // as jinja: `{% if a if b %}` does not parse
+      expect_body_start();
       while (true) {
         s->bodies.push_back(parse_body({"elif", "else", "endif"}, end, &t));
         if (end == "elif") {
-          s->exprs.push_back(parse_tuple(true, false));
-          expect_block_end();
+          s->exprs.push_back(parse_tuple(false, false));
+          expect_body_start();
         } else if (end == "else") {
-          expect_block_end();
+          expect_body_start();
           s->bodies.push_back(parse_body({"endif"}, end, &t));
           expect_block_end();
           return s;
@@ -1128,12 +1245,12 @@ class Parser {
         s->exprs[1] = parse_expression();
       }
       if (is_name("recursive")) fail(cur(), "recursive loops are not supported");
-      expect_block_end();
+      expect_body_start();
       ++loops_;
       s->bodies.push_back(parse_body({"else", "endfor"}, end, &t));
       --loops_;
       if (end == "else") {
-        expect_block_end();
+        expect_body_start();
         s->bodies.push_back(parse_body({"endfor"}, end, &t));
       } else {
         s->bodies.emplace_back();
@@ -1154,7 +1271,7 @@ class Parser {
       auto s = make(St::SetBlock, t);
       s->target = std::move(target);
       s->exprs.push_back(is_op("|") ? parse_filters(make(Ex::BlockValue, cur())) : nullptr);
-      expect_block_end();
+      expect_body_start();
       s->bodies.push_back(parse_body({"endset"}, end, &t));
       expect_block_end();
       return s;
@@ -1168,7 +1285,7 @@ class Parser {
         if (call->kind != Ex::Call) fail(t, "{% call %} needs a macro call");
         s->exprs.push_back(std::move(call));
       }
-      expect_block_end();
+      expect_body_start();
       const int loops = loops_;
       loops_ = 0;  // break and continue do not cross a macro
       s->bodies.push_back(parse_body({tag == "macro" ? "endmacro" : "endcall"}, end, &t));
@@ -1179,7 +1296,7 @@ class Parser {
     if (tag == "filter") {
       auto s = make(St::FilterBlock, t);
       s->exprs.push_back(parse_filters(make(Ex::BlockValue, cur()), false));
-      expect_block_end();
+      expect_body_start();
       s->bodies.push_back(parse_body({"endfilter"}, end, &t));
       expect_block_end();
       return s;
@@ -1192,7 +1309,7 @@ class Parser {
         expect_op("=");
         s->exprs.push_back(parse_expression());
       }
-      expect_block_end();
+      expect_body_start();
       s->bodies.push_back(parse_body({"endwith"}, end, &t));
       expect_block_end();
       return s;
@@ -1205,7 +1322,7 @@ class Parser {
     }
     if (tag == "generation") {  // transformers' extension: marks the assistant's tokens; renders as is
       auto s = make(St::Body, t);
-      expect_block_end();
+      expect_body_start();
       s->bodies.push_back(parse_body({"endgeneration"}, end, &t));
       expect_block_end();
       return s;
@@ -1220,11 +1337,15 @@ class Parser {
     while (!is_op(")")) {
       if (!s.params.empty()) expect_op(",");
       if (is_op(")")) break;
+      const Token& at = cur();
       s.params.push_back(expect_name("a parameter name"));
+      if (std::count(s.params.begin(), s.params.end(), s.params.back()) > 1)
+        fail(at, fmt::format("duplicate argument '{}'", s.params.back()));
       if (skip_op("=")) {
         s.defaults.push_back(parse_expression());
       } else {
-        if (!s.defaults.empty() && s.defaults.back()) fail(cur(), "a parameter without a default follows one with a default");
+        if (!s.defaults.empty() && s.defaults.back())
+          fail(cur(), "a parameter without a default follows one with a default");
         s.defaults.push_back(nullptr);
       }
     }
@@ -1253,8 +1374,7 @@ class Parser {
           n->name == "False" || n->name == "None")
         fail(cur(), fmt::format("cannot assign to '{}'", n->name));
       tuple->kids.push_back(std::move(n));
-      if (!skip_op(",")) break;
-      if (cur().type != Tok::Name) break;
+      if (!skip_op(",")) break;  // jinja refuses a trailing comma here
     }
     if (parens) expect_op(")");
     if (tuple->kids.size() == 1 && !parens) return std::move(tuple->kids[0]);
@@ -1512,10 +1632,17 @@ class Parser {
   }
   ExprPtr parse_subscript(ExprPtr obj, const Token& t) {
     ExprPtr start, stop, step;
+    if (is_op("]"))
+      return binary(Ex::Item, t, std::move(obj), make(Ex::Tuple, t));  // x[]: undefined, as in jinja
     if (!is_op(":")) {
       start = parse_expression();
       if (!is_op(":")) {
-        if (is_op(",")) fail(cur(), "tuple subscripts are not supported");
+        if (is_op(",")) {  // x[a, b]: a tuple key, which no JSON value has, so undefined
+          auto key = make(Ex::Tuple, t);
+          key->kids.push_back(std::move(start));
+          while (skip_op(",") && !is_op("]")) key->kids.push_back(parse_expression());
+          return binary(Ex::Item, t, std::move(obj), std::move(key));
+        }
         return binary(Ex::Item, t, std::move(obj), std::move(start));
       }
     }
@@ -1551,6 +1678,8 @@ class Parser {
   }
   ExprPtr parse_call(ExprPtr callee) {
     auto e = make(Ex::Call, cur());
+    e->line = callee->line;  // a failing call points at what was called
+    e->col = callee->col;
     e->kids.push_back(std::move(callee));
     parse_args(*e);
     return e;
@@ -1581,7 +1710,6 @@ class Parser {
         next();
         e->name += "." + expect_name();
       }
-      if (!known_filter(e->name)) fail(t, fmt::format("no filter named '{}'", e->name));
       e->kids.push_back(std::move(node));
       if (is_op("(")) parse_args(*e);
       node = std::move(e);
@@ -1596,12 +1724,13 @@ class Parser {
       e->negated = true;
     }
     const Token& t = cur();
+    e->line = t.line;  // errors point at the test's name
+    e->col = t.col;
     e->name = expect_name("a test name");
     while (is_op(".")) {
       next();
       e->name += "." + expect_name();
     }
-    if (!known_test(e->name)) fail(t, fmt::format("no test named '{}'", e->name));
     e->kids.push_back(std::move(node));
     const Token& c = cur();
     if (is_op("(")) {
@@ -1613,6 +1742,36 @@ class Parser {
       e->kids.push_back(parse_postfix(parse_primary()));
     }
     return e;
+  }
+
+  // An unknown filter or test is an error at parse time, as jinja's compiler makes it, except in
+  // the branches of an if or of `a if c else b` (jinja's "soft" frames), where it fails only if it
+  // runs: templates guard optional features that way.
+  void validate(const Expr& e, bool soft) const {
+    if (e.kind == Ex::Cond) soft = true;
+    if ((e.kind == Ex::Filter && !known_filter(e.name)) || (e.kind == Ex::Test && !known_test(e.name))) {
+      if (!soft)
+        throw ValueError(fmt::format("{}:{}:{}: no {} named '{}'", origin_, e.line, e.col,
+                                     e.kind == Ex::Filter ? "filter" : "test", e.name));
+    }
+    for (const auto& k : e.kids)
+      if (k) validate(*k, soft);
+    for (const auto& kv : e.kwargs) validate(*kv.second, soft);
+  }
+  void validate(const Body& body, bool soft) const {
+    for (const auto& st : body) {
+      const bool is_if = st->kind == St::If;
+      // Loops, macros and blocks open a new frame, which is not soft; what a statement evaluates in
+      // the current frame (a loop's iterable, a set's value) keeps its softness.
+      const bool own_frame = st->kind == St::SetBlock || st->kind == St::FilterBlock || st->kind == St::Macro;
+      if (st->target) validate(*st->target, soft);
+      for (size_t i = 0; i < st->exprs.size(); ++i)
+        if (st->exprs[i])
+          validate(*st->exprs[i], is_if || (soft && !own_frame && !(st->kind == St::For && i == 1)));
+      for (const auto& d : st->defaults)
+        if (d) validate(*d, false);
+      for (const auto& b : st->bodies) validate(b, is_if);
+    }
   }
 
   std::vector<Token> toks_;
@@ -1652,6 +1811,15 @@ Value arg(const Args& a, size_t i, std::string_view name, const Value& fallback 
   for (const auto& [k, v] : a.kw)
     if (k == name) return v;
   return fallback;
+}
+Value need_arg(const Args& a, size_t i, std::string_view name, std::string_view fn) {
+  Value v = arg(a, i, name);
+  if (v.undefined() && i >= a.pos.size()) {
+    bool given = false;
+    for (const auto& kv : a.kw) given = given || kv.first == name;
+    if (!given) fault(fmt::format("{}() missing required argument '{}'", fn, name));
+  }
+  return v;
 }
 void check_args(const Args& a, std::string_view fn, std::initializer_list<std::string_view> names) {
   if (a.pos.size() > names.size())
@@ -1758,7 +1926,8 @@ class Renderer {
   }
   void check_string(size_t bytes) const {
     if (bytes > limits.max_output_bytes)
-      fault(fmt::format("string of {} bytes exceeds the output limit of {} bytes", bytes, limits.max_output_bytes));
+      fault(fmt::format("string of {} bytes exceeds the output limit of {} bytes", bytes,
+                        limits.max_output_bytes));
   }
   void check_items(int64_t n) const {
     if (n > limits.max_loop_iterations)
@@ -1920,7 +2089,8 @@ class Renderer {
     Renderer& r;
     explicit Depth(Renderer& renderer) : r(renderer) {
       if (r.depth_ >= r.limits.max_render_depth)
-        fault(fmt::format("render nested deeper than {} levels (recursive macro?)", r.limits.max_render_depth));
+        fault(
+            fmt::format("render nested deeper than {} levels (recursive macro?)", r.limits.max_render_depth));
       ++r.depth_;
     }
     ~Depth() { --r.depth_; }
@@ -1961,7 +2131,9 @@ namespace {
 
 // ---- string methods (the subset of str that templates call) ----
 
-size_t cp_index(const std::string& s, size_t byte) { return static_cast<size_t>(cp_count(std::string_view(s).substr(0, byte))); }
+size_t cp_index(const std::string& s, size_t byte) {
+  return static_cast<size_t>(cp_count(std::string_view(s).substr(0, byte)));
+}
 
 Value py_split(Renderer& r, const std::string& s, const Value& sep_v, int64_t maxsplit, bool from_right) {
   std::vector<std::string> parts;
@@ -2081,7 +2253,8 @@ std::string py_capitalize(const std::string& s) {
 Value prefix_test(const std::string& s, const Value& what, bool suffix) {
   auto one = [&](const Value& p) {
     const std::string& x = need_str(p, suffix ? "endswith's argument" : "startswith's argument");
-    return s.size() >= x.size() && (suffix ? s.compare(s.size() - x.size(), x.size(), x) == 0 : s.compare(0, x.size(), x) == 0);
+    return s.size() >= x.size() &&
+           (suffix ? s.compare(s.size() - x.size(), x.size(), x) == 0 : s.compare(0, x.size(), x) == 0);
   };
   if (what.is_list() && what.list()->kind == Seq::Tuple) {
     for (const Value& p : what.list()->items)
@@ -2091,7 +2264,8 @@ Value prefix_test(const std::string& s, const Value& what, bool suffix) {
   return one(what);
 }
 
-std::string pad(const std::string& s, int64_t width, const std::string& fill, int where) {  // -1 ljust, 0 center, 1 rjust
+std::string pad(const std::string& s, int64_t width, const std::string& fill,
+                int where) {  // -1 ljust, 0 center, 1 rjust
   const int64_t len = cp_count(s);
   if (width <= len) return s;
   if (cp_count(fill) != 1) fault("the fill character must be exactly one character long");
@@ -2111,8 +2285,10 @@ std::string py_format(Renderer& r, const std::string& s, const Args& a) {
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (c == '}') {
-      if (i + 1 < s.size() && s[i + 1] == '}') ++i;
-      else fault("format: single '}' encountered in format string");
+      if (i + 1 < s.size() && s[i + 1] == '}')
+        ++i;
+      else
+        fault("format: single '}' encountered in format string");
       out.push_back('}');
       continue;
     }
@@ -2128,9 +2304,11 @@ std::string py_format(Renderer& r, const std::string& s, const Args& a) {
     const size_t end = s.find('}', i);
     if (end == std::string::npos) fault("format: single '{' encountered in format string");
     const std::string field = s.substr(i + 1, end - i - 1);
-    if (field.find_first_of(":!.[") != std::string::npos) fault("format: format specs, conversions and attribute fields are not supported");
+    if (field.find_first_of(":!.[") != std::string::npos)
+      fault("format: format specs, conversions and attribute fields are not supported");
     const Value* v = nullptr;
-    if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+    if (field.empty() ||
+        std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
       const size_t idx = field.empty() ? auto_index++ : std::stoul(field);
       if (idx >= a.pos.size()) fault(fmt::format("format: replacement index {} out of range", idx));
       v = &a.pos[idx];
@@ -2158,7 +2336,8 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "split" || name == "rsplit") {
     check_args(a, name, {"sep", "maxsplit"});
-    return py_split(r, s, arg(a, 0, "sep"), need_int(arg(a, 1, "maxsplit", -1), "maxsplit"), name == "rsplit");
+    return py_split(r, s, arg(a, 0, "sep"), need_int(arg(a, 1, "maxsplit", -1), "maxsplit"),
+                    name == "rsplit");
   }
   if (name == "splitlines") {
     check_args(a, name, {});
@@ -2168,7 +2347,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "startswith" || name == "endswith") {
     check_args(a, name, {"prefix"});
-    return prefix_test(s, arg(a, 0, "prefix"), name == "endswith");
+    return prefix_test(s, need_arg(a, 0, "prefix", name), name == "endswith");
   }
   if (name == "upper") return upper(s);
   if (name == "lower" || name == "casefold") return lower(s);
@@ -2176,17 +2355,21 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   if (name == "capitalize") return py_capitalize(s);
   if (name == "swapcase") {
     std::string out = s;
-    for (char& c : out) c = static_cast<char>(std::isupper(static_cast<unsigned char>(c)) ? c + 32 : std::islower(static_cast<unsigned char>(c)) ? c - 32 : c);
+    for (char& c : out)
+      c = static_cast<char>(std::isupper(static_cast<unsigned char>(c))   ? c + 32
+                            : std::islower(static_cast<unsigned char>(c)) ? c - 32
+                                                                          : c);
     return out;
   }
   if (name == "replace") {
     check_args(a, name, {"old", "new", "count"});
-    return py_replace(r, s, need_str(arg(a, 0, "old"), "replace's old"), need_str(arg(a, 1, "new"), "replace's new"),
+    return py_replace(r, s, need_str(need_arg(a, 0, "old", name), "replace's old"),
+                      need_str(need_arg(a, 1, "new", name), "replace's new"),
                       need_int(arg(a, 2, "count", -1), "count"));
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
     check_args(a, name, {"sub"});
-    const std::string sub = need_str(arg(a, 0, "sub"), "the substring");
+    const std::string sub = need_str(need_arg(a, 0, "sub", name), "the substring");
     const size_t at = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
     if (at == std::string::npos) {
       if (name.find("index") != std::string::npos) fault("substring not found");
@@ -2196,7 +2379,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   }
   if (name == "count") {
     check_args(a, name, {"sub"});
-    const std::string sub = need_str(arg(a, 0, "sub"), "the substring");
+    const std::string sub = need_str(need_arg(a, 0, "sub", name), "the substring");
     if (sub.empty()) return cp_count(s) + 1;
     int64_t n = 0;
     for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
@@ -2207,7 +2390,8 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
     std::string out;
     size_t i = 0;
     for (const Value& item : r.iterate(arg(a, 0, "iterable"))) {
-      if (!item.is_str()) fault(fmt::format("join: sequence item {}: expected str instance, {} found", i, type_name(item)));
+      if (!item.is_str())
+        fault(fmt::format("join: sequence item {}: expected str instance, {} found", i, type_name(item)));
       if (i++) out += s;
       out += item.str();
       r.check_string(out.size());
@@ -2218,7 +2402,9 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   if (name == "removeprefix" || name == "removesuffix") {
     const std::string x = need_str(arg(a, 0, "fix"), name);
     if (name == "removeprefix") return s.compare(0, x.size(), x) == 0 ? s.substr(x.size()) : s;
-    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0 ? s.substr(0, s.size() - x.size()) : s;
+    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0
+               ? s.substr(0, s.size() - x.size())
+               : s;
   }
   if (name == "center" || name == "ljust" || name == "rjust") {
     const int64_t width = need_int(arg(a, 0, "width"), "width");
@@ -2235,7 +2421,7 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
     return (sign ? s.substr(0, 1) : "") + std::string(width - len, '0') + (sign ? s.substr(1) : s);
   }
   if (name == "partition" || name == "rpartition") {
-    const std::string sep = need_str(arg(a, 0, "sep"), "sep");
+    const std::string sep = need_str(need_arg(a, 0, "sep", name), "sep");
     if (sep.empty()) fault("partition: empty separator");
     const size_t at = name == "partition" ? s.find(sep) : s.rfind(sep);
     std::vector<Value> parts;
@@ -2267,14 +2453,14 @@ Value str_method(Renderer& r, const std::string& s, const std::string& name, Arg
   fault(fmt::format("str.{}() is not supported", name));
 }
 
-const char* const kStrMethods[] = {"strip", "lstrip", "rstrip", "split", "rsplit", "splitlines", "startswith",
-                                   "endswith", "upper", "lower", "casefold", "title", "capitalize", "swapcase",
-                                   "replace", "find", "rfind", "index", "rindex", "count", "join", "format",
-                                   "removeprefix", "removesuffix", "center", "ljust", "rjust", "zfill",
-                                   "partition", "rpartition", "isdigit", "isdecimal", "isnumeric", "isalpha",
-                                   "isalnum", "isspace", "islower", "isupper", "encode", "expandtabs",
-                                   "format_map", "isidentifier", "isprintable", "istitle", "isascii",
-                                   "maketrans", "translate"};
+const char* const kStrMethods[] = {
+    "strip",       "lstrip",       "rstrip",       "split",     "rsplit",     "splitlines", "startswith",
+    "endswith",    "upper",        "lower",        "casefold",  "title",      "capitalize", "swapcase",
+    "replace",     "find",         "rfind",        "index",     "rindex",     "count",      "join",
+    "format",      "removeprefix", "removesuffix", "center",    "ljust",      "rjust",      "zfill",
+    "partition",   "rpartition",   "isdigit",      "isdecimal", "isnumeric",  "isalpha",    "isalnum",
+    "isspace",     "islower",      "isupper",      "encode",    "expandtabs", "format_map", "isidentifier",
+    "isprintable", "istitle",      "isascii",      "maketrans", "translate"};
 
 bool is_str_method(const std::string& name) {
   for (const char* m : kStrMethods)
@@ -2371,10 +2557,12 @@ Value Renderer::getitem(const Value& obj, const Value& key) const {
   return Undefined{fmt::format("{} object has no element {}", type_name(obj), to_repr(key))};
 }
 
-Value Renderer::slice(const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v) const {
+Value Renderer::slice(const Value& obj, const Value& start_v, const Value& stop_v,
+                      const Value& step_v) const {
   if (obj.undefined()) undefined_fault(obj);
   auto bound = [](const Value& v, const char* what) -> std::optional<int64_t> {
-    if (v.undefined() || v.none()) return std::nullopt;
+    if (v.undefined()) undefined_fault(v);
+    if (v.none()) return std::nullopt;
     return need_int(v, what);
   };
   const int64_t step = bound(step_v, "slice step").value_or(1);
@@ -2386,7 +2574,8 @@ Value Renderer::slice(const Value& obj, const Value& start_v, const Value& stop_
       if (x < 0) x = std::max<int64_t>(x + n, step > 0 ? 0 : -1);
       return std::min<int64_t>(x, step > 0 ? n : n - 1);
     };
-    const int64_t a = clamp(bound(start_v, "slice start"), true), b = clamp(bound(stop_v, "slice stop"), false);
+    const int64_t a = clamp(bound(start_v, "slice start"), true),
+                  b = clamp(bound(stop_v, "slice stop"), false);
     std::vector<size_t> idx;
     if (step > 0)
       for (int64_t k = a; k < b; k += step) idx.push_back(static_cast<size_t>(k));
@@ -2487,11 +2676,13 @@ Value Renderer::binop(const std::string& op, const Value& a, const Value& b) con
   if (op == "*") {
     const Value& seq = a.is_str() || a.is_list() ? a : b;
     int64_t n;
-    if (!int_of(&seq == &a ? b : a, n) || !(seq.is_str() || (seq.is_list() && seq.list()->kind != Seq::Generator)))
+    if (!int_of(&seq == &a ? b : a, n) ||
+        !(seq.is_str() || (seq.is_list() && seq.list()->kind != Seq::Generator)))
       return unsupported();
     n = std::max<int64_t>(n, 0);
     if (seq.is_str()) {
-      if (n > 0 && seq.str().size() > limits.max_output_bytes / static_cast<size_t>(n)) check_string(SIZE_MAX);
+      if (n > 0 && seq.str().size() > limits.max_output_bytes / static_cast<size_t>(n))
+        check_string(SIZE_MAX);
       std::string out;
       for (int64_t k = 0; k < n; ++k) out += seq.str();
       return out;
@@ -2519,9 +2710,12 @@ Value Renderer::eval(const Expr& e, Scope& s) {
 
 Value Renderer::eval_inner(const Expr& e, Scope& s) {
   switch (e.kind) {
-    case Ex::Literal: return e.value;
-    case Ex::Name: return lookup(s, e.name);
-    case Ex::BlockValue: return block_value_ ? Value(*block_value_) : Value();
+    case Ex::Literal:
+      return e.value;
+    case Ex::Name:
+      return lookup(s, e.name);
+    case Ex::BlockValue:
+      return block_value_ ? Value(*block_value_) : Value();
     case Ex::List:
     case Ex::Tuple: {
       auto l = make_list({}, e.kind == Ex::Tuple ? Seq::Tuple : Seq::List);
@@ -2537,7 +2731,8 @@ Value Renderer::eval_inner(const Expr& e, Scope& s) {
       }
       return d;
     }
-    case Ex::Attr: return getattr(eval(*e.kids[0], s), e.name);
+    case Ex::Attr:
+      return getattr(eval(*e.kids[0], s), e.name);
     case Ex::Item: {
       Value obj = eval(*e.kids[0], s);
       return getitem(obj, eval(*e.kids[1], s));
@@ -2567,7 +2762,9 @@ Value Renderer::eval_inner(const Expr& e, Scope& s) {
     case Ex::Pos: {
       Value v = eval(*e.kids[0], s);
       if (v.undefined()) undefined_fault(v);
-      if (!is_number(v)) fault(fmt::format("bad operand type for unary {}: '{}'", e.kind == Ex::Neg ? '-' : '+', type_name(v)));
+      if (!is_number(v))
+        fault(
+            fmt::format("bad operand type for unary {}: '{}'", e.kind == Ex::Neg ? '-' : '+', type_name(v)));
       if (e.kind == Ex::Pos) return v.is_bool() ? Value(int64_t{std::get<bool>(v.v)}) : v;
       if (v.is_float()) return -std::get<double>(v.v);
       int64_t i;
@@ -2575,7 +2772,8 @@ Value Renderer::eval_inner(const Expr& e, Scope& s) {
       if (i == INT64_MIN) fault("integer overflow");
       return -i;
     }
-    case Ex::Not: return !truthy(eval(*e.kids[0], s));
+    case Ex::Not:
+      return !truthy(eval(*e.kids[0], s));
     case Ex::And: {
       Value a = eval(*e.kids[0], s);
       return truthy(a) ? eval(*e.kids[1], s) : a;
@@ -2595,14 +2793,22 @@ Value Renderer::eval_inner(const Expr& e, Scope& s) {
         Value right = eval(*e.kids[i + 1], s);
         const std::string& op = e.ops[i];
         bool ok;
-        if (op == "==") ok = eq(left, right);
-        else if (op == "!=") ok = !eq(left, right);
-        else if (op == "<") ok = lt(left, right);
-        else if (op == ">") ok = lt(right, left);
-        else if (op == "<=") ok = lt(left, right) || eq(left, right);
-        else if (op == ">=") ok = lt(right, left) || eq(left, right);
-        else if (op == "in") ok = contains(right, left);
-        else ok = !contains(right, left);
+        if (op == "==")
+          ok = eq(left, right);
+        else if (op == "!=")
+          ok = !eq(left, right);
+        else if (op == "<")
+          ok = lt(left, right);
+        else if (op == ">")
+          ok = lt(right, left);
+        else if (op == "<=")
+          ok = lt(left, right) || eq(left, right);
+        else if (op == ">=")
+          ok = lt(right, left) || eq(left, right);
+        else if (op == "in")
+          ok = contains(right, left);
+        else
+          ok = !contains(right, left);
         if (!ok) return false;
         left = std::move(right);
       }
@@ -2610,7 +2816,8 @@ Value Renderer::eval_inner(const Expr& e, Scope& s) {
     }
     case Ex::Cond:
       if (truthy(eval(*e.kids[1], s))) return eval(*e.kids[0], s);
-      return e.kids[2] ? eval(*e.kids[2], s) : Value(Undefined{"the condition was false and there is no else"});
+      return e.kids[2] ? eval(*e.kids[2], s)
+                       : Value(Undefined{"the condition was false and there is no else"});
   }
   return Value();
 }
@@ -2632,8 +2839,9 @@ void Renderer::assign(const Expr& target, Value v, Scope& s) {
   }
   std::vector<Value> items = iterate(v);
   if (items.size() != target.kids.size())
-    fault(fmt::format("{} values to unpack (expected {}, got {})", items.size() < target.kids.size() ? "not enough" : "too many",
-                      target.kids.size(), items.size()));
+    fault(fmt::format("{} values to unpack (expected {}, got {})",
+                      items.size() < target.kids.size() ? "not enough" : "too many", target.kids.size(),
+                      items.size()));
   for (size_t i = 0; i < items.size(); ++i) s.vars[target.kids[i]->name] = std::move(items[i]);
 }
 
@@ -2677,7 +2885,7 @@ Value Renderer::call_macro(const Stmt& m, Scope* closure, Args& args, const Valu
     else
       s.vars[p] = Undefined{fmt::format("parameter '{}' was not provided", p)};
   }
-  auto varargs = make_list();
+  auto varargs = make_list({}, Seq::Tuple);
   for (size_t i = m.params.size(); i < args.pos.size(); ++i) varargs->items.push_back(args.pos[i]);
   auto kwargs = make_dict();
   for (const auto& [k, v] : args.kw)
@@ -2706,7 +2914,9 @@ Renderer::Flow Renderer::exec(const Body& body, Scope& s, std::string& out) {
 
 Renderer::Flow Renderer::exec_stmt(const Stmt& st, Scope& s, std::string& out) {
   switch (st.kind) {
-    case St::Text: emit(out, st.text); return Flow::Normal;
+    case St::Text:
+      emit(out, st.text);
+      return Flow::Normal;
     case St::Print: {
       Value v = eval(*st.exprs[0], s);
       if (v.is_str())
@@ -2747,7 +2957,9 @@ Renderer::Flow Renderer::exec_stmt(const Stmt& st, Scope& s, std::string& out) {
       }
       return Flow::Normal;
     }
-    case St::Set: assign(*st.target, eval(*st.exprs[0], s), s); return Flow::Normal;
+    case St::Set:
+      assign(*st.target, eval(*st.exprs[0], s), s);
+      return Flow::Normal;
     case St::SetBlock:
     case St::FilterBlock: {
       std::string body;
@@ -2784,7 +2996,8 @@ Renderer::Flow Renderer::exec_stmt(const Stmt& st, Scope& s, std::string& out) {
     case St::CallBlock: {
       const Stmt* m = &st;
       Scope* closure = &s;
-      Value caller = make_func("caller", [m, closure](Renderer& r, Args& a) { return r.call_macro(*m, closure, a, Value()); });
+      Value caller = make_func(
+          "caller", [m, closure](Renderer& r, Args& a) { return r.call_macro(*m, closure, a, Value()); });
       const Expr& call_expr = *st.exprs[0];
       Value fn = eval(*call_expr.kids[0], s);
       Args args = eval_args(call_expr, 1, s);
@@ -2797,9 +3010,12 @@ Renderer::Flow Renderer::exec_stmt(const Stmt& st, Scope& s, std::string& out) {
       for (size_t i = 0; i < st.params.size(); ++i) scope.vars[st.params[i]] = eval(*st.exprs[i], s);
       return exec(st.bodies[0], scope, out);
     }
-    case St::Break: return Flow::Break;
-    case St::Continue: return Flow::Continue;
-    case St::Body: return exec(st.bodies[0], s, out);
+    case St::Break:
+      return Flow::Break;
+    case St::Continue:
+      return Flow::Continue;
+    case St::Body:
+      return exec(st.bodies[0], s, out);
   }
   return Flow::Normal;
 }
@@ -2811,7 +3027,8 @@ void Renderer::add_globals(Scope& g) {
   static constexpr int64_t kMaxRange = 100000;
   g.vars["range"] = make_func("range", [](Renderer&, Args& a) -> Value {
     if (!a.kw.empty()) fault("range() takes no keyword arguments");
-    if (a.pos.empty() || a.pos.size() > 3) fault(fmt::format("range expected 1 to 3 arguments, got {}", a.pos.size()));
+    if (a.pos.empty() || a.pos.size() > 3)
+      fault(fmt::format("range expected 1 to 3 arguments, got {}", a.pos.size()));
     int64_t start = 0, stop, step = 1;
     if (a.pos.size() == 1) {
       stop = need_int(a.pos[0], "range's argument");
@@ -2821,9 +3038,13 @@ void Renderer::add_globals(Scope& g) {
       if (a.pos.size() == 3) step = need_int(a.pos[2], "range's step");
     }
     if (step == 0) fault("range() arg 3 must not be zero");
-    const double n = step > 0 ? std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step))
-                               : std::ceil((static_cast<double>(start) - static_cast<double>(stop)) / static_cast<double>(-step));
-    if (n > kMaxRange) fault(fmt::format("Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange));
+    const double n =
+        step > 0
+            ? std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step))
+            : std::ceil((static_cast<double>(start) - static_cast<double>(stop)) /
+                        static_cast<double>(-step));
+    if (n > kMaxRange)
+      fault(fmt::format("Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange));
     auto l = make_list();
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) l->items.emplace_back(i);
     return l;
@@ -2833,12 +3054,14 @@ void Renderer::add_globals(Scope& g) {
     auto d = make_dict(kind);
     if (!a.pos.empty()) {
       const Value& init = a.pos[0];
+      if (init.undefined()) Renderer::undefined_fault(init);
       if (is_plain_dict(init) || (init.is_dict() && init.dict()->kind == Obj::Namespace)) {
         for (const auto& [k, v] : init.dict()->items) d->set(k, v);
       } else {
         for (const Value& pair : r.iterate(init)) {
           auto kv = r.iterate(pair);
-          if (kv.size() != 2 || !kv[0].is_str()) fault(fmt::format("{}(): expected (str key, value) pairs", fn));
+          if (kv.size() != 2 || !kv[0].is_str())
+            fault(fmt::format("{}(): expected (str key, value) pairs", fn));
           d->set(kv[0].str(), kv[1]);
         }
       }
@@ -2846,7 +3069,8 @@ void Renderer::add_globals(Scope& g) {
     for (const auto& [k, v] : a.kw) d->set(k, v);
     return d;
   };
-  g.vars["dict"] = make_func("dict", [dict_from](Renderer& r, Args& a) { return dict_from(r, a, Obj::Dict, "dict"); });
+  g.vars["dict"] =
+      make_func("dict", [dict_from](Renderer& r, Args& a) { return dict_from(r, a, Obj::Dict, "dict"); });
   g.vars["namespace"] = make_func("namespace", [dict_from](Renderer& r, Args& a) {
     return dict_from(r, a, Obj::Namespace, "namespace");
   });
@@ -2927,8 +3151,8 @@ std::function<Value(const Value&)> key_getter(Renderer& r, const Value& attribut
   };
 }
 
-std::vector<Value> sorted(Renderer& r, std::vector<Value> items, const std::function<Value(const Value&)>& key,
-                          bool reverse) {
+std::vector<Value> sorted(Renderer& r, std::vector<Value> items,
+                          const std::function<Value(const Value&)>& key, bool reverse) {
   std::vector<std::pair<Value, size_t>> keyed;
   keyed.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) keyed.emplace_back(key(items[i]), i);
@@ -3042,12 +3266,24 @@ Value f_int(Renderer& r, const Value& v, Args& a) {
   if (v.is_str()) {
     std::string s = py_strip(v.str(), std::nullopt, true, true);
     s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
-    const char* b = s.data() + (!s.empty() && s[0] == '+');
-    auto res = std::from_chars(b, s.data() + s.size(), i, static_cast<int>(std::clamp<int64_t>(base, 2, 36)));
-    if (!s.empty() && res.ec == std::errc() && res.ptr == s.data() + s.size()) return i;
+    const bool negative = !s.empty() && s[0] == '-';
+    size_t at = !s.empty() && (s[0] == '+' || s[0] == '-');
+    int radix = static_cast<int>(base);
+    // Python's int(s, base) takes a 0x / 0o / 0b prefix that matches the base, and base 0 reads it.
+    if (s.size() > at + 1 && s[at] == '0') {
+      const char p = static_cast<char>(s[at + 1] | 0x20);
+      const int prefixed = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+      if (prefixed && (radix == 0 || radix == prefixed)) radix = prefixed, at += 2;
+    }
+    if (radix == 0) radix = 10;
+    if (radix >= 2 && radix <= 36 && at < s.size() && s[at] != '-' && s[at] != '+') {
+      auto res = std::from_chars(s.data() + at, s.data() + s.size(), i, radix);
+      if (res.ec == std::errc() && res.ptr == s.data() + s.size()) return negative ? -i : i;
+    }
     char* end = nullptr;
     const double d = std::strtod(s.c_str(), &end);
-    if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d) && std::abs(d) < 9.2e18) return static_cast<int64_t>(d);
+    if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d) && std::abs(d) < 9.2e18)
+      return static_cast<int64_t>(d);
   }
   (void)r;
   return fallback;
@@ -3078,7 +3314,8 @@ Value f_round(Renderer&, const Value& v, Args& a) {
   const int64_t precision = need_int(arg(a, 0, "precision", 0), "precision");
   const std::string method = need_str(arg(a, 1, "method", "common"), "method");
   if (!is_number(v)) fault(fmt::format("round: expected a number, not {}", type_name(v)));
-  if (method != "common" && method != "floor" && method != "ceil") fault("round: method must be 'common', 'ceil' or 'floor'");
+  if (method != "common" && method != "floor" && method != "ceil")
+    fault("round: method must be 'common', 'ceil' or 'floor'");
   int64_t i;
   if (method == "common" && int_of(v, i) && precision >= 0) return i;  // Python's round(int, n) is the int
   const double x = float_of(v);
@@ -3131,7 +3368,8 @@ Value f_title(Renderer& r, const Value& v, Args&) {
 Value f_replace(Renderer& r, const Value& v, Args& a) {
   check_args(a, "replace", {"old", "new", "count"});
   const Value count = arg(a, 2, "count", None{});
-  return py_replace(r, r.to_str(v), r.to_str(arg(a, 0, "old")), r.to_str(arg(a, 1, "new")),
+  return py_replace(r, r.to_str(v), r.to_str(need_arg(a, 0, "old", "replace")),
+                    r.to_str(need_arg(a, 1, "new", "replace")),
                     count.none() || count.undefined() ? -1 : need_int(count, "count"));
 }
 Value f_reverse(Renderer& r, const Value& v, Args& a) {
@@ -3186,7 +3424,8 @@ Value f_sum(Renderer& r, const Value& v, Args& a) {
 Value f_items(Renderer& r, const Value& v, Args& a) {
   check_args(a, "items", {});
   if (v.undefined()) return generator({});
-  if (!is_plain_dict(v)) fault(fmt::format("items: can only get item pairs from a mapping, not {}", type_name(v)));
+  if (!is_plain_dict(v))
+    fault(fmt::format("items: can only get item pairs from a mapping, not {}", type_name(v)));
   std::vector<Value> out;
   for (const auto& [k, x] : v.dict()->items) out.push_back(tuple2(k, x));
   (void)r;
@@ -3214,7 +3453,8 @@ Value f_map(Renderer& r, const Value& v, Args& a) {
     const Value attribute = arg(a, 99, "attribute");
     if (attribute.undefined()) fault("map: needs a filter name or attribute=");
     for (const auto& kv : a.kw)
-      if (kv.first != "attribute" && kv.first != "default") fault(fmt::format("map: unexpected keyword argument '{}'", kv.first));
+      if (kv.first != "attribute" && kv.first != "default")
+        fault(fmt::format("map: unexpected keyword argument '{}'", kv.first));
     const Value fallback = arg(a, 99, "default");
     auto key = key_getter(r, attribute, false);
     for (const Value& item : r.iterate(v)) {
@@ -3242,7 +3482,9 @@ Value select_or_reject(Renderer& r, const Value& v, Args& a, bool select, bool b
   }
   std::string test;
   if (next < a.pos.size()) test = need_str(a.pos[next++], "test name");
-  Args rest{std::vector<Value>(a.pos.begin() + static_cast<std::ptrdiff_t>(std::min(next, a.pos.size())), a.pos.end()), a.kw};
+  Args rest{std::vector<Value>(a.pos.begin() + static_cast<std::ptrdiff_t>(std::min(next, a.pos.size())),
+                               a.pos.end()),
+            a.kw};
   std::vector<Value> out;
   for (const Value& item : r.iterate(v)) {
     Value x = key(item);
@@ -3259,8 +3501,10 @@ Value f_rejectattr(Renderer& r, const Value& v, Args& a) { return select_or_reje
 Value f_indent(Renderer& r, const Value& v, Args& a) {
   check_args(a, "indent", {"width", "first", "blank"});
   const Value width = arg(a, 0, "width", 4);
-  const std::string indention = width.is_str() ? width.str()
-                                               : std::string(static_cast<size_t>(std::clamp<int64_t>(need_int(width, "width"), 0, 1024)), ' ');
+  const std::string indention =
+      width.is_str()
+          ? width.str()
+          : std::string(static_cast<size_t>(std::clamp<int64_t>(need_int(width, "width"), 0, 1024)), ' ');
   const bool first = Renderer::truthy(arg(a, 1, "first", false));
   const bool blank = Renderer::truthy(arg(a, 2, "blank", false));
   const auto lines = splitlines(r.to_str(v) + "\n");
@@ -3280,12 +3524,23 @@ Value f_escape(Renderer& r, const Value& v, Args&) {
   std::string out;
   for (char c : r.to_str(v)) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   r.check_string(out.size());
@@ -3296,7 +3551,9 @@ Value f_wordcount(Renderer& r, const Value& v, Args&) {
   bool in_word = false;
   for (char32_t c : decode(r.to_str(v))) {
     // \w: letters, digits, underscore; other scripts' letters count as word characters too.
-    const bool w = ascii_alpha(c) || ascii_digit(c) || c == '_' || (c >= 0xC0 && !py_isspace(c) && !(c >= 0x2000 && c <= 0x206F) && !(c >= 0x3000 && c <= 0x303F));
+    const bool w =
+        ascii_alpha(c) || ascii_digit(c) || c == '_' ||
+        (c >= 0xC0 && !py_isspace(c) && !(c >= 0x2000 && c <= 0x206F) && !(c >= 0x3000 && c <= 0x303F));
     if (w && !in_word) ++n;
     in_word = w;
   }
@@ -3310,7 +3567,7 @@ Value f_center(Renderer& r, const Value& v, Args& a) {
 }
 Value f_batch(Renderer& r, const Value& v, Args& a) {
   check_args(a, "batch", {"linecount", "fill_with"});
-  const int64_t n = need_int(arg(a, 0, "linecount"), "linecount");
+  const int64_t n = need_int(need_arg(a, 0, "linecount", "batch"), "linecount");
   if (n <= 0) fault("batch: linecount must be positive");
   const Value fill = arg(a, 1, "fill_with");
   std::vector<Value> out;
@@ -3328,7 +3585,7 @@ Value f_batch(Renderer& r, const Value& v, Args& a) {
 }
 Value f_attr(Renderer& r, const Value& v, Args& a) {
   check_args(a, "attr", {"name"});
-  return r.getattr(v, need_str(arg(a, 0, "name"), "attribute name"));
+  return r.getattr(v, need_str(need_arg(a, 0, "name", "attr"), "attribute name"));
 }
 Value f_truncate(Renderer& r, const Value& v, Args& a) {
   check_args(a, "truncate", {"length", "killwords", "end", "leeway"});
@@ -3349,17 +3606,49 @@ Value f_truncate(Renderer& r, const Value& v, Args& a) {
 
 const std::unordered_map<std::string, FilterFn>& filters() {
   static const std::unordered_map<std::string, FilterFn> table = {
-      {"abs", f_abs},           {"attr", f_attr},         {"batch", f_batch},       {"capitalize", f_capitalize},
-      {"center", f_center},     {"count", f_length},      {"d", f_default},         {"default", f_default},
-      {"dictsort", f_dictsort}, {"e", f_escape},          {"escape", f_escape},     {"first", f_first},
-      {"float", f_float},       {"forceescape", f_escape}, {"indent", f_indent},    {"int", f_int},
-      {"items", f_items},       {"join", f_join},         {"last", f_last},         {"length", f_length},
-      {"list", f_list},         {"lower", f_lower},       {"map", f_map},           {"max", f_max},
-      {"min", f_min},           {"reject", f_reject},     {"rejectattr", f_rejectattr}, {"replace", f_replace},
-      {"reverse", f_reverse},   {"round", f_round},       {"safe", f_safe},         {"select", f_select},
-      {"selectattr", f_selectattr}, {"sort", f_sort},     {"string", f_string},     {"sum", f_sum},
-      {"title", f_title},       {"tojson", f_tojson},     {"trim", f_trim},         {"truncate", f_truncate},
-      {"unique", f_unique},     {"upper", f_upper},       {"wordcount", f_wordcount},
+      {"abs", f_abs},
+      {"attr", f_attr},
+      {"batch", f_batch},
+      {"capitalize", f_capitalize},
+      {"center", f_center},
+      {"count", f_length},
+      {"d", f_default},
+      {"default", f_default},
+      {"dictsort", f_dictsort},
+      {"e", f_escape},
+      {"escape", f_escape},
+      {"first", f_first},
+      {"float", f_float},
+      {"forceescape", f_escape},
+      {"indent", f_indent},
+      {"int", f_int},
+      {"items", f_items},
+      {"join", f_join},
+      {"last", f_last},
+      {"length", f_length},
+      {"list", f_list},
+      {"lower", f_lower},
+      {"map", f_map},
+      {"max", f_max},
+      {"min", f_min},
+      {"reject", f_reject},
+      {"rejectattr", f_rejectattr},
+      {"replace", f_replace},
+      {"reverse", f_reverse},
+      {"round", f_round},
+      {"safe", f_safe},
+      {"select", f_select},
+      {"selectattr", f_selectattr},
+      {"sort", f_sort},
+      {"string", f_string},
+      {"sum", f_sum},
+      {"title", f_title},
+      {"tojson", f_tojson},
+      {"trim", f_trim},
+      {"truncate", f_truncate},
+      {"unique", f_unique},
+      {"upper", f_upper},
+      {"wordcount", f_wordcount},
   };
   return table;
 }
@@ -3375,7 +3664,9 @@ bool t_float(Renderer&, const Value& v, Args&) { return v.is_float(); }
 bool t_number(Renderer&, const Value& v, Args&) { return is_number(v); }
 bool t_string(Renderer&, const Value& v, Args&) { return v.is_str(); }
 bool t_mapping(Renderer&, const Value& v, Args&) { return is_plain_dict(v); }
-bool t_iterable(Renderer&, const Value& v, Args&) { return v.undefined() || v.is_str() || v.is_list() || is_plain_dict(v); }
+bool t_iterable(Renderer&, const Value& v, Args&) {
+  return v.undefined() || v.is_str() || v.is_list() || is_plain_dict(v);
+}
 bool t_sequence(Renderer&, const Value& v, Args&) {
   return v.undefined() || v.is_str() || (v.is_list() && v.list()->kind != Seq::Generator) || is_plain_dict(v);
 }
@@ -3389,17 +3680,21 @@ int64_t int_operand(const Value& v, const char* test) {
 bool t_odd(Renderer&, const Value& v, Args&) { return floor_mod(int_operand(v, "odd"), 2) == 1; }
 bool t_even(Renderer&, const Value& v, Args&) { return floor_mod(int_operand(v, "even"), 2) == 0; }
 bool t_divisibleby(Renderer&, const Value& v, Args& a) {
-  const int64_t n = int_operand(arg(a, 0, "num"), "divisibleby");
+  const int64_t n = int_operand(need_arg(a, 0, "num", "divisibleby"), "divisibleby");
   if (n == 0) fault("integer division or modulo by zero");
   return floor_mod(int_operand(v, "divisibleby"), n) == 0;
 }
-bool t_eq(Renderer& r, const Value& v, Args& a) { return r.eq(v, arg(a, 0, "other")); }
-bool t_ne(Renderer& r, const Value& v, Args& a) { return !r.eq(v, arg(a, 0, "other")); }
-bool t_lt(Renderer& r, const Value& v, Args& a) { return r.lt(v, arg(a, 0, "other")); }
-bool t_le(Renderer& r, const Value& v, Args& a) { return r.lt(v, arg(a, 0, "other")) || r.eq(v, arg(a, 0, "other")); }
-bool t_gt(Renderer& r, const Value& v, Args& a) { return r.lt(arg(a, 0, "other"), v); }
-bool t_ge(Renderer& r, const Value& v, Args& a) { return r.lt(arg(a, 0, "other"), v) || r.eq(v, arg(a, 0, "other")); }
-bool t_in(Renderer& r, const Value& v, Args& a) { return r.contains(arg(a, 0, "seq"), v); }
+bool t_eq(Renderer& r, const Value& v, Args& a) { return r.eq(v, need_arg(a, 0, "other", "test")); }
+bool t_ne(Renderer& r, const Value& v, Args& a) { return !r.eq(v, need_arg(a, 0, "other", "test")); }
+bool t_lt(Renderer& r, const Value& v, Args& a) { return r.lt(v, need_arg(a, 0, "other", "test")); }
+bool t_le(Renderer& r, const Value& v, Args& a) {
+  return r.lt(v, need_arg(a, 0, "other", "test")) || r.eq(v, need_arg(a, 0, "other", "test"));
+}
+bool t_gt(Renderer& r, const Value& v, Args& a) { return r.lt(need_arg(a, 0, "other", "test"), v); }
+bool t_ge(Renderer& r, const Value& v, Args& a) {
+  return r.lt(need_arg(a, 0, "other", "test"), v) || r.eq(v, need_arg(a, 0, "other", "test"));
+}
+bool t_in(Renderer& r, const Value& v, Args& a) { return r.contains(need_arg(a, 0, "seq", "in"), v); }
 bool t_lower(Renderer& r, const Value& v, Args&) {
   Args none;
   return Renderer::truthy(str_method(r, r.to_str(v), "islower", none));
@@ -3409,7 +3704,7 @@ bool t_upper(Renderer& r, const Value& v, Args&) {
   return Renderer::truthy(str_method(r, r.to_str(v), "isupper", none));
 }
 bool t_sameas(Renderer& r, const Value& v, Args& a) {
-  const Value other = arg(a, 0, "other");
+  const Value other = need_arg(a, 0, "other", "test");
   if (v.v.index() != other.v.index()) return false;
   if (v.is_list()) return v.list() == other.list();
   if (v.is_dict()) return v.dict() == other.dict();
@@ -3421,16 +3716,45 @@ bool t_test(Renderer&, const Value& v, Args&) { return v.is_str() && known_test(
 
 const std::unordered_map<std::string, TestFn>& tests() {
   static const std::unordered_map<std::string, TestFn> table = {
-      {"defined", t_defined},   {"undefined", t_undefined}, {"none", t_none},       {"boolean", t_boolean},
-      {"true", t_true},         {"false", t_false},         {"integer", t_integer}, {"float", t_float},
-      {"number", t_number},     {"string", t_string},       {"mapping", t_mapping}, {"iterable", t_iterable},
-      {"sequence", t_sequence}, {"callable", t_callable},   {"odd", t_odd},         {"even", t_even},
-      {"divisibleby", t_divisibleby}, {"eq", t_eq},         {"equalto", t_eq},      {"==", t_eq},
-      {"ne", t_ne},             {"!=", t_ne},               {"lt", t_lt},           {"lessthan", t_lt},
-      {"<", t_lt},              {"le", t_le},               {"<=", t_le},           {"gt", t_gt},
-      {"greaterthan", t_gt},    {">", t_gt},                {"ge", t_ge},           {">=", t_ge},
-      {"in", t_in},             {"lower", t_lower},         {"upper", t_upper},     {"sameas", t_sameas},
-      {"escaped", t_escaped},   {"filter", t_filter},       {"test", t_test},
+      {"defined", t_defined},
+      {"undefined", t_undefined},
+      {"none", t_none},
+      {"boolean", t_boolean},
+      {"true", t_true},
+      {"false", t_false},
+      {"integer", t_integer},
+      {"float", t_float},
+      {"number", t_number},
+      {"string", t_string},
+      {"mapping", t_mapping},
+      {"iterable", t_iterable},
+      {"sequence", t_sequence},
+      {"callable", t_callable},
+      {"odd", t_odd},
+      {"even", t_even},
+      {"divisibleby", t_divisibleby},
+      {"eq", t_eq},
+      {"equalto", t_eq},
+      {"==", t_eq},
+      {"ne", t_ne},
+      {"!=", t_ne},
+      {"lt", t_lt},
+      {"lessthan", t_lt},
+      {"<", t_lt},
+      {"le", t_le},
+      {"<=", t_le},
+      {"gt", t_gt},
+      {"greaterthan", t_gt},
+      {">", t_gt},
+      {"ge", t_ge},
+      {">=", t_ge},
+      {"in", t_in},
+      {"lower", t_lower},
+      {"upper", t_upper},
+      {"sameas", t_sameas},
+      {"escaped", t_escaped},
+      {"filter", t_filter},
+      {"test", t_test},
   };
   return table;
 }

