@@ -84,13 +84,19 @@ int64_t packed_a_offset(int64_t mb, int64_t k_tiles) { return mb * k_tiles * 2 *
 // ---- the tile code -------------------------------------------------------------------------------
 
 #if defined(__x86_64__)
+#ifndef __clang__
 #pragma GCC push_options
+#endif
 // The AVX-512 intrinsics' deliberately undefined placeholders (`__m512i __Y = __Y` in
 // _mm512_unpacklo_epi32) read as uninitialized once inlined at -O2 (as in gemm_avx512_bf16.cpp).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#ifdef __clang__  // clang has no GCC target pragma; this is its equivalent
+#pragma clang attribute push(__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma"))), apply_to = function)
+#else
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")
+#endif
 namespace {
 
 // ldtilecfg's 64-byte operand: palette 1, every tile 16 rows x 64 bytes.
@@ -476,7 +482,11 @@ double tile_chains(int64_t iterations) {
 
 }  // namespace
 #pragma GCC diagnostic pop
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 // ---- public ----------------------------------------------------------------------------------------

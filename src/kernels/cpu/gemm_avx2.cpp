@@ -14,15 +14,23 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#ifdef __clang__  // clang has no GCC target pragma; this is its equivalent
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 namespace kiln::kernels::gemm {
 namespace {
 #define KILN_GEMM_AVX2 1
 #include "kernels/cpu/gemm_x86-inl.h"
 }  // namespace
 }  // namespace kiln::kernels::gemm
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx2_kernels() {

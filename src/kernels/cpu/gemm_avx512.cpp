@@ -17,15 +17,23 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#ifdef __clang__  // clang has no GCC target pragma; this is its equivalent
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+#endif
 namespace kiln::kernels::gemm {
 namespace {
 #define KILN_GEMM_AVX512 1
 #include "kernels/cpu/gemm_x86-inl.h"
 }  // namespace
 }  // namespace kiln::kernels::gemm
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx512_kernels() {

@@ -17,8 +17,12 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#ifdef __clang__  // clang has no GCC target pragma; this is its equivalent
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
+#endif
 namespace kiln::kernels::gemm {
 namespace {
 #define KILN_GEMM_AVX512 1
@@ -26,7 +30,11 @@ namespace {
 #include "kernels/cpu/gemm_x86-inl.h"
 }  // namespace
 }  // namespace kiln::kernels::gemm
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx512_bf16_kernels() {

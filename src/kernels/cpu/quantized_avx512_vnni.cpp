@@ -14,8 +14,12 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#ifdef __clang__  // clang has no GCC target pragma; this is its equivalent
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
+#endif
 namespace kiln::kernels::quantized {
 namespace {
 
@@ -347,7 +351,11 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
 
 }  // namespace
 }  // namespace kiln::kernels::quantized
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace kiln::kernels::quantized {
 Q8_0GemvFn avx512_vnni_q8_0_gemv() { return gemv; }
