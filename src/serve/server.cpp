@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "kiln/errors.h"
+#include "serve/request_parse.h"
 
 namespace kiln::serve {
 
@@ -279,6 +280,23 @@ Parsed parse_chat(const std::string& text, const std::string& model_name, const 
   if (p.request.prompt_ids.empty()) throw ClientError(400, "the rendered chat prompt is empty", "messages");
   return p;
 }
+
+}  // namespace
+
+int detail::parse_request_status(bool chat, const std::string& body, const std::string& model_name, int64_t vocab,
+                                 const pipelines::ChatTemplate* chat_template, const pipelines::Tokenizer* tokenizer) {
+  try {
+    if (chat)
+      parse_chat(body, model_name, chat_template, tokenizer);
+    else
+      parse_completion(body, model_name, vocab);
+    return 200;
+  } catch (const ClientError& e) {
+    return e.status;
+  }
+}
+
+namespace {
 
 const char* finish_name(FinishReason f) { return f == FinishReason::stop ? "stop" : "length"; }
 
