@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for kiln and builds it: installs the Debian packages kiln needs
 # (DESIGN.md's dependency table) when any is missing, configures with CMake + Ninja, and builds.
-# Usage: bash tools/bootstrap.sh [preset]     (preset: default | debug | sanitize | tsan; default: default)
+# Usage: bash tools/bootstrap.sh [preset]     (preset: default | debug | sanitize | tsan | fuzz; default: default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${1:-default}"
@@ -14,6 +14,8 @@ packages=(build-essential cmake ninja-build pkg-config
           python3-jinja2)  # test oracle: the Jinja that transformers renders chat templates with
 # node and npm for the tests' data and clients (tools/test-deps); Debian's unless a node is there.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
+# The fuzz preset's compiler and libFuzzer runtime (tools/fuzz.sh); only for that preset.
+[ "$preset" = fuzz ] && packages+=(clang-19 libclang-rt-19-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
