@@ -44,6 +44,18 @@ struct CountingIterator {
   bool operator==(const CountingIterator& other) const { return p == other.p; }
 };
 
+void trim_partial_utf8(std::string& s);
+
+// nlohmann's messages quote the token they stopped at, which can be the whole input (a million-digit
+// number): cut, as describe() cuts values.
+std::string cut(std::string_view message) {
+  constexpr size_t kMax = 200;
+  if (message.size() <= kMax) return std::string(message);
+  std::string out(message.substr(0, kMax - 3));
+  trim_partial_utf8(out);
+  return out + "...";
+}
+
 template <class Json>
 Json parse_impl(std::string_view bytes, const std::string& origin, const Options& options) {
   const char* const begin = bytes.data();
@@ -85,9 +97,9 @@ Json parse_impl(std::string_view bytes, const std::string& origin, const Options
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte counts the bytes read, from 1.
     const size_t at = options.base_offset + (e.byte > 0 ? e.byte - 1 : 0);
-    throw LoadError(fmt::format("{}: not valid JSON at {} {}: {}", origin, options.offset_unit, at, e.what()));
+    throw LoadError(fmt::format("{}: not valid JSON at {} {}: {}", origin, options.offset_unit, at, cut(e.what())));
   } catch (const nlohmann::json::exception& e) {  // out_of_range.406: a number that overflows a double
-    throw LoadError(fmt::format("{}: not valid JSON at {}: {}", origin, where(), e.what()));
+    throw LoadError(fmt::format("{}: not valid JSON at {}: {}", origin, where(), cut(e.what())));
   }
 }
 

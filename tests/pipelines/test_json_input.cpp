@@ -89,6 +89,10 @@ TEST(JsonInput, NumberOverflowIsLoadErrorNotOutOfRange) {
     EXPECT_NE(msg.find("config.json: not valid JSON at byte "), std::string::npos) << msg;
     EXPECT_NE(msg.find("number overflow"), std::string::npos) << msg;
   }
+  // nlohmann quotes the whole number; the message quotes its start.
+  const std::string msg = error_message<LoadError>([&] { json_input::parse(std::string(1 << 20, '9'), "n"); });
+  EXPECT_NE(msg.find("number overflow parsing '999"), std::string::npos) << msg;
+  EXPECT_LT(msg.size(), 300u);
   // Integers too big for int64/uint64 are doubles, as in nlohmann; only a double overflow is refused.
   EXPECT_TRUE(json_input::parse("123456789012345678901234567890", "t").is_number_float());
 }
