@@ -225,7 +225,8 @@ ModelInfo load_model_info(const fs::path& model_dir) {
   c.intermediate_size = f.integer_in("intermediate_size", 1, kMaxIntermediateSize);
   c.num_hidden_layers = f.integer_in("num_hidden_layers", 1, kMaxLayers);
   c.num_attention_heads = f.integer_in("num_attention_heads", 1, kMaxHeads);
-  c.num_key_value_heads = f.integer_in("num_key_value_heads", 1, c.num_attention_heads, c.num_attention_heads);
+  c.num_key_value_heads =
+      f.integer_in("num_key_value_heads", 1, c.num_attention_heads, c.num_attention_heads);
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     f.fail("num_key_value_heads", fmt::format("is {}, which does not divide num_attention_heads {}",
                                               c.num_key_value_heads, c.num_attention_heads));
@@ -247,8 +248,8 @@ ModelInfo load_model_info(const fs::path& model_dir) {
   if (!(c.rope_theta > 0 && c.rope_theta <= kMaxRopeTheta))
     f.fail("rope_theta", fmt::format("is {}, expected a number in (0, {}]", c.rope_theta, kMaxRopeTheta));
   c.rope_scaling = rope_scaling_of(f);
-  c.max_position_embeddings = f.integer_in("max_position_embeddings", 1, kMaxPositions,
-                                           qwen2 ? 32768 : mistral ? 131072 : 2048);
+  const int64_t default_positions = qwen2 ? 32768 : mistral ? 131072 : 2048;
+  c.max_position_embeddings = f.integer_in("max_position_embeddings", 1, kMaxPositions, default_positions);
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.dtype = dtype_of_config(f);
 
@@ -297,7 +298,9 @@ ModelInfo load_model_info(const fs::path& model_dir) {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 // One tensor the config implies: its name, why it is expected (the key a message blames when it is
 // missing), and per dim the key that sets it and its size.
@@ -312,8 +315,8 @@ std::vector<ExpectedTensor> expected_tensors(const nn::LlamaConfig& c) {
   const std::pair<std::string, int64_t> hidden{"hidden_size", c.hidden_size};
   const std::pair<std::string, int64_t> inter{"intermediate_size", c.intermediate_size};
   // head_dim is whatever resolved_head_dim gives, named after the key that set it.
-  const std::string q = c.head_dim ? "num_attention_heads * head_dim" : "num_attention_heads * (hidden_size / "
-                                                                         "num_attention_heads)";
+  const std::string q = c.head_dim ? "num_attention_heads * head_dim"
+                                   : "num_attention_heads * (hidden_size / num_attention_heads)";
   const std::string kv = c.head_dim ? "num_key_value_heads * head_dim"
                                     : "num_key_value_heads * (hidden_size / num_attention_heads)";
   const std::pair<std::string, int64_t> q_dim{q, c.num_attention_heads * hd};
@@ -367,8 +370,8 @@ void check_checkpoint(const ModelInfo& info, const fs::path& model_dir, const We
   for (const ExpectedTensor& e : expected_tensors(c)) {
     auto it = weights.find(e.name);
     if (it == weights.end())
-      fail(fmt::format("'{}' is {}, but the checkpoint has no tensor '{}'", e.because, key_value(c, e.because),
-                       e.name));
+      fail(fmt::format("'{}' is {}, but the checkpoint has no tensor '{}'", e.because,
+                       key_value(c, e.because), e.name));
     const Tensor& t = it->second;
     if (t.dtype() != DType::f32 && t.dtype() != DType::f16 && t.dtype() != DType::bf16)
       fail(fmt::format("tensor '{}' is {}, expected f32, f16 or bf16", e.name, dtype_name(t.dtype())));

@@ -234,7 +234,8 @@ class JsonReader {
     }
   }
   int64_t token_id(const json& v, const std::string& what) const {
-    if (!v.is_number_integer()) fail(fmt::format("{} has id {}, expected an integer", what, json_input::describe(v)));
+    if (!v.is_number_integer())
+      fail(fmt::format("{} has id {}, expected an integer", what, json_input::describe(v)));
     const int64_t id = v.get<int64_t>();
     if (id < 0 || id >= kMaxTokenId)
       fail(fmt::format("{} has id {}, outside [0, {})", what, id, kMaxTokenId));
@@ -361,7 +362,8 @@ class HfBpeTokenizer final : public Tokenizer {
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
         a = m[0].get<std::string>(), b = m[1].get<std::string>();
       } else {
-        in.fail(fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, json_input::describe(m)));
+        in.fail(
+            fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, json_input::describe(m)));
       }
       const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
       if (ia == vocab_.end() || ib == vocab_.end() || iab == vocab_.end())
@@ -411,8 +413,8 @@ class HfBpeTokenizer final : public Tokenizer {
   static std::string string_pattern(const json& step, const JsonReader& in, const char* where) {
     const json& pattern = in.field(step, "pattern", where);
     if (!pattern.contains("String"))
-      in.fail(
-          fmt::format("{}: pattern {} is not supported (only {{\"String\": ...}})", where, json_input::describe(pattern)));
+      in.fail(fmt::format("{}: pattern {} is not supported (only {{\"String\": ...}})", where,
+                          json_input::describe(pattern)));
     return in.string(pattern, "String", where);
   }
 

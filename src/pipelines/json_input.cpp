@@ -74,7 +74,8 @@ Json parse_impl(std::string_view bytes, const std::string& origin, const Options
       case Event::object_start:
       case Event::array_start:
         if (depth >= options.max_depth)
-          throw LoadError(fmt::format("{}: nested deeper than {} levels at {}", origin, options.max_depth, where()));
+          throw LoadError(
+              fmt::format("{}: nested deeper than {} levels at {}", origin, options.max_depth, where()));
         if (event == Event::object_start && options.reject_duplicate_keys) keys.emplace_back();
         break;
       case Event::object_end:
@@ -97,7 +98,8 @@ Json parse_impl(std::string_view bytes, const std::string& origin, const Options
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte counts the bytes read, from 1.
     const size_t at = options.base_offset + (e.byte > 0 ? e.byte - 1 : 0);
-    throw LoadError(fmt::format("{}: not valid JSON at {} {}: {}", origin, options.offset_unit, at, cut(e.what())));
+    throw LoadError(
+        fmt::format("{}: not valid JSON at {} {}: {}", origin, options.offset_unit, at, cut(e.what())));
   } catch (const nlohmann::json::exception& e) {  // out_of_range.406: a number that overflows a double
     throw LoadError(fmt::format("{}: not valid JSON at {}: {}", origin, where(), cut(e.what())));
   }
@@ -107,7 +109,8 @@ std::string read_file(const fs::path& file, const std::string& origin) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw LoadError(fmt::format("{}: cannot open", origin));
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) throw LoadError(fmt::format("{}: cannot open: not a regular file", origin));
+  if (!fs::is_regular_file(file, ec))
+    throw LoadError(fmt::format("{}: cannot open: not a regular file", origin));
   const uintmax_t size = fs::file_size(file, ec);
   if (ec) throw LoadError(fmt::format("{}: cannot open: {}", origin, ec.message()));
   if (size > kMaxFileBytes)
@@ -136,7 +139,8 @@ template <class Json>
 std::string scalar_text(const Json& v, size_t max_chars) {
   if (v.is_string()) {
     const auto& s = v.template get_ref<const std::string&>();
-    if (s.size() > max_chars) return Json(s.substr(0, max_chars)).dump(-1, ' ', false, Json::error_handler_t::replace);
+    if (s.size() > max_chars)
+      return Json(s.substr(0, max_chars)).dump(-1, ' ', false, Json::error_handler_t::replace);
   }
   return v.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -185,17 +189,21 @@ std::string describe_impl(const Json& v, size_t max_chars) {
 nlohmann::json parse(std::string_view bytes, const std::string& origin, const Options& options) {
   return parse_impl<nlohmann::json>(bytes, origin, options);
 }
-nlohmann::ordered_json parse_ordered(std::string_view bytes, const std::string& origin, const Options& options) {
+nlohmann::ordered_json parse_ordered(std::string_view bytes, const std::string& origin,
+                                     const Options& options) {
   return parse_impl<nlohmann::ordered_json>(bytes, origin, options);
 }
 nlohmann::json parse_file(const fs::path& file, const std::string& origin, const Options& options) {
   return parse(read_file(file, origin), origin, options);
 }
-nlohmann::ordered_json parse_file_ordered(const fs::path& file, const std::string& origin, const Options& options) {
+nlohmann::ordered_json parse_file_ordered(const fs::path& file, const std::string& origin,
+                                          const Options& options) {
   return parse_ordered(read_file(file, origin), origin, options);
 }
 
 std::string describe(const nlohmann::json& v, size_t max_chars) { return describe_impl(v, max_chars); }
-std::string describe(const nlohmann::ordered_json& v, size_t max_chars) { return describe_impl(v, max_chars); }
+std::string describe(const nlohmann::ordered_json& v, size_t max_chars) {
+  return describe_impl(v, max_chars);
+}
 
 }  // namespace kiln::pipelines::json_input

@@ -132,8 +132,8 @@ SafetensorsFile::Entry parse_entry(const fs::path& path, const std::string& name
   if (!shape_it->is_array()) bad("shape is " + json_text(*shape_it) + ", expected a list of integers");
   if (shape_it->size() > kMaxRank)
     bad(fmt::format("shape has rank {}, more than the {} kiln reads", shape_it->size(), kMaxRank));
-  const std::string what = fmt::format("load_safetensors: {}: tensor '{}': shape {}", path.string(), name,
-                                       json_text(*shape_it));
+  const std::string what =
+      fmt::format("load_safetensors: {}: tensor '{}': shape {}", path.string(), name, json_text(*shape_it));
   int64_t numel = 1;
   for (const json& d : *shape_it) {
     uint64_t dim;
@@ -145,8 +145,8 @@ SafetensorsFile::Entry parse_entry(const fs::path& path, const std::string& name
     numel = checked_mul<LoadError>(numel, static_cast<int64_t>(dim), what + ": element count");
     entry.shape.push_back(static_cast<int64_t>(dim));
   }
-  const int64_t nbytes =
-      checked_mul<LoadError>(numel, static_cast<int64_t>(dtype_size(entry.dtype)), what + " of " + dtype_text + ": bytes");
+  const int64_t nbytes = checked_mul<LoadError>(numel, static_cast<int64_t>(dtype_size(entry.dtype)),
+                                                what + " of " + dtype_text + ": bytes");
 
   auto offsets_it = value.find("data_offsets");
   if (offsets_it == value.end()) bad("missing 'data_offsets'");
@@ -188,8 +188,8 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
                            "size {}): the file is truncated or not safetensors",
                            header_len, mapping.size - kHeaderLengthBytes, mapping.size));
   if (header_len > kMaxHeaderBytes)
-    fail(path, fmt::format("header length {} (file bytes 0..8) is more than the {} bytes kiln reads", header_len,
-                           kMaxHeaderBytes));
+    fail(path, fmt::format("header length {} (file bytes 0..8) is more than the {} bytes kiln reads",
+                           header_len, kMaxHeaderBytes));
   const uint64_t data_start = kHeaderLengthBytes + header_len;
   const uint64_t data_size = mapping.size - data_start;
 

@@ -2,8 +2,6 @@
 // written to a temp dir, and the errors for broken or unsupported ones.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-
-#include "test_util.h"
 #include <kiln/kiln.h>
 #include <kiln/pipelines/generation_engine.h>
 #include <kiln/pipelines/hf_config.h>
@@ -13,6 +11,8 @@
 
 #include <filesystem>
 #include <fstream>
+
+#include "test_util.h"
 
 using namespace kiln;
 using namespace kiln::pipelines;
@@ -286,10 +286,13 @@ namespace hostile {
 // A small valid config; `extra` replaces or adds fields ("\"num_hidden_layers\": 1e9"), as text so
 // that it can hold what no JSON library writes (1e400, deep nesting).
 std::string config(const std::string& extra = "") {
-  const std::vector<std::pair<std::string, std::string>> base = {
-      {"architectures", R"(["LlamaForCausalLM"])"}, {"vocab_size", "100"},  {"hidden_size", "64"},
-      {"intermediate_size", "128"},                {"num_hidden_layers", "2"}, {"num_attention_heads", "4"},
-      {"num_key_value_heads", "2"}};
+  const std::vector<std::pair<std::string, std::string>> base = {{"architectures", R"(["LlamaForCausalLM"])"},
+                                                                 {"vocab_size", "100"},
+                                                                 {"hidden_size", "64"},
+                                                                 {"intermediate_size", "128"},
+                                                                 {"num_hidden_layers", "2"},
+                                                                 {"num_attention_heads", "4"},
+                                                                 {"num_key_value_heads", "2"}};
   std::string text = "{";
   for (const auto& [key, value] : base)
     if (extra.find("\"" + key + "\":") == std::string::npos) text += "\"" + key + "\": " + value + ", ";
@@ -307,15 +310,17 @@ TEST_F(HfConfig, NumberOverflowIsLoadErrorNamingTheFile) {
   write("config.json", hostile::config());
   write("generation_config.json", R"({"temperature": -1e400})");
   const std::string gen = error_message<LoadError>([&] { load_model_info(dir_); });
-  EXPECT_NE(gen.find((dir_ / "generation_config.json").string() + ": not valid JSON"), std::string::npos) << gen;
+  EXPECT_NE(gen.find((dir_ / "generation_config.json").string() + ": not valid JSON"), std::string::npos)
+      << gen;
 }
 
 TEST_F(HfConfig, DeeplyNestedFieldIsLoadErrorNotAStackOverflow) {
   // 100k levels: refused at the 64th, before anything (an error message's dump) could recurse over it.
   const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
   write("config.json", hostile::config(R"("rope_scaling": )" + deep));
-  EXPECT_NE(error_message<LoadError>([&] { load_model_info(dir_); })
-                .find(config_path() + ": nested deeper than 64 levels at byte "),
+  EXPECT_NE(error_message<LoadError>([&] {
+              load_model_info(dir_);
+            }).find(config_path() + ": nested deeper than 64 levels at byte "),
             std::string::npos);
   write("config.json", hostile::config(R"("eos_token_id": )" + std::string(100'000, '[')));
   EXPECT_NE(error_message<LoadError>([&] { load_model_info(dir_); }).find("nested deeper than 64 levels"),
@@ -331,19 +336,24 @@ TEST_F(HfConfig, DuplicateKeyIsLoadErrorNamingIt) {
             std::string::npos);
   write("config.json", hostile::config());
   write("generation_config.json", R"({"eos_token_id": 2, "eos_token_id": 3})");
-  EXPECT_NE(error_message<LoadError>([&] { load_model_info(dir_); })
-                .find((dir_ / "generation_config.json").string() + ": duplicate key \"eos_token_id\""),
+  EXPECT_NE(error_message<LoadError>([&] {
+              load_model_info(dir_);
+            }).find((dir_ / "generation_config.json").string() + ": duplicate key \"eos_token_id\""),
             std::string::npos);
 }
 
 TEST_F(HfConfig, AbsurdSizesAreRefusedNamingKeyAndValue) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"("num_hidden_layers": 1000000000)", "field 'num_hidden_layers' is 1000000000, expected an integer in [1, 1024]"},
+      {R"("num_hidden_layers": 1000000000)",
+       "field 'num_hidden_layers' is 1000000000, expected an integer in [1, 1024]"},
       {R"("num_hidden_layers": 0)", "field 'num_hidden_layers' is 0, expected an integer in [1, 1024]"},
-      {R"("hidden_size": 1099511627776)", "field 'hidden_size' is 1099511627776, expected an integer in [1, 131072]"},
+      {R"("hidden_size": 1099511627776)",
+       "field 'hidden_size' is 1099511627776, expected an integer in [1, 131072]"},
       {R"("intermediate_size": -5)", "field 'intermediate_size' is -5, expected an integer in [1, 1048576]"},
-      {R"("vocab_size": 4294967296)", "field 'vocab_size' is 4294967296, expected an integer in [1, 16777216]"},
-      {R"("num_attention_heads": 1000000)", "field 'num_attention_heads' is 1000000, expected an integer in [1, 1024]"},
+      {R"("vocab_size": 4294967296)",
+       "field 'vocab_size' is 4294967296, expected an integer in [1, 16777216]"},
+      {R"("num_attention_heads": 1000000)",
+       "field 'num_attention_heads' is 1000000, expected an integer in [1, 1024]"},
       {R"("num_key_value_heads": 8)", "field 'num_key_value_heads' is 8, expected an integer in [1, 4]"},
       {R"("num_attention_heads": 3, "num_key_value_heads": 3)",
        "field 'hidden_size' is 64, which num_attention_heads 3 does not divide (and there is no head_dim)"},
@@ -421,12 +431,14 @@ TEST_F(HfCheckpoint, MissingTensorNamesTheKeyThatImpliesIt) {
   const ModelInfo i = info();
   WeightsRegistry w = random_weights(i.config, 1);
   w.erase("model.layers.1.mlp.up_proj.weight");
-  EXPECT_EQ(check_error(i, w), fmt::format("load_model_info: {}: 'num_hidden_layers' is 2, but the checkpoint has "
-                                           "no tensor 'model.layers.1.mlp.up_proj.weight'",
-                                           config_path()));
+  EXPECT_EQ(check_error(i, w),
+            fmt::format("load_model_info: {}: 'num_hidden_layers' is 2, but the checkpoint has "
+                        "no tensor 'model.layers.1.mlp.up_proj.weight'",
+                        config_path()));
   w = random_weights(i.config, 1);
   w.erase("lm_head.weight");
-  EXPECT_NE(check_error(i, w).find("'tie_word_embeddings' is false, but the checkpoint has no tensor 'lm_head.weight'"),
+  EXPECT_NE(check_error(i, w).find(
+                "'tie_word_embeddings' is false, but the checkpoint has no tensor 'lm_head.weight'"),
             std::string::npos);
 }
 
@@ -454,22 +466,25 @@ TEST_F(HfCheckpoint, WrongShapeNamesTheKeyAndTheTensor) {
   const ModelInfo i = info();
   WeightsRegistry w = random_weights(i.config, 1);
   w["model.embed_tokens.weight"] = Tensor::zeros(DType::f32, {100, 32});
-  EXPECT_EQ(check_error(i, w), fmt::format("load_model_info: {}: 'hidden_size' gives 64, but tensor "
-                                           "'model.embed_tokens.weight' has shape [100, 32], expected [100, 64] "
-                                           "([vocab_size, hidden_size])",
-                                           config_path()));
+  EXPECT_EQ(check_error(i, w),
+            fmt::format("load_model_info: {}: 'hidden_size' gives 64, but tensor "
+                        "'model.embed_tokens.weight' has shape [100, 32], expected [100, 64] "
+                        "([vocab_size, hidden_size])",
+                        config_path()));
   w = random_weights(i.config, 1);
   w["model.layers.0.self_attn.k_proj.weight"] = Tensor::zeros(DType::f32, {64, 64});
-  EXPECT_NE(check_error(i, w).find("'num_key_value_heads * (hidden_size / num_attention_heads)' gives 32, but "
-                                   "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [64, 64]"),
-            std::string::npos);
+  EXPECT_NE(
+      check_error(i, w).find("'num_key_value_heads * (hidden_size / num_attention_heads)' gives 32, but "
+                             "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [64, 64]"),
+      std::string::npos);
   w = random_weights(i.config, 1);
   w["model.norm.weight"] = Tensor::zeros(DType::f32, {64, 1});
   EXPECT_NE(check_error(i, w).find("tensor 'model.norm.weight' has shape [64, 1], expected [64]"),
             std::string::npos);
   w = random_weights(i.config, 1);
   w["model.layers.1.mlp.down_proj.weight"] = Tensor::zeros(DType::i32, {64, 128});
-  EXPECT_NE(check_error(i, w).find("tensor 'model.layers.1.mlp.down_proj.weight' is i32, expected f32, f16 or bf16"),
+  EXPECT_NE(check_error(i, w).find(
+                "tensor 'model.layers.1.mlp.down_proj.weight' is i32, expected f32, f16 or bf16"),
             std::string::npos);
 }
 
@@ -482,7 +497,8 @@ TEST_F(HfCheckpoint, InconsistentCheckpointIsRefusedBeforeGraphsAreBuilt) {
   EngineOptions options;
   options.on_stage = [&](std::string_view stage, int, int) { stages.emplace_back(stage); };
   const std::string msg = error_message<LoadError>([&] { GenerationEngine::from_dir(dir_, options); });
-  EXPECT_NE(msg.find(config_path() + ": 'num_hidden_layers' is 4, but the checkpoint has no tensor 'model.layers.2."),
+  EXPECT_NE(msg.find(config_path() +
+                     ": 'num_hidden_layers' is 4, but the checkpoint has no tensor 'model.layers.2."),
             std::string::npos)
       << msg;
   EXPECT_EQ(stages, (std::vector<std::string>{"config", "weights"}));

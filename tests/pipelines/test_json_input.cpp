@@ -1,8 +1,6 @@
 // json_input: the parser every loader reads outside JSON with. Hostile inputs (deep nesting,
 // repeated keys, numbers that overflow a double, broken bytes) are LoadErrors naming the input and
 // the byte, never a crash or a raw nlohmann exception; describe() never dumps a whole value.
-#include "pipelines/json_input.h"
-
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "kiln/errors.h"
+#include "pipelines/json_input.h"
 #include "test_util.h"
 
 using namespace kiln;
@@ -90,7 +89,8 @@ TEST(JsonInput, NumberOverflowIsLoadErrorNotOutOfRange) {
     EXPECT_NE(msg.find("number overflow"), std::string::npos) << msg;
   }
   // nlohmann quotes the whole number; the message quotes its start.
-  const std::string msg = error_message<LoadError>([&] { json_input::parse(std::string(1 << 20, '9'), "n"); });
+  const std::string msg =
+      error_message<LoadError>([&] { json_input::parse(std::string(1 << 20, '9'), "n"); });
   EXPECT_NE(msg.find("number overflow parsing '999"), std::string::npos) << msg;
   EXPECT_LT(msg.size(), 300u);
   // Integers too big for int64/uint64 are doubles, as in nlohmann; only a double overflow is refused.
@@ -98,8 +98,9 @@ TEST(JsonInput, NumberOverflowIsLoadErrorNotOutOfRange) {
 }
 
 TEST(JsonInput, EveryMalformedInputIsLoadError) {
-  for (const std::string& text : std::vector<std::string>{"", "   ", "{", R"({"a":)", R"({"a" 1})", "[1,]", "\"\xff\"", "\"\xc3\"",
-                                 "nul", "{} x", std::string("\"a\0b\"", 5), "\"\\ud800\""}) {
+  for (const std::string& text :
+       std::vector<std::string>{"", "   ", "{", R"({"a":)", R"({"a" 1})", "[1,]", "\"\xff\"", "\"\xc3\"",
+                                "nul", "{} x", std::string("\"a\0b\"", 5), "\"\\ud800\""}) {
     const std::string msg = error_message<LoadError>([&] { json_input::parse(text, "in.json"); });
     EXPECT_NE(msg.find("in.json: not valid JSON at byte "), std::string::npos) << msg;
   }
@@ -111,7 +112,8 @@ TEST(JsonInput, OffsetsCanBeFileOffsets) {
   options.offset_unit = "file byte";
   EXPECT_EQ(error_message<LoadError>([&] { json_input::parse(R"({"a":1,"a":2})", "h", options); }),
             "h: duplicate key \"a\" at file byte 17");
-  expect_error<LoadError>([&] { json_input::parse("[x]", "h", options); }, {"h: not valid JSON at file byte 9"});
+  expect_error<LoadError>([&] { json_input::parse("[x]", "h", options); },
+                          {"h: not valid JSON at file byte 9"});
 }
 
 TEST(JsonInput, FilesAreReadWhole) {
@@ -122,11 +124,13 @@ TEST(JsonInput, FilesAreReadWhole) {
   fs::remove(file);
   EXPECT_EQ(error_message<LoadError>([&] { json_input::parse_file(file, "x: " + file.string()); }),
             "x: " + file.string() + ": cannot open");
-  expect_error<LoadError>([&] { json_input::parse_file(fs::temp_directory_path(), "dir"); }, {"dir: cannot open"});
+  expect_error<LoadError>([&] { json_input::parse_file(fs::temp_directory_path(), "dir"); },
+                          {"dir: cannot open"});
 }
 
 TEST(JsonInput, DescribeShowsSmallValuesWhole) {
-  EXPECT_EQ(json_input::describe(json::parse(R"({"a":[1,{"b":null}],"c":"x"})")), R"({"a":[1,{"b":null}],"c":"x"})");
+  EXPECT_EQ(json_input::describe(json::parse(R"({"a":[1,{"b":null}],"c":"x"})")),
+            R"({"a":[1,{"b":null}],"c":"x"})");
   EXPECT_EQ(json_input::describe(json::array()), "[]");
   EXPECT_EQ(json_input::describe(json::object()), "{}");
   EXPECT_EQ(json_input::describe(json(2.5)), "2.5");
@@ -157,7 +161,9 @@ TEST(JsonInput, DescribeOfADeepValueDoesNotRecurse) {
 
 TEST(JsonInput, DescribeReplacesInvalidUtf8) {
   json s = std::string("a\xff") + "b";  // only built by hand: the parser refuses invalid UTF-8
-  EXPECT_EQ(json_input::describe(s), "\"a\xef\xbf\xbd" "b\"");
+  EXPECT_EQ(json_input::describe(s),
+            "\"a\xef\xbf\xbd"
+            "b\"");
 }
 
 }  // namespace

@@ -339,8 +339,7 @@ TEST_F(Safetensors, HugeHeaderLengthIsLoadError) {
 TEST_F(Safetensors, NonJsonHeaderIsLoadErrorWithFileByte) {
   write_raw(dir_ / "bad.safetensors", R"({"w": nope})", "");
   // The parser gives up after reading "no" of nope: 'o' is header byte 7, so file byte 15.
-  expect_load_error(dir_ / "bad.safetensors",
-                    {"header (file bytes 8..19): not valid JSON at file byte 15"});
+  expect_load_error(dir_ / "bad.safetensors", {"header (file bytes 8..19): not valid JSON at file byte 15"});
 }
 
 TEST_F(Safetensors, HeaderThatIsNotAnObjectIsLoadError) {
@@ -398,7 +397,8 @@ TEST_F(Safetensors, ShapeWhoseProductOverflowsIsLoadError) {
   // 2^32 * 2^32 elements wraps to 0 in 64 bits; with offsets [0, 0] a wrapping product would pass.
   write_raw(dir_ / "ovf.safetensors",
             R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", "");
-  expect_load_error(dir_ / "ovf.safetensors", {"tensor 'w': shape", "element count: 4294967296 * 4294967296 overflows int64"});
+  expect_load_error(dir_ / "ovf.safetensors",
+                    {"tensor 'w': shape", "element count: 4294967296 * 4294967296 overflows int64"});
 }
 
 TEST_F(Safetensors, ByteSizeOverflowIsLoadError) {
@@ -441,7 +441,8 @@ TEST_F(Safetensors, NumberOverflowInHeaderIsLoadErrorNamingTheFile) {
 TEST_F(Safetensors, DeeplyNestedHeaderIsLoadErrorNotAStackOverflow) {
   // 100k levels, 200 KB: refused at the 9th level, long before anything recursive could see it.
   const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
-  write_raw(dir_ / "deep.safetensors", R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", "");
+  write_raw(dir_ / "deep.safetensors",
+            R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", "");
   expect_load_error(dir_ / "deep.safetensors", {"nested deeper than 8 levels at file byte"});
   write_raw(dir_ / "deep2.safetensors", R"({"__metadata__":{"k":)" + deep + "}}", "");
   expect_load_error(dir_ / "deep2.safetensors", {"nested deeper than 8 levels"});
@@ -456,8 +457,8 @@ TEST_F(Safetensors, RepeatedTensorNameIsLoadErrorNamingIt) {
   expect_load_error(dir_ / "dup.safetensors", {"duplicate key \"w\" at file byte"});
   write_raw(dir_ / "dupmeta.safetensors", R"({"__metadata__":{"format":"pt","format":"np"}})", "");
   expect_load_error(dir_ / "dupmeta.safetensors", {"duplicate key \"format\""});
-  write_raw(dir_ / "dupfield.safetensors", R"({"w":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}})",
-            std::string(4, '\0'));
+  write_raw(dir_ / "dupfield.safetensors",
+            R"({"w":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
   expect_load_error(dir_ / "dupfield.safetensors", {"duplicate key \"dtype\""});
 }
 
@@ -472,9 +473,10 @@ TEST_F(Safetensors, HeaderOverTheLimitIsRefusedBeforeParsing) {
 TEST_F(Safetensors, RankOverTheLimitIsLoadError) {
   std::string shape = "[1";
   for (int i = 0; i < 64; ++i) shape += ",1";
-  write_raw(dir_ / "rank.safetensors", R"({"w":{"dtype":"U8","shape":)" + shape + R"(],"data_offsets":[0,1]}})",
-            std::string(1, '\0'));
-  expect_load_error(dir_ / "rank.safetensors", {"tensor 'w': shape has rank 65, more than the 64 kiln reads"});
+  write_raw(dir_ / "rank.safetensors",
+            R"({"w":{"dtype":"U8","shape":)" + shape + R"(],"data_offsets":[0,1]}})", std::string(1, '\0'));
+  expect_load_error(dir_ / "rank.safetensors",
+                    {"tensor 'w': shape has rank 65, more than the 64 kiln reads"});
 }
 
 TEST_F(Safetensors, FileTruncatedSinceItsHeaderWasWrittenIsLoadErrorAtOpen) {

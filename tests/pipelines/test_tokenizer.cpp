@@ -515,7 +515,8 @@ TEST(TokenizerLoad, UnsupportedPartsAreNamed) {
 TEST(TokenizerLoad, HostileJsonIsLoadErrorNamingTheFile) {
   const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"model": {"type": "BPE", "vocab": {"a": 1e400}, "merges": []}})", "number overflow parsing '1e400'"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 1e400}, "merges": []}})",
+       "number overflow parsing '1e400'"},
       // A token id nested 100k levels (200 KB): refused at the 64th level, before any value is built.
       {R"({"model": {"type": "BPE", "vocab": {"a": )" + deep + R"(}, "merges": []}})",
        "nested deeper than 64 levels at byte"},
