@@ -300,7 +300,9 @@ std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesyst
   report(options, "config", 0, kStages);
   ModelInfo info = load_model_info(model_dir);
   report(options, "weights", 1, kStages);
+  // Mapping reads only the headers; the config is checked against them before any graph is built.
   WeightsRegistry weights = load_safetensors(model_dir);
+  check_checkpoint(info, model_dir, weights);
   report(options, "tokenizer", 2, kStages);
   std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load(model_dir);
   report(options, "graphs", 3, kStages);
