@@ -10,6 +10,7 @@
 
 #include "kiln/errors.h"
 #include "pipelines/jinja.h"
+#include "pipelines/json_input.h"
 
 namespace kiln::pipelines {
 namespace fs = std::filesystem;
@@ -42,7 +43,7 @@ std::string special_token(const ojson& config, const char* field, const fs::path
     if (content != it->end() && content->is_string()) return content->get<std::string>();
   }
   throw LoadError(fmt::format("chat template: {}: '{}' is {}, expected a string or {{\"content\": ...}}",
-                              file.string(), field, it->dump()));
+                              file.string(), field, json_input::describe(*it)));
 }
 
 }  // namespace
@@ -67,11 +68,7 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const fs::path& dir) {
 
   ojson config = ojson::object();
   if (has_config) {
-    try {
-      config = ojson::parse(read_file(config_file));
-    } catch (const ojson::exception& e) {
-      throw LoadError(fmt::format("chat template: {}: not valid JSON: {}", config_file.string(), e.what()));
-    }
+    config = json_input::parse_file_ordered(config_file, "chat template: " + config_file.string());
     if (!config.is_object())
       throw LoadError(fmt::format("chat template: {}: not a JSON object", config_file.string()));
   }
@@ -141,11 +138,16 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool a
 }
 
 std::string ChatTemplate::render(std::string_view context_json) const {
+  // The context is the caller's, not a format: a repeated key keeps the last, as Python's json does.
+  // Nothing deeper than the interpreter takes is built.
+  json_input::Options options;
+  options.max_depth = jinja::Limits{}.max_data_depth;
+  options.reject_duplicate_keys = false;
   ojson context;
   try {
-    context = ojson::parse(context_json);
-  } catch (const ojson::exception& e) {
-    throw ValueError(fmt::format("{}: the context is not valid JSON: {}", impl_->tmpl.origin(), e.what()));
+    context = json_input::parse_ordered(context_json, impl_->tmpl.origin() + ": the context", options);
+  } catch (const LoadError& e) {
+    throw ValueError(e.what());
   }
   if (!context.is_object())
     throw ValueError(fmt::format("{}: the context must be a JSON object", impl_->tmpl.origin()));

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -299,7 +300,9 @@ std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesyst
   report(options, "config", 0, kStages);
   ModelInfo info = load_model_info(model_dir);
   report(options, "weights", 1, kStages);
+  // Mapping reads only the headers; the config is checked against them before any graph is built.
   WeightsRegistry weights = load_safetensors(model_dir);
+  check_checkpoint(info, model_dir, weights);
   report(options, "tokenizer", 2, kStages);
   std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load(model_dir);
   report(options, "graphs", 3, kStages);
@@ -329,13 +332,18 @@ graph::Module GenerationEngine::trace_graphs(const nn::LlamaConfig& config, cons
 
 // ---- intake -------------------------------------------------------------------------------------------
 
-void GenerationEngine::Impl::check(const GenerationRequest& request, std::vector<int64_t>& prompt) const {
-  check_sampling_values(to_row_sampling(request.sampling), options.sampler_max_top_k, "generate");
-  const SamplingParams& p = request.sampling;
+void check_sampling(const SamplingParams& p, int64_t top_k_cap) {
+  check_sampling_values(to_row_sampling(p), top_k_cap > 0 ? top_k_cap : std::numeric_limits<int64_t>::max(),
+                        "generate");
   if (p.max_new_tokens < 0)
     throw ValueError(fmt::format("generate: max_new_tokens must be >= 0, got {}", p.max_new_tokens));
   for (const std::string& stop : p.stop)
     if (stop.empty()) throw ValueError("generate: a stop string is empty (it would match before any text)");
+}
+
+void GenerationEngine::Impl::check(const GenerationRequest& request, std::vector<int64_t>& prompt) const {
+  check_sampling(request.sampling, options.sampler_max_top_k);
+  const SamplingParams& p = request.sampling;
   const int64_t vocab = config.vocab_size;
   for (int64_t id : p.stop_token_ids)
     if (id < 0 || id >= vocab)

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <array>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
@@ -12,6 +11,7 @@
 #include <unordered_set>
 
 #include "kiln/errors.h"
+#include "pipelines/json_input.h"
 #include "pipelines/tokenizer_formats.h"
 #include "pipelines/tokenizer_unicode.h"
 
@@ -234,7 +234,8 @@ class JsonReader {
     }
   }
   int64_t token_id(const json& v, const std::string& what) const {
-    if (!v.is_number_integer()) fail(fmt::format("{} has id {}, expected an integer", what, v.dump()));
+    if (!v.is_number_integer())
+      fail(fmt::format("{} has id {}, expected an integer", what, json_input::describe(v)));
     const int64_t id = v.get<int64_t>();
     if (id < 0 || id >= kMaxTokenId)
       fail(fmt::format("{} has id {}, outside [0, {})", what, id, kMaxTokenId));
@@ -361,7 +362,8 @@ class HfBpeTokenizer final : public Tokenizer {
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
         a = m[0].get<std::string>(), b = m[1].get<std::string>();
       } else {
-        in.fail(fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, m.dump()));
+        in.fail(
+            fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, json_input::describe(m)));
       }
       const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
       if (ia == vocab_.end() || ib == vocab_.end() || iab == vocab_.end())
@@ -411,8 +413,8 @@ class HfBpeTokenizer final : public Tokenizer {
   static std::string string_pattern(const json& step, const JsonReader& in, const char* where) {
     const json& pattern = in.field(step, "pattern", where);
     if (!pattern.contains("String"))
-      in.fail(
-          fmt::format("{}: pattern {} is not supported (only {{\"String\": ...}})", where, pattern.dump()));
+      in.fail(fmt::format("{}: pattern {} is not supported (only {{\"String\": ...}})", where,
+                          json_input::describe(pattern)));
     return in.string(pattern, "String", where);
   }
 
@@ -462,7 +464,7 @@ class HfBpeTokenizer final : public Tokenizer {
     for (const auto& [text, kind] : known)
       if (regex == text) return kind;
     in.fail(fmt::format("Split pre_tokenizer pattern {} is not one kiln knows (GPT-2, Llama 3, Qwen2)",
-                        pattern.dump()));
+                        json_input::describe(pattern)));
   }
 
   static PrependScheme prepend_scheme(const json& p, const JsonReader& in) {
@@ -815,14 +817,10 @@ class HfBpeTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file) {
   const JsonReader in(file.string());
-  std::ifstream stream(file, std::ios::binary);
-  if (!stream) in.fail("cannot open the file");
-  json root;
-  try {
-    root = json::parse(stream);
-  } catch (const json::exception& e) {
-    in.fail(fmt::format("not valid JSON: {}", e.what()));
-  }
+  // A vocabulary or added token repeated with another id would silently change which id a piece of
+  // text gets: duplicate keys are refused. Sequence steps nest, and are loaded recursively, so the
+  // depth limit also bounds that recursion.
+  const json root = json_input::parse_file(file, fmt::format("tokenizer '{}'", file.string()));
   if (!root.is_object()) in.fail(fmt::format("the file holds {}, expected a JSON object", root.type_name()));
   try {
     return std::make_unique<HfBpeTokenizer>(root, in);

@@ -17,6 +17,9 @@
 #include <string_view>
 #include <utility>
 
+#include "graph/checked.h"
+#include "pipelines/json_input.h"
+
 namespace kiln::pipelines {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -25,6 +28,12 @@ namespace {
 
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr uint64_t kHeaderLengthBytes = 8;
+// The safetensors reference implementation refuses headers over 100 MB; so does kiln, so a file
+// cannot make it parse (and hold) more than that.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr size_t kMaxRank = 64;
+// A header nests three levels (header, entry, shape); metadata values are strings.
+constexpr int kMaxHeaderDepth = 8;
 
 // safetensors' dtype names and kiln's; anything else (F8_E4M3, C64, ...) is rejected.
 constexpr std::pair<std::string_view, DType> kDTypeNames[] = {
@@ -70,6 +79,11 @@ Mapping map_file(const fs::path& path) {
     ::close(fd);
     fail(path, fmt::format("file is {} bytes, shorter than the 8-byte header length", size));
   }
+  // What is checked is the file as it is now: a file cut short since its header was written (a tensor
+  // ending past the file's end) is a LoadError here. A file truncated by someone else after it is
+  // mapped cannot be detected: touching a page past its new end raises SIGBUS, which kiln does not
+  // catch (no handler can make the missing bytes valid). Bytes rewritten in place while mapped are
+  // read as rewritten, until copy-on-write has given the process its own page.
   // MAP_PRIVATE with PROT_WRITE is copy-on-write: the file (opened read-only) is never changed, and a
   // kernel that writes into a weight gets a private page instead of a SIGSEGV.
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
@@ -92,11 +106,7 @@ bool as_u64(const json& v, uint64_t* out) {
   return false;
 }
 
-std::string json_text(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
+std::string json_text(const json& v) { return json_input::describe(v); }
 
 SafetensorsFile::Entry parse_entry(const fs::path& path, const std::string& name, const json& value,
                                    uint64_t data_size, uint64_t data_start) {
@@ -120,20 +130,23 @@ SafetensorsFile::Entry parse_entry(const fs::path& path, const std::string& name
   auto shape_it = value.find("shape");
   if (shape_it == value.end()) bad("missing 'shape'");
   if (!shape_it->is_array()) bad("shape is " + json_text(*shape_it) + ", expected a list of integers");
+  if (shape_it->size() > kMaxRank)
+    bad(fmt::format("shape has rank {}, more than the {} kiln reads", shape_it->size(), kMaxRank));
+  const std::string what =
+      fmt::format("load_safetensors: {}: tensor '{}': shape {}", path.string(), name, json_text(*shape_it));
   int64_t numel = 1;
   for (const json& d : *shape_it) {
     uint64_t dim;
     if (!as_u64(d, &dim))
       bad(fmt::format("shape {} has dim {}, expected non-negative integers", json_text(*shape_it),
                       json_text(d)));
-    if (dim > static_cast<uint64_t>(INT64_MAX) ||
-        __builtin_mul_overflow(numel, static_cast<int64_t>(dim), &numel))
+    if (dim > static_cast<uint64_t>(INT64_MAX))
       bad(fmt::format("shape {} has more elements than fit in int64", json_text(*shape_it)));
+    numel = checked_mul<LoadError>(numel, static_cast<int64_t>(dim), what + ": element count");
     entry.shape.push_back(static_cast<int64_t>(dim));
   }
-  int64_t nbytes;
-  if (__builtin_mul_overflow(numel, static_cast<int64_t>(dtype_size(entry.dtype)), &nbytes))
-    bad(fmt::format("shape {} of {} is more bytes than fit in int64", json_text(*shape_it), dtype_text));
+  const int64_t nbytes = checked_mul<LoadError>(numel, static_cast<int64_t>(dtype_size(entry.dtype)),
+                                                what + " of " + dtype_text + ": bytes");
 
   auto offsets_it = value.find("data_offsets");
   if (offsets_it == value.end()) bad("missing 'data_offsets'");
@@ -174,17 +187,21 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
     fail(path, fmt::format("header length {} (file bytes 0..8) is larger than the {} bytes after it (file "
                            "size {}): the file is truncated or not safetensors",
                            header_len, mapping.size - kHeaderLengthBytes, mapping.size));
+  if (header_len > kMaxHeaderBytes)
+    fail(path, fmt::format("header length {} (file bytes 0..8) is more than the {} bytes kiln reads",
+                           header_len, kMaxHeaderBytes));
   const uint64_t data_start = kHeaderLengthBytes + header_len;
   const uint64_t data_size = mapping.size - data_start;
 
-  json header;
-  try {
-    header = json::parse(bytes + kHeaderLengthBytes, bytes + data_start);
-  } catch (const json::parse_error& e) {
-    // e.byte counts from 1 within the header, which starts at file byte 8.
-    fail(path, fmt::format("header (file bytes 8..{}) is not valid JSON at file byte {}: {}", data_start,
-                           kHeaderLengthBytes + (e.byte > 0 ? e.byte - 1 : 0), e.what()));
-  }
+  // Duplicate keys are refused: the format forbids them, and keeping either copy would load a tensor
+  // the writer may not have meant.
+  json_input::Options options;
+  options.max_depth = kMaxHeaderDepth;
+  options.base_offset = kHeaderLengthBytes;
+  options.offset_unit = "file byte";
+  const json header = json_input::parse(
+      std::string_view(reinterpret_cast<const char*>(bytes) + kHeaderLengthBytes, header_len),
+      fmt::format("load_safetensors: {}: header (file bytes 8..{})", path.string(), data_start), options);
   if (!header.is_object())
     fail(path, fmt::format("header (file bytes 8..{}) is {}, expected a JSON object", data_start,
                            json_text(header)));
@@ -288,14 +305,7 @@ void add_file(const fs::path& path, WeightsRegistry& out, std::map<std::string, 
 
 WeightsRegistry load_index(const fs::path& index_path) {
   auto bad = [&](const std::string& what) { fail(index_path, what); };
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) bad("cannot open: " + errno_text());
-  json index;
-  try {
-    index = json::parse(in);
-  } catch (const json::parse_error& e) {
-    bad(std::string("not valid JSON: ") + e.what());
-  }
+  const json index = json_input::parse_file(index_path, "load_safetensors: " + index_path.string());
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
     bad("expected an object with a \"weight_map\" object (tensor name -> shard file)");
 

@@ -47,6 +47,12 @@ SamplingParams sampling_params(const GenerationOptions& o) {
   return p;
 }
 
+}  // namespace
+
+void check_generation_options(const GenerationOptions& options) { check_sampling(sampling_params(options)); }
+
+namespace {
+
 GenerationResult result_of(GenerationOutput out) {
   if (out.finish == FinishReason::error) throw ExecutionError("generate: " + out.error);
   GenerationResult result;

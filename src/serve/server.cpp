@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -20,7 +22,7 @@ namespace kiln::serve {
 
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in the order sent: templates print them (tojson)
 using pipelines::FinishReason;
 using pipelines::GenerationRequest;
 using pipelines::RequestUpdate;
@@ -93,6 +95,7 @@ struct Parsed {
   bool include_usage = false;
   bool logprobs = false;
   int64_t top_logprobs = 0;
+  const char* max_tokens_field = "max_tokens";  // or chat's max_completion_tokens
   bool max_tokens_given = false;
 };
 
@@ -123,6 +126,7 @@ void parse_common(const json& body, Parsed& p) {
   p.n = integer(body, "n", 1, 1, 32);
   pipelines::SamplingParams& s = p.request.sampling;
   const char* max_name = p.api == Api::chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  p.max_tokens_field = max_name;
   p.max_tokens_given = field(body, max_name) != nullptr;
   s.max_new_tokens = integer(body, max_name, 16, 0, int64_t{1} << 31);
   s.temperature = number(body, "temperature", 1.0, 0.0, 2.0);
@@ -520,6 +524,33 @@ struct Server::Impl {
     }
   };
 
+  // Encodes a text prompt (as the engine would) to check it and max_tokens against the context
+  // before any work: a prompt that fills it, or an explicit max_tokens past it, is a 400. Unset,
+  // max_tokens is 16 for completions and the rest of the context for chat, either cut to fit.
+  void fit_context(Parsed& p) const {
+    const char* prompt_field = p.api == Api::chat ? "messages" : "prompt";
+    if (!p.request.prompt.empty()) {
+      const pipelines::Tokenizer* tokenizer = engine->tokenizer();
+      if (!tokenizer) throw ClientError(400, "this model has no tokenizer: give 'prompt' as token ids", "prompt");
+      p.request.prompt_ids = tokenizer->encode(p.request.prompt);
+      p.request.prompt.clear();
+    }
+    const int64_t prompt_len = static_cast<int64_t>(p.request.prompt_ids.size());
+    const int64_t context = engine->max_seq_len();
+    if (prompt_len >= context)
+      throw ClientError(400, fmt::format("the prompt ('{}') is {} tokens, which leaves no room in the context of {}",
+                                         prompt_field, prompt_len, context),
+                        prompt_field);
+    int64_t& max_new = p.request.sampling.max_new_tokens;
+    if (!p.max_tokens_given) {
+      max_new = p.api == Api::chat ? context - prompt_len : std::min(max_new, context - prompt_len);
+    } else if (prompt_len + max_new > context) {
+      throw ClientError(400, fmt::format("'{}' is {}, but the prompt's {} tokens leave room for {} in the context of {}",
+                                         p.max_tokens_field, max_new, prompt_len, context - prompt_len, context),
+                        p.max_tokens_field);
+    }
+  }
+
   // Submits the n choices (seeded seed + i) unless the server is draining or full.
   std::shared_ptr<Flight> admit(const Parsed& p) {
     auto flight = std::make_shared<Flight>(*this);
@@ -554,11 +585,8 @@ struct Server::Impl {
         p = parse_completion(req.body, options.model_name, engine->config().vocab_size);
       } else {
         p = parse_chat(req.body, options.model_name, options.chat_template.get(), engine->tokenizer());
-        // Chat's default length is the rest of the context (OpenAI: no limit but the model's).
-        if (!p.max_tokens_given)
-          p.request.sampling.max_new_tokens =
-              std::max<int64_t>(0, engine->max_seq_len() - static_cast<int64_t>(p.request.prompt_ids.size()));
       }
+      fit_context(p);
       flight = admit(p);
     } catch (const ClientError& e) {
       if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
@@ -752,10 +780,22 @@ namespace {
 
 int bind(Server::Impl& s) {
   if (s.port > 0) return s.port;
+  // cpp-httplib 0.11 listens with a backlog of 5 and SO_REUSEPORT. The first makes a burst of
+  // clients overflow the accept queue (each waits a SYN retransmit, 1 s or more, or is reset); the
+  // second lets a second server bind the same port and take half its connections. So: SO_REUSEADDR
+  // only, and the listening socket (the last one httplib set options on) listens again with the
+  // system's backlog.
+  int listening = -1;
+  s.http.set_socket_options([&listening](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listening = sock;
+  });
   const int port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host)
                                        : (s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1);
   if (port < 0)
     throw LoadError(fmt::format("kiln serve: cannot listen on {}:{}", s.options.host, s.options.port));
+  if (listening >= 0) ::listen(listening, SOMAXCONN);
   s.port = port;
   return port;
 }

@@ -348,6 +348,43 @@ TEST_F(ChatTemplateDir, MalformedFilesAreLoadErrors) {
                                          {"chat_template.jinja:1:7"});
 }
 
+// Hostile tokenizer_config.json files (issue 19): LoadErrors naming the file and the key or byte.
+TEST_F(ChatTemplateDir, HostileTokenizerConfigIsLoadErrorNamingTheFile) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"chat_template": "x", "model_max_length": 1e400})", "number overflow parsing '1e400'"},
+      {R"({"chat_template": "x", "chat_template": "{{ evil }}"})",
+       "duplicate key \"chat_template\" at byte 37"},
+      {R"({"chat_template": "x", "added_tokens_decoder": )" + std::string(100'000, '[') +
+           std::string(100'000, ']') + "}",
+       "nested deeper than 64 levels at byte"},
+  };
+  for (const auto& [text, fragment] : cases) {
+    write("tokenizer_config.json", text);
+    const std::string msg = error_message<LoadError>([&] { ChatTemplate::from_model_dir(dir_); });
+    EXPECT_NE(msg.find("chat template: " + (dir_ / "tokenizer_config.json").string() + ": "),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+  }
+  // A value named in a message is cut, not dumped whole.
+  write("tokenizer_config.json",
+        R"({"chat_template": "x", "eos_token": [")" + std::string(1 << 20, 'e') + "\"]}");
+  const std::string msg = error_message<LoadError>([&] { ChatTemplate::from_model_dir(dir_); });
+  EXPECT_NE(msg.find("'eos_token' is [\"eee"), std::string::npos) << msg;
+  EXPECT_LT(msg.size(), 400u) << msg;
+}
+
+TEST_F(ChatTemplateDir, RenderContextIsDepthLimitedWhileParsing) {
+  write("t.jinja", "{{ x | length }}");
+  auto tmpl = ChatTemplate::from_file(dir_ / "t.jinja");
+  const std::string deep = R"({"x": )" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  kiln::testing::expect_error<ValueError>(
+      [&] { tmpl.render(deep); }, {"t.jinja: the context: nested deeper than 256 levels at byte 261"});
+  kiln::testing::expect_error<ValueError>([&] { tmpl.render(R"({"x": 1e400})"); }, {"number overflow"});
+  // Not a format: a repeated key keeps the last, as Python's json.loads does.
+  EXPECT_EQ(tmpl.render(R"({"x": [1], "x": [1, 2, 3]})"), "3");
+}
+
 TEST_F(ChatTemplateDir, FromFileAndRenderErrors) {
   write("t.jinja", "{{ messages[0].content }}{{ raise_exception('stop: ' ~ reason) if reason }}");
   auto tmpl = ChatTemplate::from_file(dir_ / "t.jinja", "<s>", "</s>");

@@ -2,14 +2,17 @@
 // written to a temp dir, and the errors for broken or unsupported ones.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-
-#include "test_util.h"
 #include <kiln/kiln.h>
+#include <kiln/pipelines/generation_engine.h>
 #include <kiln/pipelines/hf_config.h>
+#include <kiln/pipelines/safetensors.h>
+#include <kiln/pipelines/text_generation.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+
+#include "test_util.h"
 
 using namespace kiln;
 using namespace kiln::pipelines;
@@ -271,9 +274,234 @@ TEST_F(HfConfig, InconsistentSizesAreValueErrorNamingTheFile) {
   write("config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3})");
   EXPECT_EQ(error_message<ValueError>([&] { load_model_info(dir_); }),
-            fmt::format("load_model_info: {}: LlamaConfig: num_attention_heads 4 is not a multiple of "
-                        "num_key_value_heads 3",
+            fmt::format("load_model_info: {}: field 'num_key_value_heads' is 3, which does not divide "
+                        "num_attention_heads 4",
                         config_path()));
+}
+
+// ==== hostile config.json (issue 19) ================================================================
+
+namespace hostile {
+
+// A small valid config; `extra` replaces or adds fields ("\"num_hidden_layers\": 1e9"), as text so
+// that it can hold what no JSON library writes (1e400, deep nesting).
+std::string config(const std::string& extra = "") {
+  const std::vector<std::pair<std::string, std::string>> base = {{"architectures", R"(["LlamaForCausalLM"])"},
+                                                                 {"vocab_size", "100"},
+                                                                 {"hidden_size", "64"},
+                                                                 {"intermediate_size", "128"},
+                                                                 {"num_hidden_layers", "2"},
+                                                                 {"num_attention_heads", "4"},
+                                                                 {"num_key_value_heads", "2"}};
+  std::string text = "{";
+  for (const auto& [key, value] : base)
+    if (extra.find("\"" + key + "\":") == std::string::npos) text += "\"" + key + "\": " + value + ", ";
+  return text + (extra.empty() ? "\"model_type\": \"llama\"" : extra) + "}";
+}
+
+}  // namespace hostile
+
+TEST_F(HfConfig, NumberOverflowIsLoadErrorNamingTheFile) {
+  write("config.json", hostile::config(R"("rope_theta": 1e400)"));
+  const std::string msg = error_message<LoadError>([&] { load_model_info(dir_); });
+  EXPECT_NE(msg.find(config_path() + ": not valid JSON at byte "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("number overflow parsing '1e400'"), std::string::npos) << msg;
+
+  write("config.json", hostile::config());
+  write("generation_config.json", R"({"temperature": -1e400})");
+  const std::string gen = error_message<LoadError>([&] { load_model_info(dir_); });
+  EXPECT_NE(gen.find((dir_ / "generation_config.json").string() + ": not valid JSON"), std::string::npos)
+      << gen;
+}
+
+TEST_F(HfConfig, DeeplyNestedFieldIsLoadErrorNotAStackOverflow) {
+  // 100k levels: refused at the 64th, before anything (an error message's dump) could recurse over it.
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  write("config.json", hostile::config(R"("rope_scaling": )" + deep));
+  EXPECT_NE(error_message<LoadError>([&] {
+              load_model_info(dir_);
+            }).find(config_path() + ": nested deeper than 64 levels at byte "),
+            std::string::npos);
+  write("config.json", hostile::config(R"("eos_token_id": )" + std::string(100'000, '[')));
+  EXPECT_NE(error_message<LoadError>([&] { load_model_info(dir_); }).find("nested deeper than 64 levels"),
+            std::string::npos);
+}
+
+TEST_F(HfConfig, DuplicateKeyIsLoadErrorNamingIt) {
+  write("config.json", hostile::config(R"("hidden_size": 64, "hidden_size": 128)"));
+  const std::string msg = error_message<LoadError>([&] { load_model_info(dir_); });
+  EXPECT_NE(msg.find(config_path() + ": duplicate key \"hidden_size\" at byte "), std::string::npos) << msg;
+  write("config.json", hostile::config(R"("rope_scaling": {"rope_type": "llama3", "rope_type": "default"})"));
+  EXPECT_NE(error_message<LoadError>([&] { load_model_info(dir_); }).find("duplicate key \"rope_type\""),
+            std::string::npos);
+  write("config.json", hostile::config());
+  write("generation_config.json", R"({"eos_token_id": 2, "eos_token_id": 3})");
+  EXPECT_NE(error_message<LoadError>([&] {
+              load_model_info(dir_);
+            }).find((dir_ / "generation_config.json").string() + ": duplicate key \"eos_token_id\""),
+            std::string::npos);
+}
+
+TEST_F(HfConfig, AbsurdSizesAreRefusedNamingKeyAndValue) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"("num_hidden_layers": 1000000000)",
+       "field 'num_hidden_layers' is 1000000000, expected an integer in [1, 1024]"},
+      {R"("num_hidden_layers": 0)", "field 'num_hidden_layers' is 0, expected an integer in [1, 1024]"},
+      {R"("hidden_size": 1099511627776)",
+       "field 'hidden_size' is 1099511627776, expected an integer in [1, 131072]"},
+      {R"("intermediate_size": -5)", "field 'intermediate_size' is -5, expected an integer in [1, 1048576]"},
+      {R"("vocab_size": 4294967296)",
+       "field 'vocab_size' is 4294967296, expected an integer in [1, 16777216]"},
+      {R"("num_attention_heads": 1000000)",
+       "field 'num_attention_heads' is 1000000, expected an integer in [1, 1024]"},
+      {R"("num_key_value_heads": 8)", "field 'num_key_value_heads' is 8, expected an integer in [1, 4]"},
+      {R"("num_attention_heads": 3, "num_key_value_heads": 3)",
+       "field 'hidden_size' is 64, which num_attention_heads 3 does not divide (and there is no head_dim)"},
+      {R"("head_dim": 100000)", "field 'head_dim' is 100000, expected an integer in [2, 4096]"},
+      {R"("head_dim": 15)", "field 'head_dim' gives head_dim 15, expected an even number"},
+      {R"("max_position_embeddings": 1e15)", "field 'max_position_embeddings' is 1e+15, expected an integer"},
+      {R"("max_position_embeddings": 1000000000000)",
+       "field 'max_position_embeddings' is 1000000000000, expected an integer in [1, 16777216]"},
+      {R"("rms_norm_eps": 0)", "field 'rms_norm_eps' is 0, expected a number in (0, 1)"},
+      {R"("rms_norm_eps": 1e300)", "field 'rms_norm_eps' is 1e+300, expected a number in (0, 1)"},
+      {R"("rope_theta": -1)", "field 'rope_theta' is -1, expected a number in (0, 1000000000000]"},
+      {R"("rope_theta": 1e200)", "field 'rope_theta' is 1e+200"},
+      {R"("rope_scaling": {"rope_type": "llama3", "factor": 1e300, "low_freq_factor": 1, "high_freq_factor": 4,
+          "original_max_position_embeddings": 8192})",
+       "field 'rope_scaling' is {\"factor\":1e+300,"},
+      {R"("sliding_window": 0)", "field 'sliding_window' is 0, expected an integer in [1, 16777216]"},
+  };
+  for (const auto& [extra, fragment] : cases) {
+    SCOPED_TRACE(extra);
+    write("config.json", hostile::config(extra));
+    const std::string msg = error_message<ValueError>([&] { load_model_info(dir_); });
+    EXPECT_NE(msg.find(config_path() + ": " + fragment), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+TEST_F(HfConfig, LongValuesInMessagesAreCut) {
+  std::string list = "[";
+  for (int i = 0; i < 100'000; ++i) list += (i ? ",1" : "1");
+  write("config.json", R"({"architectures": )" + list + "]}");
+  const std::string msg = error_message<ValueError>([&] { load_model_info(dir_); });
+  EXPECT_NE(msg.find("field 'architectures' is [1,1,1"), std::string::npos) << msg;
+  EXPECT_LT(msg.size(), 300u) << msg;
+}
+
+TEST_F(HfConfig, AbsurdConfigIsRefusedBeforeAnyWeightIsRead) {
+  // The directory has no weights at all: the config's error, not the missing checkpoint's, shows
+  // the check comes first, so nothing is built for a billion layers.
+  write("config.json", hostile::config(R"("num_hidden_layers": 1000000000)"));
+  std::vector<std::string> stages;
+  EngineOptions options;
+  options.on_stage = [&](std::string_view stage, int, int) { stages.emplace_back(stage); };
+  const std::string msg = error_message<ValueError>([&] { GenerationEngine::from_dir(dir_, options); });
+  EXPECT_NE(msg.find("field 'num_hidden_layers' is 1000000000"), std::string::npos) << msg;
+  EXPECT_EQ(stages, std::vector<std::string>{"config"});
+}
+
+// ---- config.json against the checkpoint -------------------------------------------------------------
+
+class HfCheckpoint : public HfConfig {
+ protected:
+  ModelInfo info(const std::string& extra = "") {
+    write("config.json", hostile::config(extra));
+    return load_model_info(dir_);
+  }
+  std::string check_error(const ModelInfo& i, const WeightsRegistry& w) {
+    return error_message<LoadError>([&] { check_checkpoint(i, dir_, w); });
+  }
+};
+
+TEST_F(HfCheckpoint, TheTensorsTheConfigDescribesPass) {
+  for (const std::string extra : {"", R"("tie_word_embeddings": true)", R"("head_dim": 32)"}) {
+    SCOPED_TRACE(extra);
+    const ModelInfo i = info(extra);
+    EXPECT_NO_THROW(check_checkpoint(i, dir_, random_weights(i.config, 1)));
+    EXPECT_NO_THROW(check_checkpoint(i, dir_, random_weights(i.config, 1, DType::bf16)));
+  }
+  write("config.json", R"({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})");
+  const ModelInfo qwen = load_model_info(dir_);
+  EXPECT_NO_THROW(check_checkpoint(qwen, dir_, random_weights(qwen.config, 1)));
+}
+
+TEST_F(HfCheckpoint, MissingTensorNamesTheKeyThatImpliesIt) {
+  const ModelInfo i = info();
+  WeightsRegistry w = random_weights(i.config, 1);
+  w.erase("model.layers.1.mlp.up_proj.weight");
+  EXPECT_EQ(check_error(i, w),
+            fmt::format("load_model_info: {}: 'num_hidden_layers' is 2, but the checkpoint has "
+                        "no tensor 'model.layers.1.mlp.up_proj.weight'",
+                        config_path()));
+  w = random_weights(i.config, 1);
+  w.erase("lm_head.weight");
+  EXPECT_NE(check_error(i, w).find(
+                "'tie_word_embeddings' is false, but the checkpoint has no tensor 'lm_head.weight'"),
+            std::string::npos);
+}
+
+TEST_F(HfCheckpoint, ConfigWithMoreLayersThanTheCheckpointIsRefused) {
+  const ModelInfo small = info();
+  const ModelInfo big = info(R"("num_hidden_layers": 1024)");
+  EXPECT_NE(check_error(big, random_weights(small.config, 1))
+                .find("'num_hidden_layers' is 1024, but the checkpoint has no tensor 'model.layers.2."),
+            std::string::npos);
+}
+
+TEST_F(HfCheckpoint, CheckpointWithMoreLayersThanTheConfigIsRefused) {
+  const ModelInfo i = info();
+  WeightsRegistry w = random_weights(i.config, 1);
+  w.emplace("model.layers.2.input_layernorm.weight", Tensor::zeros(DType::f32, {64}));
+  EXPECT_NE(check_error(i, w).find("'num_hidden_layers' is 2, but the checkpoint has tensor "
+                                   "'model.layers.2.input_layernorm.weight' of a layer past it"),
+            std::string::npos);
+  w.erase("model.layers.2.input_layernorm.weight");
+  w.emplace("model.layers.99999999999999999999.x", Tensor::zeros(DType::f32, {1}));
+  EXPECT_NE(check_error(i, w).find("of a layer past it"), std::string::npos);
+}
+
+TEST_F(HfCheckpoint, WrongShapeNamesTheKeyAndTheTensor) {
+  const ModelInfo i = info();
+  WeightsRegistry w = random_weights(i.config, 1);
+  w["model.embed_tokens.weight"] = Tensor::zeros(DType::f32, {100, 32});
+  EXPECT_EQ(check_error(i, w),
+            fmt::format("load_model_info: {}: 'hidden_size' gives 64, but tensor "
+                        "'model.embed_tokens.weight' has shape [100, 32], expected [100, 64] "
+                        "([vocab_size, hidden_size])",
+                        config_path()));
+  w = random_weights(i.config, 1);
+  w["model.layers.0.self_attn.k_proj.weight"] = Tensor::zeros(DType::f32, {64, 64});
+  EXPECT_NE(
+      check_error(i, w).find("'num_key_value_heads * (hidden_size / num_attention_heads)' gives 32, but "
+                             "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [64, 64]"),
+      std::string::npos);
+  w = random_weights(i.config, 1);
+  w["model.norm.weight"] = Tensor::zeros(DType::f32, {64, 1});
+  EXPECT_NE(check_error(i, w).find("tensor 'model.norm.weight' has shape [64, 1], expected [64]"),
+            std::string::npos);
+  w = random_weights(i.config, 1);
+  w["model.layers.1.mlp.down_proj.weight"] = Tensor::zeros(DType::i32, {64, 128});
+  EXPECT_NE(check_error(i, w).find(
+                "tensor 'model.layers.1.mlp.down_proj.weight' is i32, expected f32, f16 or bf16"),
+            std::string::npos);
+}
+
+TEST_F(HfCheckpoint, InconsistentCheckpointIsRefusedBeforeGraphsAreBuilt) {
+  // config.json says 4 layers; the checkpoint has 2.
+  const ModelInfo two = info();
+  save_safetensors(dir_ / "model.safetensors", random_weights(two.config, 1));
+  write("config.json", hostile::config(R"("num_hidden_layers": 4)"));
+  std::vector<std::string> stages;
+  EngineOptions options;
+  options.on_stage = [&](std::string_view stage, int, int) { stages.emplace_back(stage); };
+  const std::string msg = error_message<LoadError>([&] { GenerationEngine::from_dir(dir_, options); });
+  EXPECT_NE(msg.find(config_path() +
+                     ": 'num_hidden_layers' is 4, but the checkpoint has no tensor 'model.layers.2."),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(stages, (std::vector<std::string>{"config", "weights"}));
 }
 
 }  // namespace

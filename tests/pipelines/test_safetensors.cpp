@@ -339,8 +339,7 @@ TEST_F(Safetensors, HugeHeaderLengthIsLoadError) {
 TEST_F(Safetensors, NonJsonHeaderIsLoadErrorWithFileByte) {
   write_raw(dir_ / "bad.safetensors", R"({"w": nope})", "");
   // The parser gives up after reading "no" of nope: 'o' is header byte 7, so file byte 15.
-  expect_load_error(dir_ / "bad.safetensors",
-                    {"header (file bytes 8..19) is not valid JSON at file byte 15"});
+  expect_load_error(dir_ / "bad.safetensors", {"header (file bytes 8..19): not valid JSON at file byte 15"});
 }
 
 TEST_F(Safetensors, HeaderThatIsNotAnObjectIsLoadError) {
@@ -398,13 +397,14 @@ TEST_F(Safetensors, ShapeWhoseProductOverflowsIsLoadError) {
   // 2^32 * 2^32 elements wraps to 0 in 64 bits; with offsets [0, 0] a wrapping product would pass.
   write_raw(dir_ / "ovf.safetensors",
             R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", "");
-  expect_load_error(dir_ / "ovf.safetensors", {"tensor 'w': shape", "more elements than fit in int64"});
+  expect_load_error(dir_ / "ovf.safetensors",
+                    {"tensor 'w': shape", "element count: 4294967296 * 4294967296 overflows int64"});
 }
 
 TEST_F(Safetensors, ByteSizeOverflowIsLoadError) {
   write_raw(dir_ / "ovf2.safetensors",
             R"({"w":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,0]}})", "");
-  expect_load_error(dir_ / "ovf2.safetensors", {"more bytes than fit in int64"});
+  expect_load_error(dir_ / "ovf2.safetensors", {"of F64: bytes: 4611686018427387904 * 8 overflows int64"});
 }
 
 TEST_F(Safetensors, MissingOrMistypedEntryFieldsAreLoadErrors) {
@@ -426,6 +426,93 @@ TEST_F(Safetensors, BoolBytesOtherThanZeroOrOneAreLoadError) {
   expect_load_error(
       dir_ / "b.safetensors",
       {fmt::format("tensor 'm': BOOL byte 2 (file byte {}) is 7, expected 0 or 1", 8 + h.size() + 2)});
+}
+
+// ---- hostile JSON (issue 19): each is a LoadError naming the file, never a crash or a raw nlohmann
+// exception.
+
+TEST_F(Safetensors, NumberOverflowInHeaderIsLoadErrorNamingTheFile) {
+  write_raw(dir_ / "ovf.safetensors", R"({"w":{"dtype":"F32","shape":[1e400],"data_offsets":[0,8]}})",
+            std::string(8, '\0'));
+  expect_load_error(dir_ / "ovf.safetensors", {"header (file bytes 8..", "not valid JSON at file byte",
+                                               "number overflow parsing '1e400'"});
+}
+
+TEST_F(Safetensors, DeeplyNestedHeaderIsLoadErrorNotAStackOverflow) {
+  // 100k levels, 200 KB: refused at the 9th level, long before anything recursive could see it.
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  write_raw(dir_ / "deep.safetensors",
+            R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", "");
+  expect_load_error(dir_ / "deep.safetensors", {"nested deeper than 8 levels at file byte"});
+  write_raw(dir_ / "deep2.safetensors", R"({"__metadata__":{"k":)" + deep + "}}", "");
+  expect_load_error(dir_ / "deep2.safetensors", {"nested deeper than 8 levels"});
+}
+
+TEST_F(Safetensors, RepeatedTensorNameIsLoadErrorNamingIt) {
+  // The format forbids duplicate keys; nlohmann alone would keep the second silently.
+  write_raw(dir_ / "dup.safetensors",
+            R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+            R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            std::string(8, '\0'));
+  expect_load_error(dir_ / "dup.safetensors", {"duplicate key \"w\" at file byte"});
+  write_raw(dir_ / "dupmeta.safetensors", R"({"__metadata__":{"format":"pt","format":"np"}})", "");
+  expect_load_error(dir_ / "dupmeta.safetensors", {"duplicate key \"format\""});
+  write_raw(dir_ / "dupfield.safetensors",
+            R"({"w":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  expect_load_error(dir_ / "dupfield.safetensors", {"duplicate key \"dtype\""});
+}
+
+TEST_F(Safetensors, HeaderOverTheLimitIsRefusedBeforeParsing) {
+  // A sparse file: 100 MB + 1 of header costs no disk.
+  const fs::path file = dir_ / "big.safetensors";
+  write_bytes(file, le64(100'000'001) + "{");
+  fs::resize_file(file, 8 + 100'000'001);
+  expect_load_error(file, {"header length 100000001", "more than the 100000000 bytes kiln reads"});
+}
+
+TEST_F(Safetensors, RankOverTheLimitIsLoadError) {
+  std::string shape = "[1";
+  for (int i = 0; i < 64; ++i) shape += ",1";
+  write_raw(dir_ / "rank.safetensors",
+            R"({"w":{"dtype":"U8","shape":)" + shape + R"(],"data_offsets":[0,1]}})", std::string(1, '\0'));
+  expect_load_error(dir_ / "rank.safetensors",
+                    {"tensor 'w': shape has rank 65, more than the 64 kiln reads"});
+}
+
+TEST_F(Safetensors, FileTruncatedSinceItsHeaderWasWrittenIsLoadErrorAtOpen) {
+  // Without the check, reading the last tensor would touch pages past the end of the file: SIGBUS.
+  const fs::path file = dir_ / "cut.safetensors";
+  save_safetensors(file, {{"a", patterned(DType::f32, {1024}, 1)}, {"b", patterned(DType::f32, {1024}, 2)}});
+  fs::resize_file(file, fs::file_size(file) - 4096);
+  expect_load_error(file, {"is past the data section"});
+}
+
+TEST_F(Safetensors, ValuesInMessagesAreCut) {
+  // A 1 MB dtype string is named in the message by its first bytes only.
+  write_raw(dir_ / "long.safetensors", R"({"w":{"dtype":[")" + std::string(1 << 20, '7') + "\"]}}", "");
+  const std::string msg = error_message<LoadError>([&] { load_safetensors(dir_ / "long.safetensors"); });
+  EXPECT_NE(msg.find("dtype is [\"777"), std::string::npos) << msg;
+  EXPECT_LT(msg.size(), 400u) << msg;
+}
+
+TEST_F(Safetensors, HostileIndexJsonIsLoadErrorNamingTheIndex) {
+  save_safetensors(dir_ / "a.safetensors", {{"w", Tensor::scalar<float>(1)}});
+  const fs::path index = dir_ / "model.safetensors.index.json";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"metadata": {"total_size": 1e400}, "weight_map": {"w": "a.safetensors"}})",
+       "not valid JSON at byte 33: [json.exception.out_of_range.406] number overflow parsing '1e400'"},
+      {R"({"weight_map": {"w": "a.safetensors", "w": "b.safetensors"}})", "duplicate key \"w\" at byte"},
+      {R"({"weight_map": {"w": "a.safetensors"}, "weight_map": {}})", "duplicate key \"weight_map\""},
+      {R"({"metadata": )" + std::string(100'000, '[') + std::string(100'000, ']') + "}",
+       "nested deeper than 64 levels at byte 76"},
+      {R"({"weight_map": {"w": )" + std::string(100'000, '[') + "}}", "nested deeper than 64 levels"},
+  };
+  for (const auto& [text, fragment] : cases) {
+    write_bytes(index, text);
+    const std::string msg = error_message<LoadError>([&] { load_safetensors(dir_); });
+    EXPECT_NE(msg.find("load_safetensors: " + index.string() + ": " + fragment), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 600u);
+  }
 }
 
 // Thousands of random corruptions of a valid file: each one loads or is a LoadError, never a crash,

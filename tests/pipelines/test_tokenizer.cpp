@@ -511,6 +511,49 @@ TEST(TokenizerLoad, UnsupportedPartsAreNamed) {
   EXPECT_NE(msg.find("'str'"), std::string::npos) << msg;
 }
 
+// Hostile tokenizer.json files (issue 19): each a LoadError naming the file, never a crash.
+TEST(TokenizerLoad, HostileJsonIsLoadErrorNamingTheFile) {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"model": {"type": "BPE", "vocab": {"a": 1e400}, "merges": []}})",
+       "number overflow parsing '1e400'"},
+      // A token id nested 100k levels (200 KB): refused at the 64th level, before any value is built.
+      {R"({"model": {"type": "BPE", "vocab": {"a": )" + deep + R"(}, "merges": []}})",
+       "nested deeper than 64 levels at byte"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "a": 2}, "merges": []}})",
+       "duplicate key \"a\" at byte 54"},
+      {R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "model": {}})", "duplicate key \"model\""},
+      {R"({"added_tokens": [{"id": 0, "content": "x", "id": 1}], "model": {}})", "duplicate key \"id\""},
+      {[] {
+         std::string s = R"({"decoder": )";
+         for (int i = 0; i < 100'000; ++i) s += R"({"type": "Sequence", "decoders": [)";
+         return s;
+       }(),
+       "nested deeper than 64 levels"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [text, fragment] = cases[i];
+    const fs::path file = write_temp("hostile" + std::to_string(i) + ".json", text);
+    const std::string msg = error_message<LoadError>([&] { Tokenizer::load(file); });
+    EXPECT_NE(msg.find("tokenizer '" + file.string() + "': "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 600u) << msg;
+  }
+}
+
+TEST(TokenizerLoad, ValuesInMessagesAreCut) {
+  const std::string msg = error_message<LoadError>([&] {
+    load_edited("byte_level_bpe.json", "longid.json", [](nlohmann::json& doc) {
+      nlohmann::json list = nlohmann::json::array();
+      for (int i = 0; i < 100'000; ++i) list.push_back(i);
+      doc["post_processor"] = {{"type", "TemplateProcessing"},
+                               {"single", nlohmann::json::array({{{"SpecialToken", {{"id", "x"}}}}})},
+                               {"special_tokens", {{"x", {{"ids", {list}}}}}}};
+    });
+  });
+  EXPECT_LT(msg.size(), 400u) << msg;
+}
+
 TEST(TokenizerLoad, DirectoryPrefersTokenizerJson) {
   const fs::path dir = fs::path(::testing::TempDir()) / "kiln_tokenizer_dir";
   fs::create_directories(dir);

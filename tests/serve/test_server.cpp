@@ -248,6 +248,11 @@ TEST_F(Served, BadRequestsAre400sNamingTheField) {
   bad(R"({"prompt": "a", "temperature": -1})", "temperature");
   bad(R"({"prompt": "a", "temperature": "hot"})", "temperature");
   bad(R"({"prompt": "a", "max_tokens": "many"})", "max_tokens");
+  bad(R"({"prompt": "a", "max_tokens": -1})", "max_tokens");
+  bad(R"({"prompt": "a", "max_tokens": 1000})", "max_tokens");  // past the 256-position context
+  bad(R"({"prompt": [1, 2], "max_tokens": 99999999999})", "max_tokens");
+  bad(json{{"prompt", std::string(3000, 'x')}}.dump(), "prompt");
+  bad(R"({"prompt": ["a", "b"]})", "prompt");
   bad(R"({"prompt": "a", "top_p": 0})", "top_p");
   bad(R"({"prompt": "a", "n": 0})", "n");
   bad(R"({"prompt": "a", "n": 33})", "n");
@@ -439,6 +444,8 @@ TEST_F(Served, BadChatRequestsAre400sNamingTheField) {
       "messages[0].content[0]");
   bad(R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3})", "top_logprobs");
   bad(R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1})", "max_completion_tokens");
+  bad(R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1000})", "max_completion_tokens");
+  bad(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000})", "max_tokens");
   bad(R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})",
       "response_format");
   // A prompt past the context (256 positions here) names the messages.
@@ -568,6 +575,18 @@ TEST(Server, ShutdownDrainsThenCancelsWhatIsLeft) {
   EXPECT_NE(rest.find("cancelled"), std::string::npos) << "the stream ends with an error event: " << rest.substr(0, 300);
   EXPECT_EQ(engine->stats().running, 0);
   EXPECT_EQ(engine->stats().kv_blocks_in_use, 0);
+}
+
+// Without SO_REUSEPORT: a second server on a port in use is refused, not handed half its clients.
+TEST(Server, ASecondServerCannotTakeAPortInUse) {
+  auto engine = std::shared_ptr<pipelines::GenerationEngine>(
+      pipelines::GenerationEngine::from_dir(kiln_tiny(), {.max_seq_len = 64, .max_num_seqs = 2}));
+  serve::Server first(engine, {.port = 0});
+  const int port = first.start();
+  serve::Server second(engine, {.port = port});
+  EXPECT_THROW(second.start(), LoadError);
+  httplib::Client c("127.0.0.1", port);
+  EXPECT_EQ(c.Get("/health")->status, 200);
 }
 
 TEST(Server, AnApiKeyIsRequiredWhenSet) {

@@ -217,6 +217,7 @@ int generate(GenerateArgs args) {
     throw ValueError(
         "--prompt-tokens is for the random-weight shapes (stories15M, stories110M, llama-1B); give --prompt");
   if (!named && args.prompt.empty()) throw ValueError("--prompt is required");
+  pipelines::check_generation_options(args.options);  // before the model loads
 
   auto pipe = load_pipeline(args);
   pipelines::GenerationResult result;
@@ -356,6 +357,7 @@ struct ChatArgs {
 };
 
 int chat_command(ChatArgs args) {
+  pipelines::check_sampling(args.options.sampling);  // before the model loads
   if (pipelines::named_config(args.model))
     throw ValueError(fmt::format("kiln chat needs a model directory with a tokenizer; '{}' is a random-weight shape",
                                  args.model));

@@ -80,6 +80,11 @@ struct SamplingParams {
   int64_t top_logprobs = 0;             // and that many of the most likely tokens' (0..20)
 };
 
+// The checks of a request's sampling that need no model (ranges, max_new_tokens >= 0, no empty stop
+// string), so a command can refuse bad options before it loads anything: ValueError naming the
+// field. top_k_cap: the engine's EngineOptions::sampler_max_top_k (0: no cap known yet).
+void check_sampling(const SamplingParams& params, int64_t top_k_cap = EngineOptions{}.sampler_max_top_k);
+
 enum class FinishReason { stop, length, cancelled, error };
 const char* finish_reason_name(FinishReason);  // "stop", "length", "cancelled", "error"
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/nn/transformer.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::pipelines {
 
@@ -23,7 +24,17 @@ struct ModelInfo {
 // LoadError naming the file for a missing/unreadable file or bad JSON; ValueError naming the field for
 // an unsupported architecture ("architectures": ["GPT2LMHeadModel"] -> "unsupported architecture
 // 'GPT2LMHeadModel' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"), a missing
-// required field, or a value of the wrong kind; the torch_dtype field sets config.dtype.
+// required field, or a value of the wrong kind; the torch_dtype field sets config.dtype. Every size is
+// range-checked (ValueError "field 'num_hidden_layers' is 1000000000, expected an integer in [1,
+// 1024]"), and a key repeated in either file is a LoadError naming it.
 ModelInfo load_model_info(const std::filesystem::path& model_dir);
+
+// Checks a checkpoint's tensors (names, shapes, dtypes: no data is read) against the config that
+// load_model_info(model_dir) returned, before any graph is built: the embedding, final norm, lm_head
+// (unless tied) and every tensor of every layer with the shape the config gives it, and no layer past
+// num_hidden_layers. LoadError, one line naming config.json, the key, its value and the tensor:
+// "'num_hidden_layers' is 4, but the checkpoint has no tensor 'model.layers.3.mlp.up_proj.weight'".
+void check_checkpoint(const ModelInfo& info, const std::filesystem::path& model_dir,
+                      const WeightsRegistry& weights);
 
 }  // namespace kiln::pipelines

@@ -44,6 +44,10 @@ struct GenerationOptions {
   bool stop_at_eos = true;   // stop after an EOS id (config, generation_config, tokenizer)
 };
 
+// GenerationOptions checked as a request's sampling is (check_sampling), before anything loads.
+void check_generation_options(const GenerationOptions& options);
+
+
 struct GenerationStats {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;  // including a final EOS
