@@ -9,12 +9,12 @@
 // recursion below.
 #include "kiln/graph/dim.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <numeric>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "kiln/errors.h"
 
@@ -46,7 +46,8 @@ size_t term_size(const std::vector<Atom>& m) {
 // Text of outside input quoted in an error, cut short: the message of a 100 KB dim stays one line.
 std::string excerpt(std::string_view text) {
   constexpr size_t kMax = 80;
-  return text.size() <= kMax ? std::string(text) : fmt::format("{}... ({} bytes)", text.substr(0, kMax), text.size());
+  return text.size() <= kMax ? std::string(text)
+                             : fmt::format("{}... ({} bytes)", text.substr(0, kMax), text.size());
 }
 
 using Monomial = std::vector<Atom>;  // sorted by key; empty is the constant term
@@ -98,8 +99,7 @@ struct Dim::Expr {
     auto [it, inserted] = terms.emplace(m, coefficient);
     if (inserted) {
       size += term_size(m);
-      if (terms.size() > kMaxDimTerms)
-        throw TooLarge(fmt::format("more than {} terms", kMaxDimTerms));
+      if (terms.size() > kMaxDimTerms) throw TooLarge(fmt::format("more than {} terms", kMaxDimTerms));
       if (size > kMaxDimSize)
         throw TooLarge(fmt::format("more than {} characters of canonical text", kMaxDimSize));
     } else {
@@ -233,7 +233,8 @@ int max_depth(const Expr& e) {
 Expr opaque_floordiv(const Expr& num, const Expr& den) {
   Atom a;
   a.depth = std::max(max_depth(num), max_depth(den)) + 1;
-  if (a.depth > kMaxDimDepth) throw TooLarge(fmt::format("floor divisions nest more than {} deep", kMaxDimDepth));
+  if (a.depth > kMaxDimDepth)
+    throw TooLarge(fmt::format("floor divisions nest more than {} deep", kMaxDimDepth));
   a.num = std::make_shared<Expr>(num);
   a.den = std::make_shared<Expr>(den);
   a.key = atom_key(num, den);
@@ -366,8 +367,8 @@ class DimParser {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw ParseError("Dim::parse: " + what + " at column " + std::to_string(pos_ + 1) + " of '" + excerpt(text_) +
-                     "'");
+    throw ParseError("Dim::parse: " + what + " at column " + std::to_string(pos_ + 1) + " of '" +
+                     excerpt(text_) + "'");
   }
   // Counts the nesting of the recursive descent, which the text decides.
   struct Nested {
