@@ -226,6 +226,8 @@ auto parse_or_fail(Reader& r, const char* what, const std::string& text, F&& par
 
 graph::Shape read_shape(Reader& r) {
   size_t rank = r.count("shape rank", 4);
+  if (rank > static_cast<size_t>(graph::kMaxRank))
+    r.fail(fmt::format("shape rank {} is more than {}", rank, graph::kMaxRank));
   std::vector<graph::Dim> dims;
   for (size_t i = 0; i < rank; ++i)
     dims.push_back(
@@ -492,7 +494,13 @@ void CompiledModel::save(const std::filesystem::path& file) const {
 CompiledModel CompiledModel::load(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary | std::ios::ate);
   if (!in) throw LoadError(fmt::format("compiled artifact '{}': cannot open the file", file.string()));
-  std::string bytes(static_cast<size_t>(in.tellg()), '\0');
+  // A directory opens, and its tellg is 2^63 - 1: only a regular file's size is one to allocate.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec))
+    throw LoadError(fmt::format("compiled artifact '{}': not a regular file", file.string()));
+  const std::streamoff size = in.tellg();
+  if (size < 0) throw LoadError(fmt::format("compiled artifact '{}': cannot read the file", file.string()));
+  std::string bytes(static_cast<size_t>(size), '\0');
   in.seekg(0);
   if (!in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
     throw LoadError(fmt::format("compiled artifact '{}': cannot read the file", file.string()));

@@ -132,7 +132,13 @@ void CompileCache::store(const std::string& key, const compiler::CompiledModel& 
   // rename() then replaces the entry atomically (readers see the old or the new file, never half).
   static std::atomic<uint64_t> counter{0};
   fs::path temp = dir_ / fmt::format(".{}.{}.{}.tmp", key, ::getpid(), counter++);
-  compiled.save(temp);
+  try {
+    compiled.save(temp);
+  } catch (const std::exception& e) {
+    fs::remove(temp, ec);  // a full disk leaves a partial file: never keep it
+    throw Error(
+        fmt::format("compile cache: cannot store entry '{}' in '{}': {}", key, dir_.string(), e.what()));
+  }
   fs::rename(temp, dir_ / (key + std::string(kEntrySuffix)), ec);
   if (ec) {
     fs::remove(temp, ec);

@@ -26,6 +26,7 @@ class SessionState {
   std::atomic<int64_t> compile_count{0};
   std::atomic<int64_t> cache_hits{0};
   std::optional<CompileCache> cache;  // nullopt: turned off, or no cache directory can be named
+  std::atomic<bool> cache_unwritable{false};  // a store failed: warned once, no more stores
   std::vector<std::filesystem::path> custom_extensions;
   std::shared_ptr<Logger> logger;
 };
@@ -141,11 +142,15 @@ CompiledModel InferenceSession::compile(const graph::Module& module,
   }
   CompiledModel compiled = compiler::compile(module, options);
   ++state_->compile_count;
-  if (state_->cache) {
+  if (state_->cache && !state_->cache_unwritable.load()) {
     try {
       state_->cache->store(key, compiled);
-    } catch (const std::exception&) {
-      // A cache that cannot be written (read-only, full disk) only costs the next compile.
+    } catch (const std::exception& e) {
+      // A cache that cannot be written (read-only, full disk) only costs compiles: say so once, then
+      // stop trying (entries already there are still read).
+      if (!state_->cache_unwritable.exchange(true))
+        state_->logger->warning(fmt::format(
+            "{}; compiled models are not stored in the cache for the rest of this session", e.what()));
     }
   }
   return compiled;

@@ -68,11 +68,27 @@ std::string read_file(const fs::path& path) {
   return bytes;
 }
 
+// Bounds on the names a library hands over: no further is read, so a name missing its NUL stops there.
+constexpr size_t kMaxNameLength = 256;
+constexpr size_t kMaxOps = 4096;  // per library; registering is quadratic in them (duplicate check)
+
 bool valid_op_name(const char* name) {
-  if (!name || !*name) return false;
-  for (const char* c = name; *c; ++c)
-    if (!(std::isalnum(static_cast<unsigned char>(*c)) || *c == '_' || *c == '.')) return false;
+  if (!name) return false;
+  const size_t n = strnlen(name, kMaxNameLength + 1);
+  if (n == 0 || n > kMaxNameLength) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (!(std::isalnum(static_cast<unsigned char>(name[i])) || name[i] == '_' || name[i] == '.'))
+      return false;
   return true;
+}
+
+// A name as an error shows it, read no further than the bound and cut short.
+std::string shown_name(const char* name) {
+  if (!name) return "(null)";
+  constexpr size_t kShown = 64;
+  const size_t n = strnlen(name, kShown + 1);
+  return n > kShown ? fmt::format("{}... (longer than {} characters)", std::string_view(name, kShown), kShown)
+                    : std::string(name, n);
 }
 
 // The graph-build-time check ops::custom calls through graph/custom_op_check.h.
@@ -177,6 +193,8 @@ struct Registration {
   static KilnExtStatus register_op(KilnExtRegistrar* registrar, const KilnExtOpDef* def) {
     if (!registrar) return KILN_EXT_ERROR;
     try {
+      if (registrar->library->ops_.size() >= kMaxOps)
+        throw ExtensionError(fmt::format("register_op: more than {} ops in one library", kMaxOps));
       registrar->library->ops_.push_back(make_op(*registrar->library, def, declared_minor(*registrar->args)));
       return KILN_EXT_OK;
     } catch (const ExtensionError& e) {
@@ -189,8 +207,10 @@ struct Registration {
     if (!given) throw ExtensionError("register_op: got a null KilnExtOpDef");
     const KilnExtOpDef def = read_def<KilnExtOpDef>(kOpDef, given, minor, "register_op: KilnExtOpDef");
     if (!valid_op_name(def.name))
-      throw ExtensionError(fmt::format("register_op: op name '{}' is not a non-empty identifier "
-                                       "([A-Za-z0-9_.]+)", def.name ? def.name : "(null)"));
+      throw ExtensionError(
+          fmt::format("register_op: op name '{}' is not a non-empty identifier "
+                      "([A-Za-z0-9_.]+, at most {} characters)",
+                      shown_name(def.name), kMaxNameLength));
     auto op = std::make_unique<CustomOp>();
     op->library_ = &library;
     op->name_ = def.name;
@@ -215,7 +235,10 @@ struct Registration {
     for (const KilnExtParamDef& p : read_def_array(kParamDef, def.params, def.num_params, minor, who, "param")) {
       const size_t i = op->params_.size();
       if (!valid_op_name(p.name))
-        throw ExtensionError(fmt::format("{}: param {} has no valid name", who, i));
+        throw ExtensionError(
+            fmt::format("{}: param {} has no valid name ('{}'; expected [A-Za-z0-9_.]+, at most "
+                        "{} characters)",
+                        who, i, shown_name(p.name), kMaxNameLength));
       if (p.kind < KILN_EXT_PARAM_INT64 || p.kind > KILN_EXT_PARAM_INT64_ARRAY)
         throw ExtensionError(fmt::format("{}: param '{}' has unknown kind {}", who, p.name,
                                          static_cast<int>(p.kind)));

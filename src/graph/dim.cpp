@@ -2,7 +2,14 @@
 // atom is a symbol ("batch") or an opaque floor-division term ("(n + 1) // 2") whose parts are
 // themselves canonical. Monomials are sorted multisets of atoms and zero coefficients are dropped, so
 // two expressions that are equal as polynomials have the same representation and compare equal.
+//
+// Dims come from outside input (graph text, artifacts), so every expression is bounded (dim.h): its
+// terms and printed size are checked as each term is added, a product is refused before it expands
+// past kMaxDimTerms, and floor-division atoms nest at most kMaxDimDepth deep, which bounds every
+// recursion below.
 #include "kiln/graph/dim.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
@@ -20,7 +27,28 @@ struct Atom {
   std::shared_ptr<const Dim::Expr> num;    // floor-division numerator
   std::shared_ptr<const Dim::Expr> den;    // floor-division denominator
   std::string key;                         // canonical text: equal keys <=> equal atoms
+  int depth = 0;                           // floor divisions nested in this atom (a symbol: 0)
 };
+
+// An expression past kMaxDimTerms or kMaxDimSize; the public entry points rethrow it naming the operands.
+class TooLarge : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
+// Roughly the characters a term prints as, so a bound on the sum bounds printing and comparing.
+size_t term_size(const std::vector<Atom>& m) {
+  size_t n = 4;
+  for (const Atom& a : m) n += a.key.size() + 3;
+  return n;
+}
+
+// Text of outside input quoted in an error, cut short: the message of a 100 KB dim stays one line.
+std::string excerpt(std::string_view text) {
+  constexpr size_t kMax = 80;
+  return text.size() <= kMax ? std::string(text)
+                             : fmt::format("{}... ({} bytes)", text.substr(0, kMax), text.size());
+}
 
 using Monomial = std::vector<Atom>;  // sorted by key; empty is the constant term
 
@@ -63,14 +91,23 @@ bool is_identifier(std::string_view s) {
 }  // namespace
 
 struct Dim::Expr {
-  Terms terms;  // no zero coefficients
+  Terms terms;      // no zero coefficients
+  size_t size = 0;  // sum of term_size over terms, at most kMaxDimSize
 
   void add_term(const Monomial& m, int64_t coefficient) {
     if (coefficient == 0) return;
     auto [it, inserted] = terms.emplace(m, coefficient);
-    if (!inserted) {
+    if (inserted) {
+      size += term_size(m);
+      if (terms.size() > kMaxDimTerms) throw TooLarge(fmt::format("more than {} terms", kMaxDimTerms));
+      if (size > kMaxDimSize)
+        throw TooLarge(fmt::format("more than {} characters of canonical text", kMaxDimSize));
+    } else {
       it->second = checked_add(it->second, coefficient, "addition");
-      if (it->second == 0) terms.erase(it);
+      if (it->second == 0) {
+        size -= term_size(it->first);
+        terms.erase(it);
+      }
     }
     // INT64_MIN has no positive counterpart; excluding it keeps negation and printing overflow-free.
     if (auto found = terms.find(m); found != terms.end() && found->second == INT64_MIN)
@@ -170,6 +207,10 @@ Monomial merge(const Monomial& a, const Monomial& b) {
 }
 
 Expr multiply(const Expr& a, const Expr& b) {
+  // Refused before expanding, so a product of sums costs at most kMaxDimTerms term products.
+  if (a.terms.size() * b.terms.size() > kMaxDimTerms)
+    throw TooLarge(fmt::format("the product of {} and {} terms expands past {} terms", a.terms.size(),
+                               b.terms.size(), kMaxDimTerms));
   Expr out;
   for (const auto& [ma, ca] : a.terms)
     for (const auto& [mb, cb] : b.terms) out.add_term(merge(ma, mb), checked_mul(ca, cb, "multiplication"));
@@ -182,8 +223,18 @@ Expr atom_expr(Atom atom) {
   return e;
 }
 
+int max_depth(const Expr& e) {
+  int depth = 0;
+  for (const auto& [m, c] : e.terms)
+    for (const Atom& a : m) depth = std::max(depth, a.depth);
+  return depth;
+}
+
 Expr opaque_floordiv(const Expr& num, const Expr& den) {
   Atom a;
+  a.depth = std::max(max_depth(num), max_depth(den)) + 1;
+  if (a.depth > kMaxDimDepth)
+    throw TooLarge(fmt::format("floor divisions nest more than {} deep", kMaxDimDepth));
   a.num = std::make_shared<Expr>(num);
   a.den = std::make_shared<Expr>(den);
   a.key = atom_key(num, den);
@@ -317,8 +368,18 @@ class DimParser {
  private:
   [[noreturn]] void fail(const std::string& what) const {
     throw ParseError("Dim::parse: " + what + " at column " + std::to_string(pos_ + 1) + " of '" +
-                     std::string(text_) + "'");
+                     excerpt(text_) + "'");
   }
+  // Counts the nesting of the recursive descent, which the text decides.
+  struct Nested {
+    explicit Nested(DimParser& p) : p_(p) {
+      if (++p_.depth_ > kMaxDimDepth) p_.fail(fmt::format("nesting deeper than {}", kMaxDimDepth));
+    }
+    ~Nested() { --p_.depth_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+    DimParser& p_;
+  };
   void skip_space() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
   }
@@ -360,6 +421,7 @@ class DimParser {
     }
   }
   Expr unary() {
+    Nested nested(*this);
     if (accept("-")) return multiply(*constant_expr(-1), unary());
     return primary();
   }
@@ -396,6 +458,7 @@ class DimParser {
 
   std::string_view text_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -456,18 +519,41 @@ Dim Dim::parse(std::string_view text) {
   Expr e;
   try {
     e = DimParser(text).parse_all();
-  } catch (const ValueError& err) {  // overflow while folding the text's arithmetic
-    throw ParseError("Dim::parse: '" + std::string(text) + "': " + err.what());
+  } catch (const ValueError& err) {  // overflow or a bound passed while folding the text's arithmetic
+    throw ParseError("Dim::parse: '" + excerpt(text) + "': " + err.what());
   }
   if (auto c = e.constant(); c && *c < 0)
-    throw ParseError("Dim::parse: '" + std::string(text) + "' is the negative static dim " + std::to_string(*c));
+    throw ParseError("Dim::parse: '" + excerpt(text) + "' is the negative static dim " + std::to_string(*c));
   return Dim(std::make_shared<const Expr>(std::move(e)));
 }
 
-Dim operator+(const Dim& a, const Dim& b) { return Dim(checked(add(*a.expr_, *b.expr_, 1), "addition")); }
-Dim operator-(const Dim& a, const Dim& b) { return Dim(checked(add(*a.expr_, *b.expr_, -1), "subtraction")); }
-Dim operator*(const Dim& a, const Dim& b) { return Dim(checked(multiply(*a.expr_, *b.expr_), "multiplication")); }
-Dim operator/(const Dim& a, const Dim& b) { return Dim(checked(floordiv(*a.expr_, *b.expr_), "division")); }
+namespace {
+
+// Runs one operation of the public API; an expression past a bound becomes an error naming the operands.
+template <class F>
+Dim bounded(const Dim& a, const Dim& b, const char* op, F&& f) {
+  try {
+    return f();
+  } catch (const TooLarge& e) {
+    throw ValueError(fmt::format("Dim: ({}) {} ({}) is too large: {}", excerpt(a.to_string()), op,
+                                 excerpt(b.to_string()), e.what()));
+  }
+}
+
+}  // namespace
+
+Dim operator+(const Dim& a, const Dim& b) {
+  return bounded(a, b, "+", [&] { return Dim(checked(add(*a.expr_, *b.expr_, 1), "addition")); });
+}
+Dim operator-(const Dim& a, const Dim& b) {
+  return bounded(a, b, "-", [&] { return Dim(checked(add(*a.expr_, *b.expr_, -1), "subtraction")); });
+}
+Dim operator*(const Dim& a, const Dim& b) {
+  return bounded(a, b, "*", [&] { return Dim(checked(multiply(*a.expr_, *b.expr_), "multiplication")); });
+}
+Dim operator/(const Dim& a, const Dim& b) {
+  return bounded(a, b, "//", [&] { return Dim(checked(floordiv(*a.expr_, *b.expr_), "division")); });
+}
 
 bool operator==(const Dim& a, const Dim& b) {
   if (a.expr_ == b.expr_) return true;

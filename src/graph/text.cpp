@@ -179,6 +179,16 @@ struct Pos {
   throw ParseError(fmt::format("{}:{}: {}", p.line, p.column, message));
 }
 
+// Input text quoted in an error, cut short so one bad token of any length gives a one-line message.
+std::string excerpt(std::string_view text) {
+  constexpr size_t kMax = 80;
+  return text.size() <= kMax ? std::string(text)
+                             : fmt::format("{}... ({} bytes)", text.substr(0, kMax), text.size());
+}
+
+// A call parses its callee's body first (resolve_callee), so a chain of calls recurses: bounded.
+constexpr int kMaxCallDepth = 64;
+
 // A cursor over the text with line/column tracking. Whitespace (newlines included) separates tokens
 // and is otherwise insignificant.
 class Cursor {
@@ -357,7 +367,7 @@ Type parse_type_at(Cursor& c) {
   try {
     return parse_type(text);
   } catch (const std::exception& e) {
-    fail(start, fmt::format("bad type '{}': {}", text, e.what()));
+    fail(start, fmt::format("bad type '{}': {}", excerpt(text), e.what()));
   }
 }
 
@@ -381,10 +391,12 @@ Shape parse_shape_at(Cursor& c) {
     std::string_view text = c.slice(start.offset, c.pos().offset);
     while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
     if (text.empty()) c.expected("a dim");
+    if (static_cast<int64_t>(dims.size()) == kMaxRank)
+      fail(start, fmt::format("a shape of more than {} dims", kMaxRank));
     try {
       dims.push_back(Dim::parse(text));
     } catch (const std::exception& e) {
-      fail(start, fmt::format("bad dim '{}': {}", text, e.what()));
+      fail(start, fmt::format("bad dim '{}': {}", excerpt(text), e.what()));
     }
     if (c.accept(']')) break;
     c.expect(',', "or ']' in a shape");
@@ -426,15 +438,16 @@ Attr parse_number_at(Cursor& c) {
     double v = 0;
     auto r = std::from_chars(digits.data(), end, v);
     if (r.ec == std::errc() && r.ptr == end) return v;
-    if (r.ec == std::errc::result_out_of_range) fail(start, fmt::format("number '{}' is out of range", text));
+    if (r.ec == std::errc::result_out_of_range)
+      fail(start, fmt::format("number '{}' is out of range", excerpt(text)));
   } else {
     int64_t v = 0;
     auto r = std::from_chars(digits.data(), end, v);
     if (r.ec == std::errc() && r.ptr == end) return v;
     if (r.ec == std::errc::result_out_of_range)
-      fail(start, fmt::format("integer '{}' does not fit in int64", text));
+      fail(start, fmt::format("integer '{}' does not fit in int64", excerpt(text)));
   }
-  fail(start, fmt::format("expected a number, found '{}'", text));
+  fail(start, fmt::format("expected a number, found '{}'", excerpt(text)));
 }
 
 Attr parse_attr_value(Cursor& c) {
@@ -483,7 +496,7 @@ Attr parse_attr_value(Cursor& c) {
       c = lookahead;
       return d;
     } catch (const std::exception& e) {
-      fail(start, fmt::format("bad device '{}': {}", text, e.what()));
+      fail(start, fmt::format("bad device '{}': {}", excerpt(text), e.what()));
     }
   }
   try {
@@ -493,7 +506,7 @@ Attr parse_attr_value(Cursor& c) {
   } catch (const std::exception&) {
     fail(start, fmt::format("expected an attribute value (number, string, [shape], array<...>, "
                             "types<...>, dtype or device), found '{}'",
-                            word));
+                            excerpt(word)));
   }
 }
 
@@ -674,7 +687,7 @@ class ModuleParser {
     try {
       op = parse_op(op_text);
     } catch (const ParseError&) {
-      fail(at, fmt::format("unknown op '{}'", op_text));
+      fail(at, fmt::format("unknown op '{}'", excerpt(op_text)));
     }
     Node node{op, {}, {}, {}};
     c.expect('(', fmt::format("to open the operands of {}", op_text));
@@ -736,7 +749,12 @@ class ModuleParser {
     GraphHeader& target = headers_[h->second];
     if (target.state == GraphHeader::State::in_progress)
       fail(at, fmt::format("recursive call to graph @{}", callee));
+    if (target.state == GraphHeader::State::done) return;
+    if (call_depth_ == kMaxCallDepth)
+      fail(at, fmt::format("call to graph @{} nests calls more than {} deep", callee, kMaxCallDepth));
+    ++call_depth_;
     parse_body(target);
+    --call_depth_;
   }
 
   static void add_weight(GraphIR& g, const Attrs& attrs, Pos at) {
@@ -755,6 +773,7 @@ class ModuleParser {
   Module module_;
   std::vector<GraphHeader> headers_;
   std::unordered_map<std::string, size_t> by_name_;
+  int call_depth_ = 0;  // bodies being parsed for calls, below the one at the top
 };
 
 }  // namespace

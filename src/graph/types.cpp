@@ -13,7 +13,11 @@ std::string tensor_text(DType dtype, const Shape& shape, DeviceRef device) {
 }
 
 [[noreturn]] void fail(std::string_view text, const std::string& what) {
-  throw ParseError("parse_type: " + what + " in '" + std::string(text) + "'");
+  // Cut short: the text may be outside input of any length.
+  const std::string shown = text.size() <= 120 ? std::string(text)
+                                               : std::string(text.substr(0, 120)) + "... (" +
+                                                     std::to_string(text.size()) + " bytes)";
+  throw ParseError("parse_type: " + what + " in '" + shown + "'");
 }
 
 // "f32[batch, 64]" or "f32[2]@gpu:0".
@@ -43,6 +47,8 @@ TensorType parse_tensor_text(std::string_view whole, std::string_view text) {
       const bool blank = piece.find_first_not_of(" \t") == std::string_view::npos;
       if (!(c == ']' && dims.empty() && blank)) {  // "[]" is rank 0
         if (blank) fail(whole, "empty dim");
+        if (static_cast<int64_t>(dims.size()) == kMaxRank)
+          fail(whole, "more than " + std::to_string(kMaxRank) + " dims");
         dims.push_back(Dim::parse(piece));
       }
       start = pos + 1;
@@ -53,6 +59,11 @@ TensorType parse_tensor_text(std::string_view whole, std::string_view text) {
     }
   }
   if (!closed) fail(whole, "expected ']'");
+  // The static dims' bytes must fit int64, so sizes computed from the type later cannot overflow.
+  int64_t bytes = static_cast<int64_t>(dtype_size(t.dtype));
+  for (const Dim& d : dims)
+    if (auto v = d.try_static(); v && __builtin_mul_overflow(bytes, *v, &bytes))
+      fail(whole, "the static dims' byte size overflows int64");
   t.shape = Shape(std::move(dims));
 
   std::string_view rest = text.substr(pos + 1);

@@ -188,6 +188,27 @@ TEST(Compile, CallsAreInlinedRecursively) {
   EXPECT_EQ(plan.outputs, plan.steps[2].outputs);
 }
 
+// A chain of graphs each calling the next twice is a few lines per graph but 2^40 nodes inlined: refused
+// once the inlined nodes pass the bound, not expanded. Graphs that only pass their input on cost the
+// same (the bound counts calls too).
+TEST(Compile, ExponentialInliningIsRefused) {
+  for (bool with_work : {true, false}) {
+    graph::Module module;
+    graph::Graph leaf("g40", {TensorType{DType::f32, {"n"}}}, &module);
+    leaf.output({with_work ? ops::exp(leaf.input(0)) : leaf.input(0)});
+    for (int i = 39; i >= 0; --i) {
+      graph::Graph g("g" + std::to_string(i), {TensorType{DType::f32, {"n"}}}, &module);
+      const std::string callee = "g" + std::to_string(i + 1);
+      auto once = ops::call(callee, {g.input(0)})[0];
+      g.output({ops::call(callee, {once})[0]});
+    }
+    const std::string message = error_message<VerifyError>(
+        [&] { compiler::compile(module, kiln::testing::with_cpu_kernels(kOneStepPerOp)); });
+    EXPECT_NE(message.find("inlines to more than 1048576 nodes (through calls to 'g"), std::string::npos)
+        << message;
+  }
+}
+
 TEST(Compile, InlinedCalleeWeightsBecomeTheCallersWeights) {
   graph::Module module;
   graph::Graph layer("layer", {TensorType{DType::f32, {2}}}, &module);

@@ -1,5 +1,6 @@
 // Compiled artifacts: a CompiledModel round-trips through its file format, and the reader refuses
 // foreign, truncated, corrupted and other-version files with a LoadError, never a crash.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "cpu_kernel_catalog.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/graph/ops.h"
 #include "kiln/graph/text.h"
-#include "cpu_kernel_catalog.h"
 #include "test_util.h"
 
 namespace {
@@ -184,3 +185,70 @@ TEST(Serialize, FuzzedFilesLoadOrThrowLoadError) {
 }
 
 }  // namespace
+
+// ---- hostile artifacts: refused before any work, naming the file and the byte ------------------------
+
+namespace {
+
+std::string u32_bytes(uint32_t v) {
+  std::string s(4, '\0');
+  std::memcpy(s.data(), &v, 4);
+  return s;
+}
+
+// The offset of the plan count: magic, format version, then the kiln version and IR strings.
+size_t plan_count_offset(const std::string& bytes) {
+  size_t at = 12;
+  for (int i = 0; i < 2; ++i) {
+    uint32_t length;
+    std::memcpy(&length, bytes.data() + at, 4);
+    at += 4 + length;
+  }
+  return at;
+}
+
+// The serialized dim "batch" of the reshape's shape attribute (rank 3: batch, 2, 3).
+size_t reshape_dims_offset(const std::string& bytes) {
+  const std::string pattern = u32_bytes(3) + u32_bytes(5) + "batch" + u32_bytes(1) + "2";
+  size_t at = bytes.find(pattern);
+  EXPECT_NE(at, std::string::npos);
+  return at;
+}
+
+}  // namespace
+
+TEST(SerializeHostile, HugeCountBehindATinyFileNamesTheOffset) {
+  std::string bytes = compile_rich_model().serialize();
+  const size_t at = plan_count_offset(bytes);
+  bytes.replace(at, 4, u32_bytes(0xffffffffu));
+  bytes.resize(at + 4 + 10);  // truncated too: 10 bytes where 4 billion plans should be
+  expect_error<LoadError>([&] { CompiledModel::deserialize(bytes, "cache/x.kiln"); },
+                          {"cache/x.kiln", "plan count 4294967295 exceeds the 10 bytes left",
+                           fmt::format("at byte {} of {}", at + 4, bytes.size())});
+}
+
+TEST(SerializeHostile, RankBeyondTheBoundIsRefused) {
+  std::string bytes = compile_rich_model().serialize();
+  const size_t at = reshape_dims_offset(bytes);
+  bytes.replace(at, 4, u32_bytes(100));  // 100 dims: past kMaxRank, and padded to fit the bytes left
+  bytes += std::string(1000, '\0');
+  expect_error<LoadError>([&] { CompiledModel::deserialize(bytes, "m.kiln"); },
+                          {"m.kiln", "shape rank 100 is more than 64", fmt::format("at byte {}", at + 4)});
+}
+
+TEST(SerializeHostile, HostileDimTextIsALoadError) {
+  const std::string good = compile_rich_model().serialize();
+  std::string sum = "(a+b+c+d+e+f+g+h)", product = sum;
+  for (int i = 1; i < 8; ++i) product += "*" + sum;
+  for (const std::string& dim : {std::string(100000, '(') + "n" + std::string(100000, ')'), product}) {
+    std::string bytes = good;
+    const size_t at = reshape_dims_offset(bytes) + 4;
+    bytes.replace(at, 4 + 5, u32_bytes(static_cast<uint32_t>(dim.size())) + dim);
+    expect_error<LoadError>([&] { CompiledModel::deserialize(bytes, "m.kiln"); }, {"m.kiln", "bad dim"});
+  }
+}
+
+TEST(SerializeHostile, ADirectoryIsALoadError) {
+  const auto dir = std::filesystem::temp_directory_path();
+  expect_error<LoadError>([&] { CompiledModel::load(dir); }, {dir.string(), "compiled artifact"});
+}

@@ -14,9 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "cpu_kernel_catalog.h"
 #include "kiln/engine/compile_cache.h"
 #include "kiln/kiln.h"
-#include "cpu_kernel_catalog.h"
+#include "nn/capturing_logger.h"
 #include "test_util.h"
 
 namespace {
@@ -257,3 +258,74 @@ TEST(CompileCache, DirectoryAndLimitComeFromTheEnvironment) {
 }
 
 }  // namespace
+
+// ---- faults: an unusable cache costs compiles, never a run ---------------------------------------------
+
+// The cache directory cannot be created (a path under a regular file: works as root too, where chmod
+// would not stop writes): every compile still succeeds, and the session warns once.
+TEST(CompileCacheFaults, UncreatableDirectoryWarnsOnceAndRunsUncached) {
+  TempDir dir;
+  fs::create_directories(dir.path());
+  const fs::path file = dir.path() / "a-file";
+  std::ofstream(file) << "not a directory";
+  for (const fs::path& cache_dir : {file / "cache", file}) {
+    auto logger = std::make_shared<kiln::testing::CapturingLogger>();
+    SessionOptions options = cached_in(cache_dir);
+    options.logger = logger;
+    InferenceSession session({DeviceRef::CPU()}, {}, options);
+    auto model = session.load(relu_proj_module(), kWeights);
+    EXPECT_EQ(model.execute({kX})[0].to_vector<float>(), kExpected);
+    session.load(relu_proj_module(2.0f), kWeights);
+    session.load(relu_proj_module(), kWeights);
+    EXPECT_EQ(session.compile_count(), 3);
+    EXPECT_EQ(session.cache_hits(), 0);
+    ASSERT_EQ(logger->warnings.size(), 1u) << cache_dir;
+    EXPECT_NE(logger->warnings[0].find(cache_dir.string()), std::string::npos) << logger->warnings[0];
+    EXPECT_NE(logger->warnings[0].find("not stored in the cache"), std::string::npos) << logger->warnings[0];
+  }
+}
+
+TEST(CompileCacheFaults, StoreIntoAnUncreatableDirectoryIsAKilnError) {
+  CompileCache cache("/dev/null/kiln-cache");
+  InferenceSession session({DeviceRef::CPU()}, {}, {.compile_cache = false});
+  const auto compiled = session.compile(relu_proj_module());
+  expect_error<Error>([&] { cache.store("k", compiled); },
+                      {"/dev/null/kiln-cache", "cannot create directory"});
+  EXPECT_FALSE(cache.find("k").has_value());
+}
+
+TEST(CompileCacheFaults, AFullDiskIsAKilnErrorNamingTheFile) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  InferenceSession session({DeviceRef::CPU()}, {}, {.compile_cache = false});
+  expect_error<Error>([&] { session.compile(relu_proj_module()).save("/dev/full"); },
+                      {"/dev/full", "cannot write"});
+}
+
+// An entry with a count far past its bytes (as a hostile or torn file would have) is a miss: removed,
+// recompiled and stored whole again. So is an entry that is a directory.
+TEST(CompileCacheFaults, HostileEntriesAreDiscardedAndRecompiled) {
+  TempDir dir;
+  InferenceSession session({DeviceRef::CPU()}, {}, cached_in(dir.path()));
+  session.compile(relu_proj_module());
+  const auto entries = CompileCache(dir.path()).entries();
+  ASSERT_EQ(entries.size(), 1u);
+  std::string bytes;
+  {
+    std::ifstream in(entries[0].file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  {
+    std::string hostile = bytes.substr(0, 12) + std::string(4, '\xff') + "tiny";  // a 4 GB version string
+    std::ofstream(entries[0].file, std::ios::binary | std::ios::trunc) << hostile;
+  }
+  auto model = session.load(relu_proj_module(), kWeights);
+  EXPECT_EQ(session.cache_hits(), 0);
+  EXPECT_EQ(model.execute({kX})[0].to_vector<float>(), kExpected);
+  EXPECT_EQ(CompileCache(dir.path()).entries().at(0).bytes, bytes.size());
+
+  fs::remove(entries[0].file);
+  fs::create_directories(entries[0].file);  // a directory where the entry should be
+  model = session.load(relu_proj_module(), kWeights);
+  EXPECT_EQ(model.execute({kX})[0].to_vector<float>(), kExpected);
+  EXPECT_EQ(session.cache_hits(), 0);
+}

@@ -2,17 +2,17 @@
 // a call against the library's output-type function, kernels on DLTensor views, and the graph-build
 // check. The libraries are built by CMake (examples/custom_op, tests/ext/libs/test_ops.c).
 #include <gtest/gtest.h>
+#include <kiln/ext/extensions.h>
+#include <kiln/graph/graph.h>
+#include <kiln/graph/ops.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 
 #include "ext/float_vec.h"
 #include "test_util.h"
-
-#include <kiln/ext/extensions.h>
-#include <kiln/graph/graph.h>
-#include <kiln/graph/ops.h>
 
 using namespace kiln;
 using graph::TensorType;
@@ -179,4 +179,38 @@ TEST(Extension, OpNoLoadedLibraryDefinesIsLeftToTheCompiler) {
   graph::Graph::Scope scope(g);
   auto results = ops::custom("defined_nowhere", {g.inputs()[0]}, {TensorType{DType::i64, {2}}});
   EXPECT_EQ(graph::to_string(results.at(0).type()), "i64[2]");
+}
+
+// ---- hostile metadata: bounded names and counts, errors naming the library and the op --------------
+
+namespace {
+
+// Loads the hostile test library registering what `which` names (see tests/ext/libs/test_ops.c).
+std::string hostile_load_error(const char* which) {
+  ::setenv("KILN_TEST_HOSTILE", which, 1);
+  std::string message = error_message<ExtensionError>([] { ext::load_library(KILN_TEST_EXTENSION_HOSTILE); });
+  ::unsetenv("KILN_TEST_HOSTILE");
+  return message;
+}
+
+}  // namespace
+
+TEST(ExtensionHostile, OverlongOpNameIsRefusedAndShownCutShort) {
+  const std::string message = hostile_load_error("long_name");
+  EXPECT_NE(message.find(KILN_TEST_EXTENSION_HOSTILE), std::string::npos) << message;
+  EXPECT_NE(message.find("at most 256 characters"), std::string::npos) << message;
+  EXPECT_LT(message.size(), 600u) << message;
+}
+
+TEST(ExtensionHostile, OverlongParamNameIsRefusedNamingTheOp) {
+  const std::string message = hostile_load_error("long_param");
+  EXPECT_NE(message.find(KILN_TEST_EXTENSION_HOSTILE), std::string::npos) << message;
+  EXPECT_NE(message.find("register_op 'hostile': param 0 has no valid name"), std::string::npos) << message;
+  EXPECT_LT(message.size(), 600u) << message;
+}
+
+TEST(ExtensionHostile, TooManyOpsAreRefused) {
+  const std::string message = hostile_load_error("many_ops");
+  EXPECT_NE(message.find(KILN_TEST_EXTENSION_HOSTILE), std::string::npos) << message;
+  EXPECT_NE(message.find("more than 4096 ops"), std::string::npos) << message;
 }

@@ -235,6 +235,69 @@ TEST(Dim, OverflowIsAValueError) {
   EXPECT_THROW((void)(Dim("n") * big * big), ValueError);
 }
 
+// ---- hostile dims: bounded time, memory and stack --------------------------------------------------
+
+TEST(Dim, DeepParenthesesAreAParseErrorNotAStackOverflow) {
+  const std::string deep = std::string(100000, '(') + "n" + std::string(100000, ')');
+  expect_error<ParseError>([&] { Dim::parse(deep); }, "nesting deeper than 64");
+  EXPECT_THROW(Dim::parse(std::string(100000, '-') + "n"), ParseError);
+  // Within the bound nesting still parses.
+  EXPECT_EQ(Dim::parse(std::string(60, '(') + "n + 1" + std::string(60, ')')), Dim("n") + 1);
+}
+
+TEST(Dim, ProductOfSumsIsRefusedBeforeItExpands) {
+  // 8 sums of 8 symbols would expand to 8^8 (16.7M) terms; it stops at kMaxDimTerms.
+  std::string sum = "(a+b+c+d+e+f+g+h)", text = sum;
+  for (int i = 1; i < 8; ++i) text += "*" + sum;
+  expect_error<ParseError>([&] { Dim::parse(text); }, {"expands past 1024 terms", "'(a+b+c+d+e+f+g+h)*"});
+  // The same through the API names the operands.
+  const Dim s = Dim::parse(sum);
+  const Dim p = s * s * s;  // 120 terms: fine
+  expect_error<ValueError>([&] { (void)(p * p); }, {"is too large", ") * (a * a * a + "});
+}
+
+TEST(Dim, RepeatedSquaringOfASumIsBounded) {
+  Dim d = Dim("a") + Dim("b");
+  bool refused = false;
+  for (int i = 0; i < 20 && !refused; ++i) {
+    try {
+      d = d * d;
+    } catch (const ValueError&) {
+      refused = true;
+    }
+  }
+  EXPECT_TRUE(refused);
+}
+
+TEST(Dim, NestedFloorDivisionsAreBounded) {
+  // Each level doubles the canonical text ((x*a + x*b) // 2 holds x twice) while the text adds a constant.
+  std::string text = "n";
+  for (int i = 0; i < 40; ++i) text = "((" + text + ")*(a+b))//2";
+  EXPECT_THROW(Dim::parse(text), ParseError);
+  Dim d("n");
+  bool refused = false;
+  for (int i = 0; i < 200 && !refused; ++i) {
+    try {
+      d = (d + 1) / 2 * Dim("m") / 3;
+    } catch (const ValueError&) {
+      refused = true;
+    }
+  }
+  EXPECT_TRUE(refused);
+}
+
+TEST(Dim, HugeTextIsQuotedShortInErrors) {
+  const std::string text = std::string(100000, 'a') + " +";
+  const std::string message = error_message<ParseError>([&] { Dim::parse(text); });
+  EXPECT_LT(message.size(), 400u);
+}
+
+TEST(Dim, LongSumsAreRefusedPastTheTermBound) {
+  std::string text = "x0";
+  for (int i = 1; i < 2000; ++i) text += "+x" + std::to_string(i);
+  expect_error<ParseError>([&] { Dim::parse(text); }, "more than 1024 terms");
+}
+
 // ---- Shape --------------------------------------------------------------------------------------
 
 TEST(Shape, StaticHelpers) {

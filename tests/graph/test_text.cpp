@@ -519,3 +519,74 @@ TEST(TextErrors, WeightUsedWithTwoTypes) {
       "}\n");
   EXPECT_NE(msg.find("3:8: weight 'w' is used as f32[2] and as f32[3]"), std::string::npos) << msg;
 }
+
+// ---- hostile text: bounded depth and sizes, errors that name the line and column ------------------
+
+TEST(TextHostile, DeeplyNestedDimIsAParseErrorNamingTheLine) {
+  const std::string dim = std::string(100000, '(') + "n" + std::string(100000, ')');
+  std::string msg = parse_error("graph @g(%0: f32[" + dim + "]) -> (f32[2]) {\n  return %0\n}\n");
+  EXPECT_NE(msg.find("1:14: bad type"), std::string::npos) << msg.substr(0, 300);
+  EXPECT_NE(msg.find("nesting deeper than 64"), std::string::npos) << msg.substr(0, 300);
+  EXPECT_LT(msg.size(), 1000u);  // the 200 KB type is quoted cut short
+}
+
+TEST(TextHostile, ProductOfSumsDimIsRefused) {
+  std::string sum = "(a+b+c+d+e+f+g+h)", dim = sum;
+  for (int i = 1; i < 8; ++i) dim += "*" + sum;
+  std::string msg = parse_error("graph @g(%0: f32[" + dim + "]) -> (f32[2]) {\n  return %0\n}\n");
+  EXPECT_NE(msg.find("1:14:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expands past 1024 terms"), std::string::npos) << msg;
+}
+
+TEST(TextHostile, RankAndStaticSizeAreBounded) {
+  std::string dims = "1";
+  for (int i = 0; i < 64; ++i) dims += ", 1";  // 65 dims
+  std::string msg = parse_error("graph @g(%0: f32[" + dims + "]) -> (f32[2]) {\n  return %0\n}\n");
+  EXPECT_NE(msg.find("1:14:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("more than 64 dims"), std::string::npos) << msg;
+  // 2^31 * 2^31 elements of 4 bytes: 2^64 bytes.
+  msg = parse_error("graph @g(%0: f32[2147483648, 2147483648]) -> (f32[2]) {\n  return %0\n}\n");
+  EXPECT_NE(msg.find("byte size overflows int64"), std::string::npos) << msg;
+  std::string attr = "graph @g(%0: f32[2]) -> (f32[2]) {\n  %1 = reshape(%0) {shape = [" + dims +
+                     "]} : f32[2]\n  return %1\n}\n";
+  msg = parse_error(attr);
+  EXPECT_NE(msg.find("2:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("more than 64 dims"), std::string::npos) << msg;
+}
+
+TEST(TextHostile, LongCallChainsAreBounded) {
+  // Graph i calls graph i+1, defined after it: parsing each call parses its callee's body first.
+  auto chain = [](int n) {
+    std::string text;
+    for (int i = 0; i < n; ++i) {
+      text += "graph @g" + std::to_string(i) + "(%0: f32[2]) -> (f32[2]) {\n";
+      if (i + 1 < n) {
+        text += "  %1 = call(%0) {callee = \"g" + std::to_string(i + 1) + "\"} : f32[2]\n  return %1\n}\n";
+      } else {
+        text += "  return %0\n}\n";
+      }
+    }
+    return text;
+  };
+  EXPECT_NO_THROW(parse_module(chain(40)));
+  std::string msg = parse_error(chain(10000));
+  EXPECT_NE(msg.find("nests calls more than 64 deep"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(":8: call to graph"), std::string::npos) << msg;
+}
+
+TEST(TextHostile, HugeNumbersAndNamesAreQuotedCutShort) {
+  auto with_attr = [](const std::string& attr) {
+    return "graph @g(%0: f32[2]) -> (f32[2]) {\n  %1 = softmax(%0) {axis = " + attr +
+           "} : f32[2]\n  return %1\n}\n";
+  };
+  std::string msg = parse_error(with_attr(std::string(100000, '9')));
+  EXPECT_NE(msg.find("2:28: integer '9999"), std::string::npos) << msg.substr(0, 200);
+  EXPECT_LT(msg.size(), 400u);
+  msg = parse_error(with_attr("1e" + std::string(10000, '9')));
+  EXPECT_NE(msg.find("out of range"), std::string::npos) << msg.substr(0, 200);
+  EXPECT_LT(msg.size(), 400u);
+  msg = parse_error("graph @g(%0: f32[2]) -> (f32[2]) {\n  %1 = " + std::string(100000, 'x') +
+                    "(%0) : f32[2]\n  return %1\n}\n");
+  EXPECT_NE(msg.find("unknown op"), std::string::npos) << msg.substr(0, 200);
+  EXPECT_LT(msg.size(), 400u);
+}

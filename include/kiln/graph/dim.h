@@ -3,6 +3,7 @@
 // opaque floor-division terms) so equal expressions compare equal: (n + 1) - 1 == n.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -12,6 +13,13 @@
 #include <vector>
 
 namespace kiln::graph {
+
+// Bounds that keep the time and memory a dim costs proportional to its text (graph text and compiled
+// artifacts are outside input). Real dims are a few terms; going past a bound is a ValueError
+// (ParseError from parse) naming the expression.
+inline constexpr int kMaxDimDepth = 64;       // nesting of parentheses, unary '-' and floor divisions
+inline constexpr size_t kMaxDimTerms = 1024;  // terms of one expression, expanded ((a+b)*(c+d) has 4)
+inline constexpr size_t kMaxDimSize = 16384;  // characters of one expression's canonical text, about
 
 // Values of symbols, bound when a Model runs.
 using SymbolBindings = std::map<std::string, int64_t>;

@@ -10,6 +10,9 @@
 
 namespace kiln::graph {
 
+// The most dims a parsed shape (graph text, artifacts) may have; far above any real tensor's.
+inline constexpr int64_t kMaxRank = 64;
+
 struct TensorType {
   DType dtype = DType::f32;
   Shape shape;

@@ -20,16 +20,19 @@ using graph::Node;
 using graph::Op;
 using graph::ValueId;
 
+// Nodes one graph may visit while inlining, calls included: a chain of graphs that each call the next
+// twice is a few lines of text but 2^chain nodes once inlined, refused here instead of expanded.
+constexpr size_t kMaxInlinedNodes = size_t{1} << 20;
+
 bool has_calls(const GraphIR& g) {
   return std::any_of(g.nodes.begin(), g.nodes.end(), [](const Node& n) { return n.op == Op::call; });
 }
 
 // Copies `source`'s nodes into `target`. `source` value v becomes `mapping[v]`; its inputs are mapped
 // on entry (to the call's arguments). Returns the mapped outputs. `stack` holds the graphs being
-// inlined, to reject recursion.
-std::vector<ValueId> copy_body(const Module& module, const GraphIR& source,
-                               std::vector<ValueId> mapping, GraphIR& target,
-                               std::vector<std::string>& stack) {
+// inlined, to reject recursion; `visited` counts the nodes copied or expanded into `target`.
+std::vector<ValueId> copy_body(const Module& module, const GraphIR& source, std::vector<ValueId> mapping,
+                               GraphIR& target, std::vector<std::string>& stack, size_t& visited) {
   mapping.resize(source.value_types.size(), -1);
   auto mapped = [&](ValueId v) {
     ValueId m = mapping.at(static_cast<size_t>(v));
@@ -39,6 +42,10 @@ std::vector<ValueId> copy_body(const Module& module, const GraphIR& source,
     return m;
   };
   for (const Node& node : source.nodes) {
+    if (++visited > kMaxInlinedNodes)
+      throw VerifyError(
+          fmt::format("compile: graph '{}' inlines to more than {} nodes (through calls to '{}')",
+                      stack.front(), kMaxInlinedNodes, source.name));
     std::vector<ValueId> inputs;
     inputs.reserve(node.inputs.size());
     for (ValueId v : node.inputs) inputs.push_back(mapped(v));
@@ -61,7 +68,7 @@ std::vector<ValueId> copy_body(const Module& module, const GraphIR& source,
       for (size_t i = 0; i < inputs.size(); ++i)
         callee_mapping[static_cast<size_t>(callee->inputs[i])] = inputs[i];
       stack.push_back(callee_name);
-      std::vector<ValueId> results = copy_body(module, *callee, callee_mapping, target, stack);
+      std::vector<ValueId> results = copy_body(module, *callee, callee_mapping, target, stack, visited);
       stack.pop_back();
       for (size_t i = 0; i < results.size(); ++i)
         mapping[static_cast<size_t>(node.outputs[i])] = results[i];
@@ -123,7 +130,8 @@ graph::Module inline_calls(const graph::Module& module) {
       mapping[static_cast<size_t>(v)] = fresh;
     }
     std::vector<std::string> stack{graph->name};
-    target.outputs = copy_body(module, *graph, mapping, target, stack);
+    size_t visited = 0;
+    target.outputs = copy_body(module, *graph, mapping, target, stack, visited);
   }
   return result;
 }

@@ -116,8 +116,10 @@ bool has_effects(const graph::Module& module, const Node& node) {
   if (graph::has_side_effects(node.op)) return true;
   if (node.op != graph::Op::call) return false;
   // A call is as effectful as its callee; a cycle (which the verifier rejects) counts as effectful.
-  std::set<std::string> visiting;
+  // Effect-free graphs are remembered, so graphs that call one another many times are walked once each.
+  std::set<std::string> visiting, pure;
   std::function<bool(const std::string&)> graph_has_effects = [&](const std::string& name) {
+    if (pure.count(name)) return false;
     const GraphIR* callee = module.find(name);
     if (!callee || !visiting.insert(name).second) return true;
     for (const Node& n : callee->nodes) {
@@ -127,6 +129,7 @@ bool has_effects(const graph::Module& module, const Node& node) {
         return true;
     }
     visiting.erase(name);
+    pure.insert(name);
     return false;
   };
   return graph_has_effects(graph::get_attr<std::string>(node.attrs, "callee", node.op));

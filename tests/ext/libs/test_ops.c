@@ -6,9 +6,13 @@
  *   KILN_TEST_NO_ENTRY       exports no kiln_extension_init
  *   KILN_TEST_SHORT_OP_DEF   declares this header's minor but gives KilnExtOpDef 1.0's struct_size
  *   KILN_TEST_UNEVEN_PARAMS  fail_with's param 1 has another struct_size than param 0
- *   KILN_TEST_INIT_FAILS     kiln_extension_init returns KILN_EXT_ERROR_UNSUPPORTED with a message */
+ *   KILN_TEST_INIT_FAILS     kiln_extension_init returns KILN_EXT_ERROR_UNSUPPORTED with a message
+ *   KILN_TEST_HOSTILE_DEFS   registers what $KILN_TEST_HOSTILE names: long_name (a 10000-character op
+ *                            name), long_param (as long a param name) or many_ops (10000 ops) */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <kiln/extension.h>
 
@@ -73,6 +77,32 @@ KILN_EXT_EXPORT KilnExtStatus kiln_extension_init(KilnExtInitArgs* args) {
 #ifdef KILN_TEST_INIT_FAILS
   snprintf(args->error_message, args->error_message_size, "needs a GPU this machine lacks");
   return KILN_EXT_ERROR_UNSUPPORTED;
+#endif
+#ifdef KILN_TEST_HOSTILE_DEFS
+  {
+    static char long_name[10001];
+    memset(long_name, 'a', sizeof long_name - 1);
+    const char* which = getenv("KILN_TEST_HOSTILE");
+    KilnExtKernelDef k = {.struct_size = sizeof(KilnExtKernelDef), .device_type = kDLCPU, .fn = checked_sqrt_cpu};
+    KilnExtParamDef p = {.struct_size = sizeof(KilnExtParamDef), .name = long_name, .kind = KILN_EXT_PARAM_INT64};
+    KilnExtOpDef d = {.struct_size = sizeof(KilnExtOpDef), .name = "hostile", .num_outputs = 1,
+                      .output_types = same_type, .kernels = &k, .num_kernels = 1};
+    if (which && strcmp(which, "long_name") == 0) d.name = long_name;
+    if (which && strcmp(which, "long_param") == 0) {
+      d.params = &p;
+      d.num_params = 1;
+    }
+    if (which && strcmp(which, "many_ops") == 0) {
+      char name[32];
+      for (int i = 0; i < 10000; ++i) {
+        snprintf(name, sizeof name, "op_%d", i);
+        d.name = name;
+        if (args->register_op(args->registrar, &d) != KILN_EXT_OK) return KILN_EXT_ERROR;
+      }
+      return KILN_EXT_OK;
+    }
+    return args->register_op(args->registrar, &d);
+  }
 #endif
   KilnExtKernelDef kernel = {.struct_size = sizeof(KilnExtKernelDef), .device_type = kDLCPU,
                              .fn = checked_sqrt_cpu};
