@@ -267,9 +267,14 @@ Expr floordiv(const Expr& num, const Expr& den) {
     // floor((d*Q + R) / d) = Q + floor(R / d) with 0 <= R's coefficients < d, so only R stays opaque.
     Expr quotient, remainder;
     for (const auto& [m, c] : num.terms) {
-      const int64_t q = floor_div(c, d);
+      // q and r from C's truncating division, then floored: q * d can pass INT64_MIN when c is near it.
+      int64_t q = c / d, r = c % d;
+      if (r < 0) {
+        r += d;
+        --q;
+      }
       quotient.add_term(m, q);
-      remainder.add_term(m, c - q * d);
+      remainder.add_term(m, r);
     }
     if (remainder.terms.empty()) return quotient;
     if (auto r = remainder.constant()) return add(quotient, *constant_expr(floor_div(*r, d)), 1);

@@ -292,6 +292,15 @@ TEST(Dim, HugeTextIsQuotedShortInErrors) {
   EXPECT_LT(message.size(), 400u);
 }
 
+// Found by fuzz_dim: a coefficient near INT64_MIN divided by a constant overflowed computing the
+// remainder (q * d passed INT64_MIN).
+TEST(Dim, FloorDivisionOfACoefficientNearTheMinimumIsExact) {
+  // -9223372036854775807 = 44 * -209622091746699451 + 37: the quotient leaves the division.
+  const Dim d = Dim::parse("(-9223372036854775807 * x + 1) // 44");
+  EXPECT_EQ(d.to_string(), "(37 * x + 1) // 44 - 209622091746699451 * x");
+  EXPECT_EQ(Dim::parse(d.to_string()), d);
+}
+
 TEST(Dim, LongSumsAreRefusedPastTheTermBound) {
   std::string text = "x0";
   for (int i = 1; i < 2000; ++i) text += "+x" + std::to_string(i);
