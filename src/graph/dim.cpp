@@ -16,6 +16,7 @@
 #include <numeric>
 #include <set>
 
+#include "graph/checked.h"
 #include "kiln/errors.h"
 
 namespace kiln::graph {
@@ -66,16 +67,6 @@ bool same_monomial(const Monomial& a, const Monomial& b) {
          std::equal(a.begin(), a.end(), b.begin(), [](const Atom& x, const Atom& y) { return x.key == y.key; });
 }
 
-int64_t checked_add(int64_t a, int64_t b, const char* what) {
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) throw ValueError(std::string("Dim: overflow in ") + what);
-  return r;
-}
-int64_t checked_mul(int64_t a, int64_t b, const char* what) {
-  int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) throw ValueError(std::string("Dim: overflow in ") + what);
-  return r;
-}
 int64_t floor_div(int64_t a, int64_t b) {
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
@@ -103,7 +94,7 @@ struct Dim::Expr {
       if (size > kMaxDimSize)
         throw TooLarge(fmt::format("more than {} characters of canonical text", kMaxDimSize));
     } else {
-      it->second = checked_add(it->second, coefficient, "addition");
+      it->second = checked_add(it->second, coefficient, "Dim: overflow in addition");
       if (it->second == 0) {
         size -= term_size(it->first);
         terms.erase(it);
@@ -194,7 +185,7 @@ std::string print_expr(const Expr& e) {
 
 Expr add(const Expr& a, const Expr& b, int64_t b_sign) {
   Expr out = a;
-  for (const auto& [m, c] : b.terms) out.add_term(m, checked_mul(c, b_sign, "subtraction"));
+  for (const auto& [m, c] : b.terms) out.add_term(m, checked_mul(c, b_sign, "Dim: overflow in subtraction"));
   return out;
 }
 
@@ -213,7 +204,7 @@ Expr multiply(const Expr& a, const Expr& b) {
                                b.terms.size(), kMaxDimTerms));
   Expr out;
   for (const auto& [ma, ca] : a.terms)
-    for (const auto& [mb, cb] : b.terms) out.add_term(merge(ma, mb), checked_mul(ca, cb, "multiplication"));
+    for (const auto& [mb, cb] : b.terms) out.add_term(merge(ma, mb), checked_mul(ca, cb, "Dim: overflow in multiplication"));
   return out;
 }
 
@@ -289,7 +280,7 @@ Expr floordiv(const Expr& num, const Expr& den) {
       const Atom& inner = reduced.terms.begin()->first[0];
       if (inner.symbol.empty()) {
         if (auto inner_d = inner.den->constant(); inner_d && *inner_d > 0)
-          return add(quotient, floordiv(*inner.num, *constant_expr(checked_mul(*inner_d, reduced_d, "division"))), 1);
+          return add(quotient, floordiv(*inner.num, *constant_expr(checked_mul(*inner_d, reduced_d, "Dim: overflow in division"))), 1);
       }
     }
     return add(quotient, opaque_floordiv(reduced, *constant_expr(reduced_d)), 1);
@@ -343,9 +334,9 @@ int64_t evaluate_expr(const Expr& e, const SymbolBindings& bindings, const Expr&
         if (d == 0) throw ValueError("Dim::evaluate: division by zero in '" + print_expr(whole) + "'");
         v = floor_div(evaluate_expr(*a.num, bindings, whole), d);
       }
-      term = checked_mul(term, v, "evaluation");
+      term = checked_mul(term, v, "Dim: overflow in evaluation");
     }
-    total = checked_add(total, term, "evaluation");
+    total = checked_add(total, term, "Dim: overflow in evaluation");
   }
   return total;
 }
