@@ -1,8 +1,9 @@
-// Shared test helpers: asserting on exceptions and their messages.
+// Shared test helpers: asserting on exceptions and their messages; the ChatML rendering by hand.
 #pragma once
 
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -34,6 +35,14 @@ void expect_error(F&& fn, const std::vector<std::string>& parts) {
 template <class E, class F>
 void expect_error(F&& fn, const char* part) {
   expect_error<E>(fn, std::vector<std::string>{part});
+}
+
+// What tests/data/chat/chatml.jinja renders for (role, content) messages with
+// add_generation_prompt, written out by hand: the truth the chat tests compare with.
+inline std::string chatml_prompt(const std::vector<std::pair<std::string, std::string>>& messages) {
+  std::string out;
+  for (const auto& [role, content] : messages) out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+  return out + "<|im_start|>assistant\n";
 }
 
 }  // namespace kiln::testing

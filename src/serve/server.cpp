@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "kiln/errors.h"
+#include "pipelines/json_input.h"
 #include "serve/request_parse.h"
 
 namespace kiln::serve {
@@ -23,6 +24,7 @@ namespace kiln::serve {
 namespace {
 
 using json = nlohmann::ordered_json;  // keys in the order sent: templates print them (tojson)
+using pipelines::json_input::describe;  // a value in a message, cut short
 using pipelines::FinishReason;
 using pipelines::GenerationRequest;
 using pipelines::RequestUpdate;
@@ -60,7 +62,7 @@ double number(const json& body, const char* name, double fallback, double lo, do
   const json* v = field(body, name);
   if (!v) return fallback;
   if (!v->is_number())
-    throw ClientError(400, fmt::format("'{}' must be a number, got {}", name, v->dump()), name);
+    throw ClientError(400, fmt::format("'{}' must be a number, got {}", name, describe(*v)), name);
   const double x = v->get<double>();
   if (!(x >= lo && x <= hi))
     throw ClientError(400, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, x), name);
@@ -71,7 +73,7 @@ int64_t integer(const json& body, const char* name, int64_t fallback, int64_t lo
   const json* v = field(body, name);
   if (!v) return fallback;
   if (!v->is_number_integer())
-    throw ClientError(400, fmt::format("'{}' must be an integer, got {}", name, v->dump()), name);
+    throw ClientError(400, fmt::format("'{}' must be an integer, got {}", name, describe(*v)), name);
   const int64_t x = v->get<int64_t>();
   if (x < lo || x > hi) throw ClientError(400, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, x), name);
   return x;
@@ -80,7 +82,7 @@ int64_t integer(const json& body, const char* name, int64_t fallback, int64_t lo
 bool boolean(const json& body, const char* name, bool fallback) {
   const json* v = field(body, name);
   if (!v) return fallback;
-  if (!v->is_boolean()) throw ClientError(400, fmt::format("'{}' must be true or false, got {}", name, v->dump()), name);
+  if (!v->is_boolean()) throw ClientError(400, fmt::format("'{}' must be true or false, got {}", name, describe(*v)), name);
   return v->get<bool>();
 }
 
@@ -99,23 +101,18 @@ struct Parsed {
   bool max_tokens_given = false;
 };
 
-constexpr int kMaxJsonDepth = 64;  // real requests nest 5 deep; deeper ones only cost stack
-
+// Outside JSON as every loader reads it (pipelines/json_input): nesting past 64 is refused while
+// parsing, and invalid UTF-8 is refused; a repeated key keeps the last, as OpenAI's server does.
 json parse_body(const std::string& text, const std::string& model_name) {
   json body;
   try {
-    // Refused while parsing, before a deep value exists (printing one recurses per level).
-    body = json::parse(text, [](int depth, json::parse_event_t event, json&) {
-      if (depth >= kMaxJsonDepth && (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start))
-        throw ClientError(400, fmt::format("the body nests deeper than {} levels", kMaxJsonDepth));
-      return true;
-    });  // also refuses invalid UTF-8
-  } catch (const json::exception& e) {
-    throw ClientError(400, fmt::format("the body is not valid JSON: {}", e.what()));
+    body = pipelines::json_input::parse_ordered(text, "the body", {.max_depth = 64, .reject_duplicate_keys = false});
+  } catch (const LoadError& e) {
+    throw ClientError(400, e.what());
   }
   if (!body.is_object()) throw ClientError(400, "the body must be a JSON object");
   if (const json* m = field(body, "model"); m && (!m->is_string() || m->get<std::string>() != model_name))
-    throw ClientError(404, fmt::format("model {} does not exist; this server serves '{}'", m->dump(), model_name),
+    throw ClientError(404, fmt::format("model {} does not exist; this server serves '{}'", describe(*m), model_name),
                       "model", "not_found_error");
   return body;
 }
@@ -140,7 +137,7 @@ void parse_common(const json& body, Parsed& p) {
   s.repetition_penalty = number(body, "repetition_penalty", 1.0, 1e-6, 1e6);
   s.ignore_eos = boolean(body, "ignore_eos", false);
   if (const json* seed = field(body, "seed")) {
-    if (!seed->is_number_integer()) throw ClientError(400, fmt::format("'seed' must be an integer, got {}", seed->dump()), "seed");
+    if (!seed->is_number_integer()) throw ClientError(400, fmt::format("'seed' must be an integer, got {}", describe(*seed)), "seed");
     s.seed = static_cast<uint64_t>(seed->get<int64_t>());
   } else {
     s.seed = std::nullopt;  // OpenAI: unseeded requests differ
@@ -186,7 +183,7 @@ Parsed parse_completion(const std::string& text, const std::string& model_name, 
                         "prompt");
     for (const json& id : *prompt) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
-        throw ClientError(400, fmt::format("'prompt' token ids must be integers in [0, {}), got {}", vocab, id.dump()),
+        throw ClientError(400, fmt::format("'prompt' token ids must be integers in [0, {}), got {}", vocab, describe(id)),
                           "prompt");
       p.request.prompt_ids.push_back(id.get<int64_t>());
     }
@@ -567,10 +564,8 @@ struct Server::Impl {
         flight->streams.push_back(std::make_shared<pipelines::RequestStream>(engine->stream(std::move(one))));
         in_flight.insert(flight->streams.back()->id());
       }
-    } catch (const ValueError& e) {  // the engine's own checks (prompt length, top_k cap, ...)
-      const std::string message = e.what();
-      const bool prompt_fault = message.find("prompt") != std::string::npos;
-      throw ClientError(400, message, prompt_fault ? (p.api == Api::chat ? "messages" : "prompt") : "");
+    } catch (const ValueError& e) {  // the engine's own checks (fit_context took the prompt's)
+      throw ClientError(400, e.what());
     }
     return flight;
   }

@@ -20,6 +20,7 @@
 
 #include "kiln/pipelines/text_generation.h"
 #include "kiln/serve/server.h"
+#include "test_util.h"
 
 #include <fmt/format.h>
 
@@ -36,11 +37,38 @@ std::filesystem::path chatml() {
   return std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "chat" / "chatml.jinja";
 }
 
-// What tests/data/chat/chatml.jinja renders, written out by hand.
-std::string chatml_prompt(const std::vector<std::pair<std::string, std::string>>& messages) {
-  std::string out;
-  for (const auto& [role, content] : messages) out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
-  return out + "<|im_start|>assistant\n";
+// Opens a streaming completion on a raw socket and reads until its first event, leaving it open.
+int open_stream(int port, const json& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return close(fd), -1;
+  const std::string text = body.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
+  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) return close(fd), -1;
+  std::string received;
+  char buffer[4096];
+  while (received.find("data: ") == std::string::npos) {
+    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) return close(fd), -1;
+    received.append(buffer, static_cast<size_t>(n));
+  }
+  return fd;
+}
+
+// Reads what is left of a stream until the server closes it or [DONE] comes.
+std::string read_rest(int fd) {
+  std::string received;
+  char buffer[4096];
+  ssize_t n;
+  while (received.find("data: [DONE]") == std::string::npos && (n = recv(fd, buffer, sizeof buffer, 0)) > 0)
+    received.append(buffer, static_cast<size_t>(n));
+  close(fd);
+  return received;
 }
 
 // One engine and server for the whole suite (loading and compiling once).
@@ -269,26 +297,9 @@ TEST_F(Served, BadRequestsAre400sNamingTheField) {
 // server answers the next client.
 TEST_F(Served, ADisconnectedStreamIsCancelledAndTheServerKeepsServing) {
   {
-    // A raw socket: send the request, read the first events, hang up.
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    const std::string body = json{{"prompt", "Long"}, {"max_tokens", 200}, {"ignore_eos", true}, {"stream", true}}.dump();
-    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-    ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
-    std::string received;
-    char buffer[4096];
-    while (std::count(received.begin(), received.end(), '\n') < 12) {  // a few events in
-      const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
-      ASSERT_GT(n, 0) << received;
-      received.append(buffer, static_cast<size_t>(n));
-    }
-    EXPECT_NE(received.find("data: "), std::string::npos) << received;
+    // A raw socket: send the request, read the first event, hang up.
+    const int fd = open_stream(port_, {{"prompt", "Long"}, {"max_tokens", 200}, {"ignore_eos", true}, {"stream", true}});
+    ASSERT_GE(fd, 0) << "no event came before the hang-up";
     close(fd);
   }
   for (int i = 0; i < 200 && engine_->stats().running > 0; ++i)
@@ -362,7 +373,7 @@ TEST_F(Served, MetricsCountResponsesTokensAndTimings) {
 // Chat: the messages rendered by the template (here ChatML, its rendering written out by hand), then
 // encoded without added special tokens, generate what the engine generates for those ids.
 TEST_F(Served, ChatEqualsTheEnginesOutputForTheRenderedPrompt) {
-  const std::string prompt = chatml_prompt({{"system", "Be brief."}, {"user", "Tell me a fortune."}});
+  const std::string prompt = kiln::testing::chatml_prompt({{"system", "Be brief."}, {"user", "Tell me a fortune."}});
   pipelines::GenerationRequest direct;
   direct.prompt_ids = engine_->tokenizer()->encode(prompt, false);
   direct.sampling.temperature = 0;
@@ -466,40 +477,6 @@ TEST(Server, ChatWithoutATemplateIsRefusedNamingTheFix) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 400);
   EXPECT_NE(res->body.find("--chat-template"), std::string::npos) << res->body;
-}
-
-// Opens a streaming completion on a raw socket and reads until its first event, leaving it open.
-int open_stream(int port, const json& body) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return close(fd), -1;
-  const std::string text = body.dump();
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                              "Content-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
-  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) return close(fd), -1;
-  std::string received;
-  char buffer[4096];
-  while (received.find("data: ") == std::string::npos) {
-    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
-    if (n <= 0) return close(fd), -1;
-    received.append(buffer, static_cast<size_t>(n));
-  }
-  return fd;
-}
-
-// Reads what is left of a stream until the server closes it or [DONE] comes.
-std::string read_rest(int fd) {
-  std::string received;
-  char buffer[4096];
-  ssize_t n;
-  while (received.find("data: [DONE]") == std::string::npos && (n = recv(fd, buffer, sizeof buffer, 0)) > 0)
-    received.append(buffer, static_cast<size_t>(n));
-  close(fd);
-  return received;
 }
 
 // Long requests: stories15M's shape with random weights (and a longer context: RoPE takes any

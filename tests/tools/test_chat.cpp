@@ -7,17 +7,12 @@
 #include <sstream>
 
 #include "../../tools/kiln/chat.h"
+#include "test_util.h"
 
 namespace kiln::chat {
 namespace {
 
 std::filesystem::path source_dir() { return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path(); }
-
-std::string chatml(const std::vector<std::pair<std::string, std::string>>& messages) {
-  std::string out;
-  for (const auto& [role, content] : messages) out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
-  return out + "<|im_start|>assistant\n";
-}
 
 class Chat : public ::testing::Test {
  protected:
@@ -29,7 +24,7 @@ class Chat : public ::testing::Test {
 
   std::string expected_reply(const std::vector<std::pair<std::string, std::string>>& messages) {
     pipelines::GenerationRequest r;
-    r.prompt_ids = engine_->tokenizer()->encode(chatml(messages), false);
+    r.prompt_ids = engine_->tokenizer()->encode(kiln::testing::chatml_prompt(messages), false);
     r.sampling = options().sampling;
     return engine_->generate(std::move(r)).text;
   }

@@ -308,8 +308,8 @@ int serve_command(const ServeArgs& args) {
   LoadProgress progress;
   options.on_stage = [&](std::string_view stage, int index, int total) { progress.stage(stage, index, total); };
   std::shared_ptr<pipelines::GenerationEngine> engine;
-  const bool named_shape = pipelines::named_config(args.model).has_value();
-  if (auto config = pipelines::named_config(args.model)) {
+  const std::optional<nn::LlamaConfig> config = pipelines::named_config(args.model);
+  if (config) {
     std::shared_ptr<const pipelines::Tokenizer> tokenizer;
     if (!args.tokenizer.empty()) tokenizer = pipelines::Tokenizer::load(args.tokenizer);
     progress.stage("random weights", 0, 2);
@@ -328,7 +328,7 @@ int serve_command(const ServeArgs& args) {
   server_options.max_concurrency = args.max_concurrency;
   server_options.max_queue = args.max_queue;
   server_options.chat_template =
-      load_chat_template(args.chat_template, named_shape ? args.tokenizer : args.model, engine->tokenizer());
+      load_chat_template(args.chat_template, config ? args.tokenizer : args.model, engine->tokenizer());
   serve::Server server(engine, server_options);
   const int port = server.start();
   std::fprintf(stderr,

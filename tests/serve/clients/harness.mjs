@@ -131,26 +131,35 @@ export async function sse(url, body, { signal, headers = {} } = {}) {
     out.body = await res.text();
     return out;
   }
+  const tail = {};
+  for await (const event of sseEvents(res.body, tail)) {
+    for (const line of event.split('\n')) {
+      if (!line.startsWith('data: ')) continue;
+      const data = line.slice(6);
+      if (out.done) out.afterDone = true;
+      out.raw.push(data);
+      if (data === '[DONE]') out.done = true;
+      else out.events.push(JSON.parse(data));
+    }
+  }
+  out.trailing = tail.rest;
+  return out;
+}
+
+// The events of a server-sent-event body as they arrive: each block before a blank line. What is
+// left after the last one (nothing, from a well-formed stream) ends up in `tail.rest`.
+export async function* sseEvents(body, tail = {}) {
   const decoder = new TextDecoder();
   let buffer = '';
-  for await (const bytes of res.body) {
+  for await (const bytes of body) {
     buffer += decoder.decode(bytes, { stream: true });
     let end;
     while ((end = buffer.indexOf('\n\n')) >= 0) {
-      const event = buffer.slice(0, end);
+      yield buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
-      for (const line of event.split('\n')) {
-        if (!line.startsWith('data: ')) continue;
-        const data = line.slice(6);
-        if (out.done) out.afterDone = true;
-        out.raw.push(data);
-        if (data === '[DONE]') out.done = true;
-        else out.events.push(JSON.parse(data));
-      }
     }
   }
-  out.trailing = buffer;
-  return out;
+  tail.rest = buffer;
 }
 
 // The Prometheus text of /metrics as { 'name{labels}': value }.

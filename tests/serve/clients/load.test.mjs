@@ -6,7 +6,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { metrics, modelName, startServer } from './harness.mjs';
+import { metrics, modelName, sseEvents, startServer } from './harness.mjs';
 
 const seconds = Number(process.env.KILN_LOAD_SECONDS ?? 30);
 const clients = Number(process.env.KILN_LOAD_CLIENTS ?? 64);
@@ -51,36 +51,28 @@ async function oneRequest(body, abortAfter) {
   let chunks = 0;
   let done = false;
   let usage = null;
-  let buffer = '';
   let aborted = false;
-  const decoder = new TextDecoder();
   try {
-    for await (const bytes of res.body) {
-      buffer += decoder.decode(bytes, { stream: true });
-      let end;
-      while ((end = buffer.indexOf('\n\n')) >= 0) {
-        const event = buffer.slice(0, end);
-        buffer = buffer.slice(end + 2);
-        if (!event.startsWith('data: ')) return { error: `not an SSE data line: ${JSON.stringify(event)}` };
-        const data = event.slice(6);
-        if (done) return { error: `data after [DONE]: ${data}` };
-        if (data === '[DONE]') {
-          done = true;
-          continue;
-        }
-        const chunk = JSON.parse(data);
-        if (chunk.error) return { error: `error event: ${data}` };
-        if (chunk.usage) usage = chunk.usage;
-        for (const c of chunk.choices) {
-          if (c.index < 0 || c.index >= n) return { error: `choice index ${c.index} of n ${n}` };
-          if (finished[c.index]) return { error: `choice ${c.index} continued after its finish` };
-          if (c.finish_reason) finished[c.index] = c.finish_reason;
-        }
-        if (++chunks === abortAfter) {
-          aborted = true;
-          controller.abort();  // the client hangs up mid-stream: the server must cancel the request
-          return { aborted: true };
-        }
+    for await (const event of sseEvents(res.body)) {
+      if (!event.startsWith('data: ')) return { error: `not an SSE data line: ${JSON.stringify(event)}` };
+      const data = event.slice(6);
+      if (done) return { error: `data after [DONE]: ${data}` };
+      if (data === '[DONE]') {
+        done = true;
+        continue;
+      }
+      const chunk = JSON.parse(data);
+      if (chunk.error) return { error: `error event: ${data}` };
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        if (c.index < 0 || c.index >= n) return { error: `choice index ${c.index} of n ${n}` };
+        if (finished[c.index]) return { error: `choice ${c.index} continued after its finish` };
+        if (c.finish_reason) finished[c.index] = c.finish_reason;
+      }
+      if (++chunks === abortAfter) {
+        aborted = true;
+        controller.abort();  // the client hangs up mid-stream: the server must cancel the request
+        return { aborted: true };
       }
     }
   } catch (e) {
