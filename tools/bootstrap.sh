@@ -9,7 +9,7 @@ preset="${1:-default}"
 packages=(build-essential cmake ninja-build pkg-config
           libgtest-dev libgmock-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev libfmt-dev
           libcli11-dev libhwy-dev libdnnl-dev libsentencepiece-dev libopenmpi-dev openmpi-bin
-          libcpp-httplib-dev
+          libcpp-httplib-dev libpcre2-dev libutf8proc-dev
           curl             # the server's client tests (tests/serve/clients) drive it with curl too
           python3-jinja2)  # test oracle: the Jinja that transformers renders chat templates with
 # node and npm for the tests' data and clients (tools/test-deps); Debian's unless a node is there.

@@ -1,17 +1,23 @@
-// Hugging Face tokenizer.json, model type BPE. The text flows: added tokens are cut out of the raw
-// text -> each remaining segment is normalized -> pre-tokenized into words -> each word is BPE-merged
-// -> the post-processor adds BOS/EOS. Decoding runs each token through the decoder steps.
+// Hugging Face tokenizer.json, model type BPE, read as the tokenizers library runs it. Encoding:
+// added tokens are cut out of the raw text (one pass over it through a trie) -> each remaining section
+// is normalized -> pre-tokenized into words -> each word is BPE-merged (through a cache of recent
+// words) -> the post-processor adds BOS/EOS. Decoding runs the token strings through the decoder
+// chain, then transformers' clean-up of spaces when tokenizer_config.json asks for it.
 #include <fmt/format.h>
+#include <utf8proc.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "kiln/errors.h"
 #include "pipelines/json_input.h"
+#include "pipelines/regex.h"
 #include "pipelines/tokenizer_formats.h"
 #include "pipelines/tokenizer_unicode.h"
 
@@ -19,112 +25,12 @@ namespace kiln::pipelines::detail {
 
 using nlohmann::json;
 
-// ==== Splitting regexes, matched by hand ============================================================
-
-namespace {
-
-// The text as code points, with the byte offset of each (offsets has one extra entry: the end).
-struct CodePoints {
-  std::vector<char32_t> cp;
-  std::vector<size_t> offset;
-
-  explicit CodePoints(std::string_view text) {
-    for (size_t i = 0; i < text.size();) {
-      const Utf8Char c = decode_utf8(text, i);
-      cp.push_back(c.cp);
-      offset.push_back(i);
-      i += c.len;
-    }
-    offset.push_back(text.size());
-  }
-  size_t size() const { return cp.size(); }
-};
-
-bool is_other(char32_t c) { return !is_whitespace(c) && !is_letter(c) && !is_number(c); }
-bool is_newline(char32_t c) { return c == '\r' || c == '\n'; }
-char32_t ascii_lower(char32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
-
-template <class Pred>
-size_t run_length(const CodePoints& t, size_t i, Pred pred) {
-  size_t j = i;
-  while (j < t.size() && pred(t.cp[j])) ++j;
-  return j - i;
-}
-
-// 's|'t|'re|'ve|'m|'ll|'d, optionally case-insensitive; the match length or 0.
-size_t contraction_at(const CodePoints& t, size_t i, bool ignore_case) {
-  if (t.cp[i] != '\'' || i + 1 >= t.size()) return 0;
-  const auto at = [&](size_t k) { return ignore_case ? ascii_lower(t.cp[k]) : t.cp[k]; };
-  const char32_t a = at(i + 1);
-  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
-  if (i + 2 >= t.size()) return 0;
-  const char32_t b = at(i + 2);
-  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
-  return 0;
-}
-
-// \s+(?!\S)|\s+ at a whitespace character: a run followed by a non-space leaves its last character
-// to start the next piece (so " word" stays together), unless the run is that one character.
-size_t trailing_whitespace_at(const CodePoints& t, size_t i) {
-  const size_t run = run_length(t, i, is_whitespace);
-  if (i + run == t.size() || run == 1) return run;
-  return run - 1;
-}
-
-size_t gpt2_match(const CodePoints& t, size_t i) {
-  if (size_t n = contraction_at(t, i, false)) return n;
-  const bool space_first = t.cp[i] == ' ' && i + 1 < t.size();
-  for (auto cls : {is_letter, is_number, is_other}) {  // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`
-    if (cls(t.cp[i])) return run_length(t, i, cls);
-    if (space_first && cls(t.cp[i + 1])) return 1 + run_length(t, i + 1, cls);
-  }
-  return trailing_whitespace_at(t, i);
-}
-
-size_t llama3_match(const CodePoints& t, size_t i, size_t max_digits) {
-  if (size_t n = contraction_at(t, i, true)) return n;
-  const char32_t c = t.cp[i];
-  // [^\r\n\p{L}\p{N}]?\p{L}+
-  if (is_letter(c)) return run_length(t, i, is_letter);
-  if (!is_newline(c) && !is_number(c) && i + 1 < t.size() && is_letter(t.cp[i + 1]))
-    return 1 + run_length(t, i + 1, is_letter);
-  // \p{N}{1,max_digits}
-  if (is_number(c)) return std::min(run_length(t, i, is_number), max_digits);
-  // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-  size_t j = i;
-  if (c == ' ' && i + 1 < t.size() && is_other(t.cp[i + 1])) ++j;
-  if (is_other(t.cp[j])) {
-    j += run_length(t, j, is_other);
-    return j + run_length(t, j, is_newline) - i;
-  }
-  // \s*[\r\n]+ : the whitespace run up to and including its last newline
-  const size_t run = run_length(t, i, is_whitespace);
-  for (size_t k = run; k > 0; --k)
-    if (is_newline(t.cp[i + k - 1])) return k;
-  return trailing_whitespace_at(t, i);
-}
-
-}  // namespace
-
-std::vector<std::string_view> split_by_pattern(std::string_view text, SplitPattern pattern) {
-  const CodePoints t(text);
-  std::vector<std::string_view> pieces;
-  for (size_t i = 0; i < t.size();) {
-    size_t n = pattern == SplitPattern::Gpt2     ? gpt2_match(t, i)
-               : pattern == SplitPattern::Llama3 ? llama3_match(t, i, 3)
-                                                 : llama3_match(t, i, 1);
-    pieces.push_back(text.substr(t.offset[i], t.offset[i + n] - t.offset[i]));
-    i += n;
-  }
-  return pieces;
-}
-
-// ==== The tokenizer ==================================================================================
-
 namespace {
 
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // '▁'
 constexpr int64_t kMaxTokenId = int64_t{1} << 24;        // far above any real vocabulary; bounds the id table
+// The Split regex of ByteLevel with use_regex (GPT-2's).
+constexpr std::string_view kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // GPT-2's byte-level alphabet: every byte maps to a printable character, so BPE never sees spaces or
 // control bytes. Printable Latin-1 bytes map to themselves, the rest to U+0100 upwards, in order.
@@ -151,14 +57,13 @@ const ByteLevelAlphabet& byte_level_alphabet() {
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
   if (from.empty()) return std::string(s);
   std::string out;
-  for (size_t i = 0; i < s.size();) {
-    if (s.compare(i, from.size(), from) == 0) {
-      out += to;
-      i += from.size();
-    } else {
-      out += s[i++];
-    }
+  size_t i = 0;
+  for (size_t hit = s.find(from); hit != std::string_view::npos; hit = s.find(from, i)) {
+    out.append(s, i, hit - i);
+    out += to;
+    i = hit + from.size();
   }
+  out.append(s, i);
   return out;
 }
 
@@ -169,42 +74,185 @@ std::optional<uint8_t> byte_token_value(std::string_view token) {
   if (token.size() != 6 || !starts_with(token, "<0x") || token[5] != '>') return std::nullopt;
   int value = 0;
   for (char c : token.substr(3, 2)) {
-    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    const int digit = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                             : -1;
     if (digit < 0) return std::nullopt;
     value = value * 16 + digit;
   }
   return static_cast<uint8_t>(value);
 }
 
+// Text with each invalid UTF-8 subpart as U+FFFD, without a copy when it is valid already (it nearly
+// always is): the regex engine and the normalizers need valid UTF-8.
+std::string_view valid_utf8(std::string_view text, std::string& storage) {
+  for (size_t i = 0; i < text.size();) {
+    if (static_cast<uint8_t>(text[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const Utf8Char c = decode_utf8(text, i);
+    if (!c.valid) {
+      storage = to_valid_utf8(text);
+      return storage;
+    }
+    i += c.len;
+  }
+  return text;
+}
+
+// Rust's char::is_whitespace, as str::trim uses it.
+size_t leading_whitespace(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const Utf8Char c = decode_utf8(s, i);
+    if (!is_whitespace(c.cp)) break;
+    i += c.len;
+  }
+  return i;
+}
+size_t trailing_whitespace(std::string_view s) {
+  size_t end = s.size();
+  while (end > 0) {
+    size_t start = end - 1;
+    while (start > 0 && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
+    if (!is_whitespace(decode_utf8(s, start).cp)) break;
+    end = start;
+  }
+  return s.size() - end;
+}
+
+// Applies utf8proc's options (a normal form, or lower-casing) to valid UTF-8.
+std::string utf8proc_transform(std::string_view text, utf8proc_option_t options) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          static_cast<utf8proc_ssize_t>(text.size()), &out, options);
+  if (n < 0) throw Error(fmt::format("tokenizer: normalization failed: {}", utf8proc_errmsg(n)));
+  std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return result;
+}
+
+std::string map_code_points(std::string_view text, char32_t (*f)(char32_t)) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const Utf8Char c = decode_utf8(text, i);
+    append_utf8(out, f(c.cp));
+    i += c.len;
+  }
+  return out;
+}
+
 enum class PrependScheme { Always, First, Never };
+// Split's SplitDelimiterBehavior.
+enum class Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
+
+// A pattern of a Split, Replace or Punctuation step: a literal string, a regex, or a character class.
+struct Pattern {
+  std::string literal;
+  std::shared_ptr<const Regex> regex;
+  bool (*char_class)(char32_t) = nullptr;
+
+  // Match spans covering `text` in order: (begin, end, is_match).
+  void find(std::string_view text, std::vector<std::pair<size_t, size_t>>& matches) const {
+    if (regex) return regex->find_all(text, matches);
+    if (char_class) {
+      for (size_t i = 0; i < text.size();) {
+        const Utf8Char c = decode_utf8(text, i);
+        if (char_class(c.cp)) matches.emplace_back(i, i + c.len);
+        i += c.len;
+      }
+      return;
+    }
+    if (literal.empty()) return;
+    for (size_t hit = text.find(literal); hit != std::string_view::npos; hit = text.find(literal, hit + literal.size()))
+      matches.emplace_back(hit, hit + literal.size());
+  }
+};
 
 struct NormalizerStep {
-  enum Kind { Prepend, Replace } kind;
-  std::string text, replacement;  // Prepend: text; Replace: text -> replacement
+  enum Kind { Prepend, Replace, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents } kind;
+  std::string text;  // Prepend: what; Replace: the content
+  Pattern pattern;   // Replace
+  bool left = false, right = false;  // Strip
 };
 
 struct PreTokenizerStep {
-  enum Kind { Split, Digits, ByteLevel, Metaspace } kind;
-  SplitPattern pattern = SplitPattern::Gpt2;  // Split, and ByteLevel with use_regex
-  bool individual_digits = false;             // Digits
-  bool add_prefix_space = false;              // ByteLevel
-  bool use_regex = true;                      // ByteLevel
-  std::string replacement;                    // Metaspace
+  enum Kind { Split, Digits, ByteLevel, Metaspace, WhitespaceSplit } kind;
+  Pattern pattern;  // Split (and the regexes of ByteLevel, Whitespace and Punctuation, which are Splits)
+  Behavior behavior = Behavior::Isolated;
+  bool invert = false;
+  bool add_prefix_space = false;  // ByteLevel
+  bool use_regex = true;          // ByteLevel
+  std::string replacement;        // Metaspace
   PrependScheme prepend = PrependScheme::Always;
-  bool split = true;
+  bool split = true;  // Metaspace
 };
 
 struct DecoderStep {
-  enum Kind { Replace, ByteFallback, ByteLevel, Metaspace, Strip } kind;
-  std::string from, to;                           // Replace; Metaspace: from = replacement
+  enum Kind { Replace, ByteFallback, Fuse, ByteLevel, Metaspace, Strip, BpeSuffix } kind;
+  Pattern pattern;                                // Replace
+  std::string text;                               // Replace: content; Metaspace: replacement; Strip: content; BpeSuffix
   PrependScheme prepend = PrependScheme::Always;  // Metaspace
-  size_t strip_start = 0, strip_stop = 0;         // Strip: characters `from` to cut off the ends
+  size_t strip_start = 0, strip_stop = 0;         // Strip
 };
 
 struct AddedToken {
   std::string content;
   int64_t id;
-  bool special, lstrip, rstrip, single_word;
+  bool special, lstrip, rstrip, single_word, normalized;
+};
+
+// The added tokens' spellings, for the leftmost-longest match at each position of a text (what the
+// tokenizers library gets from Aho-Corasick): one trie walk per position, and a table of the bytes
+// that can begin a token so most positions cost one lookup.
+class AddedTokenTrie {
+ public:
+  void insert(std::string_view content, int index) {
+    int node = 0;
+    for (char ch : content) {
+      const auto b = static_cast<uint8_t>(ch);
+      const uint64_t key = edge_key(node, b);
+      auto it = edges_.find(key);
+      if (it == edges_.end()) {
+        it = edges_.emplace(key, static_cast<int>(token_at_.size())).first;
+        token_at_.push_back(-1);
+      }
+      node = it->second;
+    }
+    token_at_[node] = index;
+    first_byte_[static_cast<uint8_t>(content[0])] = true;
+  }
+  bool empty() const { return token_at_.size() == 1; }
+
+  // The first position >= from where a token starts, and the longest token there: (position, index), or
+  // index -1 when none starts in text[from..].
+  std::pair<size_t, int> find(std::string_view text, size_t from) const {
+    for (size_t i = from; i < text.size(); ++i) {
+      if (!first_byte_[static_cast<uint8_t>(text[i])]) continue;
+      if (const int t = longest_at(text, i); t >= 0) return {i, t};
+    }
+    return {text.size(), -1};
+  }
+
+ private:
+  static uint64_t edge_key(int node, uint8_t b) { return (static_cast<uint64_t>(node) << 8) | b; }
+  int longest_at(std::string_view text, size_t i) const {
+    int node = 0, best = -1;
+    for (size_t k = i; k < text.size(); ++k) {
+      const auto it = edges_.find(edge_key(node, static_cast<uint8_t>(text[k])));
+      if (it == edges_.end()) break;
+      node = it->second;
+      if (token_at_[node] >= 0) best = token_at_[node];
+    }
+    return best;
+  }
+
+  std::unordered_map<uint64_t, int> edges_;  // (node, byte) -> child node
+  std::vector<int> token_at_{-1};            // node -> index of the token ending there, or -1
+  std::array<bool, 256> first_byte_{};
 };
 
 // Reads one JSON field with a message naming the file and the field when it is missing or mistyped.
@@ -249,7 +297,8 @@ class JsonReader {
 
 class HfBpeTokenizer final : public Tokenizer {
  public:
-  HfBpeTokenizer(const json& root, const JsonReader& in) : file_(in.file()) {
+  HfBpeTokenizer(const json& root, const JsonReader& in, const TokenizerConfig& config)
+      : file_(in.file()), clean_up_spaces_(config.clean_up_tokenization_spaces) {
     const json& model = in.field(root, "model", "the file");
     const std::string type = in.optional<std::string>(model, "type", "BPE");
     if (type != "BPE")
@@ -260,26 +309,30 @@ class HfBpeTokenizer final : public Tokenizer {
     load_pre_tokenizer(root.value("pre_tokenizer", json()), in);
     load_post_processor(root.value("post_processor", json()), in);
     load_decoder(root.value("decoder", json()), in);
-    find_bos_eos();
+    apply_config(config, in);
+    build_added_token_tries();
   }
 
   // ---- encode --------------------------------------------------------------------------------------
 
-  std::vector<int64_t> encode(std::string_view text, bool add_special_tokens) const override {
+  std::vector<int64_t> encode(std::string_view raw_text, bool add_special_tokens) const override {
+    std::string storage;
+    const std::string_view text = valid_utf8(raw_text, storage);
     std::vector<int64_t> ids;
     if (add_special_tokens) ids = prefix_ids_;
-    size_t segment_start = 0;
-    for (size_t i = 0; i < text.size();) {
-      const auto match = added_token_at(text, i, segment_start);
-      if (!match) {
-        ++i;
-        continue;
-      }
-      encode_segment(text.substr(segment_start, match->start - segment_start), segment_start == 0, ids);
-      ids.push_back(match->token->id);
-      i = segment_start = match->end;
-    }
-    encode_segment(text.substr(segment_start), segment_start == 0, ids);
+    // Sections between the raw-text added tokens, each normalized, then split again on the added
+    // tokens that match normalized text. Only the section at the start of the text is "first"
+    // (Metaspace's prepend_scheme).
+    split_on_added(text, raw_trie_, [&](std::string_view section, const AddedToken* token) {
+      if (token) return ids.push_back(token->id);
+      const bool first = section.data() == text.data();
+      if (normalizer_.empty()) return encode_section(section, first, ids);
+      const std::string normalized = normalize(section);
+      split_on_added(normalized, normalized_trie_, [&](std::string_view piece, const AddedToken* t) {
+        if (t) return ids.push_back(t->id);
+        encode_section(piece, first && piece.data() == normalized.data(), ids);
+      });
+    });
     if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
     return ids;
   }
@@ -287,32 +340,37 @@ class HfBpeTokenizer final : public Tokenizer {
   // ---- decode --------------------------------------------------------------------------------------
 
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const override {
-    std::string bytes;
-    bool first = true;
+    std::vector<std::string> tokens;
+    tokens.reserve(ids.size());
     for (int64_t id : ids) {
-      const std::string& token = token_of(id, "decode");
+      if (id < 0) throw ValueError(fmt::format("tokenizer '{}': decode: token id {} is negative", file_, id));
+      // The tokenizers library skips ids it has no token for, as transformers' decode does.
+      if (id >= vocab_size() || id_to_token_[id].empty()) continue;
       if (skip_special_tokens && is_special(id)) continue;
-      bytes += decode_token(token, first);
-      first = false;
+      tokens.push_back(id_to_token_[id]);
     }
-    std::string text = to_valid_utf8(bytes);
-    for (const DecoderStep& step : decoder_)
-      if (step.kind == DecoderStep::Strip) text = strip(text, step);
-    return text;
+    std::string text;
+    if (decoder_.empty()) {
+      for (size_t i = 0; i < tokens.size(); ++i) text += (i ? " " : "") + tokens[i];
+    } else {
+      for (const DecoderStep& step : decoder_) decode_step(step, tokens);
+      for (const std::string& t : tokens) text += t;
+    }
+    text = to_valid_utf8(text);
+    return clean_up_spaces_ ? clean_up_tokenization(text) : text;
   }
 
   std::string token_bytes(int64_t id) const override {
     const std::string& token = token_of(id, "token_bytes");
     if (is_special(id)) return "";
-    return decode_token(token, false);
+    return raw_token_bytes(token);
   }
 
   int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
   std::optional<int64_t> bos_id() const override { return bos_id_; }
   std::optional<int64_t> eos_id() const override { return eos_id_; }
   std::optional<int64_t> token_to_id(std::string_view token) const override {
-    for (const AddedToken& t : added_)
-      if (t.content == token) return t.id;
+    if (const auto it = added_ids_.find(std::string(token)); it != added_ids_.end()) return it->second;
     const auto it = vocab_.find(std::string(token));
     if (it == vocab_.end()) return std::nullopt;
     return it->second;
@@ -328,10 +386,12 @@ class HfBpeTokenizer final : public Tokenizer {
   }
 
   void load_model(const json& model, const JsonReader& in) {
-    const std::string prefix = in.optional<std::string>(model, "continuing_subword_prefix", "");
-    const std::string suffix = in.optional<std::string>(model, "end_of_word_suffix", "");
-    if (!prefix.empty() || !suffix.empty())
-      in.fail("BPE continuing_subword_prefix / end_of_word_suffix are not supported");
+    prefix_ = in.optional<std::string>(model, "continuing_subword_prefix", "");
+    suffix_ = in.optional<std::string>(model, "end_of_word_suffix", "");
+    if (const json* dropout = model.contains("dropout") ? &model.at("dropout") : nullptr;
+        dropout && !dropout->is_null() && !(dropout->is_number() && dropout->get<double>() == 0.0))
+      in.fail(fmt::format("BPE dropout {} is not supported (it makes encoding random)",
+                          json_input::describe(*dropout)));
     const json& vocab = in.field(model, "vocab", "model");
     if (!vocab.is_object()) in.fail(fmt::format("model.vocab is {}, expected an object", vocab.type_name()));
     for (const auto& [token, id] : vocab.items()) {
@@ -347,6 +407,9 @@ class HfBpeTokenizer final : public Tokenizer {
       if (it == vocab_.end()) in.fail(fmt::format("unk_token '{}' is not in the vocabulary", unk));
       unk_id_ = it->second;
     }
+    if (byte_fallback_)
+      for (int b = 0; b < 256; ++b)
+        if (const auto it = vocab_.find(fmt::format("<0x{:02X}>", b)); it != vocab_.end()) byte_ids_[b] = it->second;
 
     const json& merges = in.field(model, "merges", "model");
     if (!merges.is_array()) in.fail(fmt::format("model.merges is {}, expected a list", merges.type_name()));
@@ -365,20 +428,28 @@ class HfBpeTokenizer final : public Tokenizer {
         in.fail(
             fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, json_input::describe(m)));
       }
-      const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
+      // The merged token drops b's continuing-subword prefix ("##").
+      const std::string merged = a + (starts_with(b, prefix_) ? b.substr(prefix_.size()) : b);
+      const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(merged);
       if (ia == vocab_.end() || ib == vocab_.end() || iab == vocab_.end())
         in.fail(fmt::format("merge {} ('{}' '{}'): '{}' is not in the vocabulary", rank, a, b,
                             ia == vocab_.end()   ? a
                             : ib == vocab_.end() ? b
-                                                 : a + b));
+                                                 : merged));
       merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int64_t>(rank), iab->second});
     }
+  }
+
+  void add_token(AddedToken token) {
+    set_token(token.id, token.content);
+    if (token.special) special_ids_.insert(token.id);
+    if (added_ids_.emplace(token.content, token.id).second) added_.push_back(std::move(token));
   }
 
   void load_added_tokens(const json& list, const JsonReader& in) {
     if (!list.is_array()) in.fail(fmt::format("added_tokens is {}, expected a list", list.type_name()));
     for (const json& t : list) {
-      AddedToken token{in.string(t, "content", "an added token"), 0, false, false, false, false};
+      AddedToken token{in.string(t, "content", "an added token"), 0, false, false, false, false, false};
       token.id =
           in.token_id(in.field(t, "id", "an added token"), fmt::format("added token '{}'", token.content));
       if (token.content.empty()) in.fail(fmt::format("added token {} has empty content", token.id));
@@ -386,85 +457,120 @@ class HfBpeTokenizer final : public Tokenizer {
       token.lstrip = in.optional<bool>(t, "lstrip", false);
       token.rstrip = in.optional<bool>(t, "rstrip", false);
       token.single_word = in.optional<bool>(t, "single_word", false);
-      set_token(token.id, token.content);
-      if (token.special) special_ids_.insert(token.id);
-      added_.push_back(std::move(token));
+      token.normalized = in.optional<bool>(t, "normalized", !token.special);
+      add_token(std::move(token));
     }
+  }
+
+  Pattern pattern_of(const json& step, const JsonReader& in, const char* where) const {
+    const json& p = in.field(step, "pattern", where);
+    Pattern pattern;
+    if (p.is_object() && p.contains("String")) {
+      pattern.literal = in.string(p, "String", where);
+    } else if (p.is_object() && p.contains("Regex")) {
+      const std::string regex = in.string(p, "Regex", where);
+      try {
+        pattern.regex = std::make_shared<Regex>(regex);
+      } catch (const ValueError& e) {
+        in.fail(fmt::format("{}: {}", where, e.what()));
+      }
+    } else {
+      in.fail(fmt::format("{}: pattern {} is neither {{\"String\": ...}} nor {{\"Regex\": ...}}", where,
+                          json_input::describe(p)));
+    }
+    return pattern;
   }
 
   void load_normalizer(const json& n, const JsonReader& in) {
     if (n.is_null()) return;
     const std::string type = in.string(n, "type", "the normalizer");
+    NormalizerStep step{};
     if (type == "Sequence") {
-      for (const json& step : in.field(n, "normalizers", "the Sequence normalizer"))
-        load_normalizer(step, in);
+      for (const json& s : in.field(n, "normalizers", "the Sequence normalizer")) load_normalizer(s, in);
+      return;
     } else if (type == "Prepend") {
-      normalizer_.push_back({NormalizerStep::Prepend, in.string(n, "prepend", "the Prepend normalizer"), ""});
+      step.kind = NormalizerStep::Prepend;
+      step.text = in.string(n, "prepend", "the Prepend normalizer");
     } else if (type == "Replace") {
-      normalizer_.push_back({NormalizerStep::Replace, string_pattern(n, in, "the Replace normalizer"),
-                             in.string(n, "content", "the Replace normalizer")});
-    } else if (type == "NFC") {
-      // Passed through: text is taken to be NFC already (see docs/tokenizers.md).
+      step.kind = NormalizerStep::Replace;
+      step.pattern = pattern_of(n, in, "the Replace normalizer");
+      step.text = in.string(n, "content", "the Replace normalizer");
+    } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+      step.kind = type == "NFC" ? NormalizerStep::NFC : type == "NFD" ? NormalizerStep::NFD
+                  : type == "NFKC"                    ? NormalizerStep::NFKC
+                                                      : NormalizerStep::NFKD;
+    } else if (type == "Lowercase") {
+      step.kind = NormalizerStep::Lowercase;
+    } else if (type == "Strip") {
+      step.kind = NormalizerStep::Strip;
+      step.left = in.optional<bool>(n, "strip_left", true);
+      step.right = in.optional<bool>(n, "strip_right", true);
+    } else if (type == "StripAccents") {
+      step.kind = NormalizerStep::StripAccents;
     } else {
       in.fail(fmt::format("normalizer '{}' is not supported", type));
     }
+    normalizer_.push_back(std::move(step));
   }
 
-  static std::string string_pattern(const json& step, const JsonReader& in, const char* where) {
-    const json& pattern = in.field(step, "pattern", where);
-    if (!pattern.contains("String"))
-      in.fail(fmt::format("{}: pattern {} is not supported (only {{\"String\": ...}})", where,
-                          json_input::describe(pattern)));
-    return in.string(pattern, "String", where);
+  static Behavior behavior_of(const json& p, const JsonReader& in, const char* where) {
+    const std::string b = in.optional<std::string>(p, "behavior", "Isolated");
+    if (b == "Removed") return Behavior::Removed;
+    if (b == "Isolated") return Behavior::Isolated;
+    if (b == "MergedWithPrevious") return Behavior::MergedWithPrevious;
+    if (b == "MergedWithNext") return Behavior::MergedWithNext;
+    if (b == "Contiguous") return Behavior::Contiguous;
+    in.fail(fmt::format("{}: behavior '{}' is not Removed, Isolated, MergedWithPrevious, MergedWithNext or "
+                        "Contiguous",
+                        where, b));
   }
 
   void load_pre_tokenizer(const json& p, const JsonReader& in) {
     if (p.is_null()) return;
     const std::string type = in.string(p, "type", "the pre_tokenizer");
     PreTokenizerStep step{};
+    step.kind = PreTokenizerStep::Split;
     if (type == "Sequence") {
-      for (const json& s : in.field(p, "pretokenizers", "the Sequence pre_tokenizer"))
-        load_pre_tokenizer(s, in);
+      for (const json& s : in.field(p, "pretokenizers", "the Sequence pre_tokenizer")) load_pre_tokenizer(s, in);
       return;
     } else if (type == "ByteLevel") {
       step.kind = PreTokenizerStep::ByteLevel;
       step.add_prefix_space = in.optional<bool>(p, "add_prefix_space", true);
       step.use_regex = in.optional<bool>(p, "use_regex", true);
+      if (step.use_regex) step.pattern.regex = gpt2_regex();
     } else if (type == "Split") {
-      step.kind = PreTokenizerStep::Split;
-      const json& pattern = in.field(p, "pattern", "the Split pre_tokenizer");
-      const std::string regex = in.optional<std::string>(pattern, "Regex", "");
-      step.pattern = known_pattern(regex, pattern, in);
-      const std::string behavior = in.optional<std::string>(p, "behavior", "Isolated");
-      if (behavior != "Isolated" || in.optional<bool>(p, "invert", false))
-        in.fail(fmt::format("Split pre_tokenizer behavior '{}' (invert {}) is not supported (only Isolated)",
-                            behavior, in.optional<bool>(p, "invert", false)));
+      step.pattern = pattern_of(p, in, "the Split pre_tokenizer");
+      step.behavior = behavior_of(p, in, "the Split pre_tokenizer");
+      step.invert = in.optional<bool>(p, "invert", false);
     } else if (type == "Digits") {
       step.kind = PreTokenizerStep::Digits;
-      step.individual_digits = in.optional<bool>(p, "individual_digits", false);
+      step.pattern.char_class = is_number;
+      step.behavior = in.optional<bool>(p, "individual_digits", false) ? Behavior::Isolated : Behavior::Contiguous;
+    } else if (type == "Punctuation") {
+      step.pattern.char_class = is_punctuation;
+      step.behavior = behavior_of(p, in, "the Punctuation pre_tokenizer");
+    } else if (type == "Whitespace") {  // \w+|[^\w\s]+, keeping only the matches
+      step.pattern.regex = std::make_shared<Regex>(R"(\w+|[^\w\s]+)");
+      step.behavior = Behavior::Removed;
+      step.invert = true;
+    } else if (type == "WhitespaceSplit") {
+      step.kind = PreTokenizerStep::WhitespaceSplit;
     } else if (type == "Metaspace") {
       step.kind = PreTokenizerStep::Metaspace;
       step.replacement = in.optional<std::string>(p, "replacement", std::string(kMetaspace));
+      if (step.replacement.empty() || decode_utf8(step.replacement, 0).len != step.replacement.size())
+        in.fail(fmt::format("Metaspace replacement '{}' is not one character", step.replacement));
       step.prepend = prepend_scheme(p, in);
       step.split = in.optional<bool>(p, "split", true);
     } else {
       in.fail(fmt::format("pre_tokenizer '{}' is not supported", type));
     }
-    pre_tokenizer_.push_back(step);
+    pre_tokenizer_.push_back(std::move(step));
   }
 
-  static SplitPattern known_pattern(const std::string& regex, const json& pattern, const JsonReader& in) {
-    static const std::pair<std::string_view, SplitPattern> known[] = {
-        {R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)", SplitPattern::Gpt2},
-        {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-         SplitPattern::Llama3},
-        {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-         SplitPattern::Qwen2},
-    };
-    for (const auto& [text, kind] : known)
-      if (regex == text) return kind;
-    in.fail(fmt::format("Split pre_tokenizer pattern {} is not one kiln knows (GPT-2, Llama 3, Qwen2)",
-                        json_input::describe(pattern)));
+  static std::shared_ptr<const Regex> gpt2_regex() {
+    static const auto regex = std::make_shared<const Regex>(kGpt2Pattern);
+    return regex;
   }
 
   static PrependScheme prepend_scheme(const json& p, const JsonReader& in) {
@@ -478,12 +584,27 @@ class HfBpeTokenizer final : public Tokenizer {
     return in.optional<bool>(p, "add_prefix_space", true) ? PrependScheme::Always : PrependScheme::Never;
   }
 
+  std::vector<int64_t> special_ids(const json& specials, const std::string& name, const JsonReader& in) const {
+    const json& entry = in.field(specials, name.c_str(), "TemplateProcessing.special_tokens");
+    std::vector<int64_t> ids;
+    for (const json& id : in.field(entry, "ids", "a template special token"))
+      ids.push_back(in.token_id(id, "template token '" + name + "'"));
+    return ids;
+  }
+
+  // The token id a post-processor names as [token, id] (Bert/Roberta).
+  static int64_t pair_id(const json& p, const char* name, const JsonReader& in) {
+    const json& v = in.field(p, name, "the post_processor");
+    if (!v.is_array() || v.size() != 2 || !v[0].is_string())
+      in.fail(fmt::format("post_processor.{} is {}, expected [token, id]", name, json_input::describe(v)));
+    return in.token_id(v[1], fmt::format("post_processor.{}", name));
+  }
+
   void load_post_processor(const json& p, const JsonReader& in) {
     if (p.is_null()) return;
     const std::string type = in.string(p, "type", "the post_processor");
     if (type == "Sequence") {
-      for (const json& s : in.field(p, "processors", "the Sequence post_processor"))
-        load_post_processor(s, in);
+      for (const json& s : in.field(p, "processors", "the Sequence post_processor")) load_post_processor(s, in);
     } else if (type == "ByteLevel") {
       // Only adjusts offsets, which kiln does not report.
     } else if (type == "TemplateProcessing") {
@@ -498,11 +619,16 @@ class HfBpeTokenizer final : public Tokenizer {
         }
         const std::string name =
             in.string(in.field(item, "SpecialToken", "a template item"), "id", "SpecialToken");
-        const json& entry = in.field(specials, name.c_str(), "TemplateProcessing.special_tokens");
-        for (const json& id : in.field(entry, "ids", "a template special token"))
-          (seen_sequence ? suffix_ids_ : prefix_ids_)
-              .push_back(in.token_id(id, "template token '" + name + "'"));
+        const std::vector<int64_t> ids = special_ids(specials, name, in);
+        auto& side = seen_sequence ? suffix_ids_ : prefix_ids_;
+        side.insert(side.end(), ids.begin(), ids.end());
       }
+      template_bos_ = !prefix_ids_.empty() ? std::optional(prefix_ids_.front()) : std::nullopt;
+      template_eos_ = !suffix_ids_.empty() ? std::optional(suffix_ids_.back()) : std::nullopt;
+    } else if (type == "BertProcessing" || type == "RobertaProcessing") {  // [CLS] A [SEP]
+      prefix_ids_.push_back(pair_id(p, "cls", in));
+      suffix_ids_.push_back(pair_id(p, "sep", in));
+      template_bos_ = prefix_ids_.front(), template_eos_ = suffix_ids_.back();
     } else {
       in.fail(fmt::format("post_processor '{}' is not supported", type));
     }
@@ -516,70 +642,112 @@ class HfBpeTokenizer final : public Tokenizer {
       for (const json& s : in.field(d, "decoders", "the Sequence decoder")) load_decoder(s, in);
       return;
     } else if (type == "Fuse") {
-      return;  // tokens are always concatenated
+      step.kind = DecoderStep::Fuse;
     } else if (type == "ByteLevel") {
       step.kind = DecoderStep::ByteLevel;
     } else if (type == "ByteFallback") {
       step.kind = DecoderStep::ByteFallback;
     } else if (type == "Replace") {
       step.kind = DecoderStep::Replace;
-      step.from = string_pattern(d, in, "the Replace decoder");
-      step.to = in.string(d, "content", "the Replace decoder");
+      step.pattern = pattern_of(d, in, "the Replace decoder");
+      step.text = in.string(d, "content", "the Replace decoder");
     } else if (type == "Metaspace") {
       step.kind = DecoderStep::Metaspace;
-      step.from = in.optional<std::string>(d, "replacement", std::string(kMetaspace));
+      step.text = in.optional<std::string>(d, "replacement", std::string(kMetaspace));
       step.prepend = prepend_scheme(d, in);
     } else if (type == "Strip") {
       step.kind = DecoderStep::Strip;
-      step.from = in.string(d, "content", "the Strip decoder");
+      step.text = in.string(d, "content", "the Strip decoder");
+      if (step.text.empty() || decode_utf8(step.text, 0).len != step.text.size())
+        in.fail(fmt::format("the Strip decoder's content '{}' is not one character", step.text));
       step.strip_start = in.optional<size_t>(d, "start", 0);
       step.strip_stop = in.optional<size_t>(d, "stop", 0);
+    } else if (type == "BPEDecoder") {
+      step.kind = DecoderStep::BpeSuffix;
+      step.text = in.optional<std::string>(d, "suffix", "</w>");
     } else {
       in.fail(fmt::format("decoder '{}' is not supported", type));
     }
-    decoder_.push_back(step);
+    decoder_.push_back(std::move(step));
   }
 
-  // BOS/EOS from the template when it adds them, else from the usual spellings.
-  void find_bos_eos() {
-    const auto first_known = [&](std::initializer_list<std::string_view> names) -> std::optional<int64_t> {
-      for (std::string_view n : names)
-        if (auto id = token_to_id(n)) return id;
-      return std::nullopt;
+  // tokenizer_config.json on top of tokenizer.json, as transformers applies it.
+  void apply_config(const TokenizerConfig& config, const JsonReader& in) {
+    for (const TokenizerConfig::AddedToken& t : config.added_tokens_decoder) {
+      if (t.id < 0 || t.id >= kMaxTokenId)
+        in.fail(fmt::format("tokenizer_config.json: added token '{}' has id {}, outside [0, {})", t.content, t.id,
+                            kMaxTokenId));
+      if (!added_ids_.count(t.content))
+        add_token({t.content, t.id, t.special, t.lstrip, t.rstrip, t.single_word, t.normalized});
+    }
+    for (const std::string& name : config.additional_special_tokens)
+      if (const auto id = token_to_id(name)) special_ids_.insert(*id);
+
+    const auto resolve = [&](const TokenizerConfig::TokenSetting& setting, std::optional<int64_t> fallback,
+                             const char* key) -> std::optional<int64_t> {
+      if (!setting) return fallback;
+      if (!*setting) return std::nullopt;  // null: the model has no such token
+      const auto id = token_to_id(**setting);
+      if (!id)
+        in.fail(fmt::format("tokenizer_config.json: {} '{}' is not a token of the vocabulary", key, **setting));
+      return id;
     };
-    bos_id_ = !prefix_ids_.empty()
-                  ? std::optional(prefix_ids_.front())
-                  : first_known({"<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "<|endoftext|>"});
-    eos_id_ = !suffix_ids_.empty()
-                  ? std::optional(suffix_ids_.back())
-                  : first_known({"</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>", "<|im_end|>"});
+    bos_id_ = resolve(config.bos_token, template_bos_ ? template_bos_ : first_known({"<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "<|endoftext|>"}), "bos_token");
+    eos_id_ = resolve(config.eos_token, template_eos_ ? template_eos_ : first_known({"</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>", "<|im_end|>"}), "eos_token");
+    // add_bos_token / add_eos_token rebuild the template around the text (LlamaTokenizerFast's
+    // update_post_processor): only when the file says so, and only with a token to add.
+    if (config.add_bos_token || config.add_eos_token) {
+      const bool add_bos = config.add_bos_token.value_or(!prefix_ids_.empty());
+      const bool add_eos = config.add_eos_token.value_or(!suffix_ids_.empty());
+      if (add_bos && !bos_id_) in.fail("tokenizer_config.json: add_bos_token is true, but there is no bos_token");
+      if (add_eos && !eos_id_) in.fail("tokenizer_config.json: add_eos_token is true, but there is no eos_token");
+      prefix_ids_ = add_bos ? std::vector<int64_t>{*bos_id_} : std::vector<int64_t>{};
+      suffix_ids_ = add_eos ? std::vector<int64_t>{*eos_id_} : std::vector<int64_t>{};
+    }
+  }
+
+  std::optional<int64_t> first_known(std::initializer_list<std::string_view> names) const {
+    for (std::string_view n : names)
+      if (auto id = token_to_id(n)) return id;
+    return std::nullopt;
+  }
+
+  void build_added_token_tries() {
+    for (size_t i = 0; i < added_.size(); ++i)
+      (added_[i].normalized && !normalizer_.empty() ? normalized_trie_ : raw_trie_)
+          .insert(added_[i].normalized && !normalizer_.empty() ? normalize(added_[i].content) : added_[i].content,
+                  static_cast<int>(i));
   }
 
   // ---- encoding steps ------------------------------------------------------------------------------
 
-  struct AddedMatch {
-    const AddedToken* token;
-    size_t start, end;  // the bytes it replaces, with any lstrip/rstrip whitespace
-  };
-
-  // The longest added token spelled at text[i], if its single_word rule allows it there.
-  std::optional<AddedMatch> added_token_at(std::string_view text, size_t i, size_t segment_start) const {
-    const AddedToken* best = nullptr;
-    for (const AddedToken& t : added_)
-      if (text.compare(i, t.content.size(), t.content) == 0 &&
-          (!best || t.content.size() > best->content.size()) &&
-          (!t.single_word || is_word_boundary(text, i, i + t.content.size())))
-        best = &t;
-    if (!best) return std::nullopt;
-    AddedMatch m{best, i, i + best->content.size()};
-    if (best->lstrip)
-      while (m.start > segment_start && is_ascii_space(text[m.start - 1])) --m.start;
-    if (best->rstrip)
-      while (m.end < text.size() && is_ascii_space(text[m.end])) ++m.end;
-    return m;
+  // Calls emit(section, nullptr) for the text between added tokens and emit(spelling, &token) for each
+  // added token, in order. A token whose single_word rule fails at its place is not one there; lstrip /
+  // rstrip take the whitespace beside a token with it.
+  template <class Emit>
+  void split_on_added(std::string_view text, const AddedTokenTrie& trie, Emit&& emit) const {
+    if (trie.empty()) {
+      if (!text.empty()) emit(text, nullptr);
+      return;
+    }
+    size_t section_start = 0;
+    for (size_t from = 0; from < text.size();) {
+      const auto [pos, index] = trie.find(text, from);
+      if (index < 0) break;
+      const AddedToken& token = added_[index];
+      size_t start = pos, end = pos + token.content.size();
+      if (token.single_word && !is_word_boundary(text, start, end)) {
+        from = end;
+        continue;
+      }
+      if (token.lstrip) start -= trailing_whitespace(text.substr(section_start, start - section_start));
+      if (token.rstrip) end += leading_whitespace(text.substr(end));
+      if (start > section_start) emit(text.substr(section_start, start - section_start), nullptr);
+      emit(text.substr(start, end - start), &token);
+      section_start = from = end;
+    }
+    if (section_start < text.size()) emit(text.substr(section_start), nullptr);
   }
-
-  static bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
   static bool is_word_char_at(std::string_view text, size_t i) {
     const char32_t c = decode_utf8(text, i).cp;
@@ -593,63 +761,198 @@ class HfBpeTokenizer final : public Tokenizer {
     return !is_word_char_at(text, prev);
   }
 
-  void encode_segment(std::string_view segment, bool at_text_start, std::vector<int64_t>& ids) const {
-    if (segment.empty()) return;
-    std::string normalized(segment);
-    for (const NormalizerStep& n : normalizer_)
-      normalized = n.kind == NormalizerStep::Prepend ? n.text + normalized
-                                                     : replace_all(normalized, n.text, n.replacement);
-    std::vector<std::string> words{std::move(normalized)};
-    for (const PreTokenizerStep& step : pre_tokenizer_) {
-      std::vector<std::string> next;
-      for (size_t w = 0; w < words.size(); ++w) pre_tokenize(step, words[w], at_text_start && w == 0, next);
-      words = std::move(next);
+  std::string normalize(std::string_view section) const {
+    std::string s(section);
+    for (const NormalizerStep& n : normalizer_) {
+      switch (n.kind) {
+        case NormalizerStep::Prepend:
+          if (!s.empty()) s = n.text + s;
+          break;
+        case NormalizerStep::Replace: {
+          std::vector<std::pair<size_t, size_t>> matches;
+          n.pattern.find(s, matches);
+          if (matches.empty()) break;
+          std::string out;
+          size_t at = 0;
+          for (const auto& [b, e] : matches) out.append(s, at, b - at).append(n.text), at = e;
+          s = out.append(s, at);
+          break;
+        }
+        case NormalizerStep::NFC:
+          s = utf8proc_transform(s, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+          break;
+        case NormalizerStep::NFD:
+          s = utf8proc_transform(s, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE));
+          break;
+        case NormalizerStep::NFKC:
+          s = utf8proc_transform(s, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT));
+          break;
+        case NormalizerStep::NFKD:
+          s = utf8proc_transform(s, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT));
+          break;
+        case NormalizerStep::Lowercase:
+          s = map_code_points(s, [](char32_t c) {
+            return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c)));
+          });
+          break;
+        case NormalizerStep::Strip: {
+          const size_t left = n.left ? leading_whitespace(s) : 0;
+          const size_t right = n.right && left < s.size() ? trailing_whitespace(std::string_view(s).substr(left)) : 0;
+          s = s.substr(left, s.size() - left - right);
+          break;
+        }
+        case NormalizerStep::StripAccents: {  // drops the non-spacing marks (after NFD: the accents)
+          std::string out;
+          for (size_t i = 0; i < s.size();) {
+            const Utf8Char c = decode_utf8(s, i);
+            if (category_of(c.cp) != UTF8PROC_CATEGORY_MN) out.append(s, i, c.len);
+            i += c.len;
+          }
+          s = std::move(out);
+          break;
+        }
+      }
     }
-    for (const std::string& w : words) bpe(w, ids);
+    return s;
   }
 
-  static void pre_tokenize(const PreTokenizerStep& step, const std::string& word, bool first,
-                           std::vector<std::string>& out) {
+  // One word of the pre-tokenizer's output; `first` is the word at the very start of the text.
+  struct Word {
+    std::string text;
+    bool first;
+  };
+
+  void encode_section(std::string_view section, bool first, std::vector<int64_t>& ids) const {
+    if (section.empty()) return;
+    std::vector<Word> words{{std::string(section), first}}, next;
+    std::vector<std::pair<size_t, size_t>> matches;
+    for (const PreTokenizerStep& step : pre_tokenizer_) {
+      next.clear();
+      for (Word& w : words) pre_tokenize(step, w, next, matches);
+      words.swap(next);
+    }
+    for (const Word& w : words) bpe_cached(w.text, ids);
+  }
+
+  // Split `word` by the pattern's matches, as tokenizers' NormalizedString::split with `behavior`.
+  static void split_word(const PreTokenizerStep& step, Word& word, std::vector<Word>& out,
+                         std::vector<std::pair<size_t, size_t>>& matches) {
+    matches.clear();
+    step.pattern.find(word.text, matches);
+    // The pieces covering the word, each flagged as a match or not.
+    struct Piece {
+      size_t begin, end;
+      bool is_match;
+    };
+    std::vector<Piece> pieces;
+    size_t at = 0;
+    for (const auto& [b, e] : matches) {
+      if (b > at) pieces.push_back({at, b, step.invert});
+      pieces.push_back({b, e, !step.invert});
+      at = e;
+    }
+    if (at < word.text.size()) pieces.push_back({at, word.text.size(), step.invert});
+
+    std::vector<Piece> kept;
+    switch (step.behavior) {
+      case Behavior::Isolated:
+        kept = std::move(pieces);
+        break;
+      case Behavior::Removed:
+        for (const Piece& p : pieces)
+          if (!p.is_match) kept.push_back(p);
+        break;
+      case Behavior::MergedWithPrevious: {
+        bool previous_match = false;
+        for (const Piece& p : pieces) {
+          if (p.is_match && !previous_match && !kept.empty())
+            kept.back().end = p.end;
+          else
+            kept.push_back(p);
+          previous_match = p.is_match;
+        }
+        break;
+      }
+      case Behavior::MergedWithNext: {
+        bool previous_match = false;
+        for (size_t i = pieces.size(); i-- > 0;) {
+          const Piece& p = pieces[i];
+          if (p.is_match && !previous_match && !kept.empty())
+            kept.back().begin = p.begin;
+          else
+            kept.push_back(p);
+          previous_match = p.is_match;
+        }
+        std::reverse(kept.begin(), kept.end());
+        break;
+      }
+      case Behavior::Contiguous: {
+        bool previous_match = false;
+        for (const Piece& p : pieces) {
+          if (p.is_match == previous_match && !kept.empty())
+            kept.back().end = p.end;
+          else
+            kept.push_back(p);
+          previous_match = p.is_match;
+        }
+        break;
+      }
+    }
+    for (size_t i = 0; i < kept.size(); ++i)
+      out.push_back({word.text.substr(kept[i].begin, kept[i].end - kept[i].begin), word.first && kept[i].begin == 0});
+  }
+
+  static void pre_tokenize(const PreTokenizerStep& step, Word& word, std::vector<Word>& out,
+                           std::vector<std::pair<size_t, size_t>>& matches) {
     switch (step.kind) {
       case PreTokenizerStep::Split:
-        for (std::string_view piece : split_by_pattern(word, step.pattern)) out.emplace_back(piece);
-        return;
-      case PreTokenizerStep::Digits: {
-        const CodePoints t(word);
-        for (size_t i = 0; i < t.size();) {
-          size_t n = is_number(t.cp[i]) ? (step.individual_digits ? 1 : run_length(t, i, is_number))
-                                        : run_length(t, i, [](char32_t c) { return !is_number(c); });
-          out.push_back(word.substr(t.offset[i], t.offset[i + n] - t.offset[i]));
-          i += n;
+      case PreTokenizerStep::Digits:
+        return split_word(step, word, out, matches);
+      case PreTokenizerStep::WhitespaceSplit: {
+        for (size_t i = 0; i < word.text.size();) {
+          const size_t space = leading_whitespace(std::string_view(word.text).substr(i));
+          i += space;
+          size_t j = i;
+          while (j < word.text.size()) {
+            const Utf8Char c = decode_utf8(word.text, j);
+            if (is_whitespace(c.cp)) break;
+            j += c.len;
+          }
+          if (j > i) out.push_back({word.text.substr(i, j - i), word.first && i == 0});
+          i = j;
         }
         return;
       }
       case PreTokenizerStep::ByteLevel: {
-        const std::string text = step.add_prefix_space && !starts_with(word, " ") ? " " + word : word;
+        if (step.add_prefix_space && !starts_with(word.text, " ")) word.text.insert(0, 1, ' ');
         const auto& alphabet = byte_level_alphabet();
-        const auto map_bytes = [&](std::string_view piece) {
+        const size_t begin = out.size();
+        if (step.use_regex)
+          split_word(step, word, out, matches);
+        else
+          out.push_back(std::move(word));
+        for (size_t i = begin; i < out.size(); ++i) {
           std::string mapped;
-          for (char c : piece) mapped += alphabet.byte_to_char[static_cast<uint8_t>(c)];
-          out.push_back(std::move(mapped));
-        };
-        if (!step.use_regex) return map_bytes(text);
-        for (std::string_view piece : split_by_pattern(text, SplitPattern::Gpt2)) map_bytes(piece);
+          mapped.reserve(out[i].text.size() + 4);
+          for (char c : out[i].text) mapped += alphabet.byte_to_char[static_cast<uint8_t>(c)];
+          out[i].text = std::move(mapped);
+        }
         return;
       }
       case PreTokenizerStep::Metaspace: {
-        std::string text = replace_all(word, " ", step.replacement);
+        std::string text = replace_all(word.text, " ", step.replacement);
         const bool prepend =
-            step.prepend == PrependScheme::Always || (step.prepend == PrependScheme::First && first);
+            step.prepend == PrependScheme::Always || (step.prepend == PrependScheme::First && word.first);
         if (prepend && !starts_with(text, step.replacement)) text = step.replacement + text;
-        if (!step.split) return out.push_back(std::move(text));
-        // Each replacement character starts a new word ("▁a▁b" -> "▁a", "▁b").
+        if (!step.split) return out.push_back({std::move(text), word.first});
+        // Each replacement character starts a new word ("▁a▁b" -> "▁a", "▁b": MergedWithNext).
         size_t start = 0;
         for (size_t pos = text.find(step.replacement, 1); pos != std::string::npos;
              pos = text.find(step.replacement, pos + 1)) {
-          out.push_back(text.substr(start, pos - start));
+          out.push_back({text.substr(start, pos - start), word.first && start == 0});
           start = pos;
         }
-        out.push_back(text.substr(start));
+        out.push_back({text.substr(start), word.first && start == 0});
         return;
       }
     }
@@ -659,11 +962,32 @@ class HfBpeTokenizer final : public Tokenizer {
     return (static_cast<uint64_t>(a) << 32) | static_cast<uint64_t>(b);
   }
 
+  // BPE through a cache of recent words, as the tokenizers library keeps one: real text repeats its
+  // words, and a hit skips the merges. Bounded; cleared when full. Long words are not cached.
+  void bpe_cached(const std::string& word, std::vector<int64_t>& ids) const {
+    if (word.empty()) return;
+    constexpr size_t kMaxCachedWordBytes = 64, kMaxCacheEntries = 1 << 16;
+    const bool cacheable = word.size() <= kMaxCachedWordBytes;
+    if (cacheable) {
+      const std::lock_guard lock(cache_mutex_);
+      if (const auto it = cache_.find(word); it != cache_.end()) {
+        ids.insert(ids.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    const size_t begin = ids.size();
+    bpe(word, ids);
+    if (cacheable) {
+      const std::lock_guard lock(cache_mutex_);
+      if (cache_.size() >= kMaxCacheEntries) cache_.clear();
+      cache_.emplace(word, std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(begin), ids.end()));
+    }
+  }
+
   // BPE over one word: start from its characters (unknown ones as <0xNN> bytes or unk), then merge the
   // adjacent pair of lowest rank, leftmost first, until no pair has a merge. A heap keeps this
   // O(n log n) for the long words Metaspace tokenizers produce (they do not split on spaces).
   void bpe(const std::string& word, std::vector<int64_t>& ids) const {
-    if (word.empty()) return;
     if (ignore_merges_)
       if (const auto it = vocab_.find(word); it != vocab_.end()) return ids.push_back(it->second);
 
@@ -677,23 +1001,22 @@ class HfBpeTokenizer final : public Tokenizer {
       const int n = static_cast<int>(symbols.size());
       symbols.push_back({id, n - 1, n + 1, true});
     };
+    std::string ch;
     for (size_t i = 0; i < word.size();) {
       const size_t len = decode_utf8(word, i).len;
-      const std::string ch = word.substr(i, len);
+      ch.assign(prefix_.empty() || i == 0 ? "" : prefix_).append(word, i, len);
       i += len;
+      if (i == word.size()) ch += suffix_;
       if (const auto it = vocab_.find(ch); it != vocab_.end()) {
         push(it->second);
         continue;
       }
       if (byte_fallback_) {
-        std::vector<int64_t> bytes;
-        for (char c : ch) {
-          const auto it = vocab_.find(fmt::format("<0x{:02X}>", static_cast<uint8_t>(c)));
-          if (it == vocab_.end()) break;
-          bytes.push_back(it->second);
-        }
-        if (bytes.size() == ch.size()) {
-          for (int64_t b : bytes) push(b);
+        const size_t from = ch.size() - len - (i == word.size() ? suffix_.size() : 0);
+        bool all = true;
+        for (size_t k = from; k < from + len && all; ++k) all = byte_ids_[static_cast<uint8_t>(ch[k])] >= 0;
+        if (all) {
+          for (size_t k = from; k < from + len; ++k) push(byte_ids_[static_cast<uint8_t>(ch[k])]);
           continue;
         }
       }
@@ -702,6 +1025,7 @@ class HfBpeTokenizer final : public Tokenizer {
                                 file_, to_valid_utf8(ch)));
       if (!(fuse_unk_ && !symbols.empty() && symbols.back().id == *unk_id_)) push(*unk_id_);
     }
+    if (symbols.empty()) return;
     symbols.back().next = -1;
 
     struct Candidate {
@@ -745,52 +1069,140 @@ class HfBpeTokenizer final : public Tokenizer {
     return id_to_token_[id];
   }
 
-  // The bytes one token decodes to; `first` is the first token of a decode() call.
-  std::string decode_token(const std::string& token, bool first) const {
+  // The bytes of a byte-level token, or nullopt when a character is outside the alphabet (an added
+  // token, kept as written).
+  static std::optional<std::string> byte_level_bytes(std::string_view token) {
+    const auto& alphabet = byte_level_alphabet();
+    std::string bytes;
+    for (size_t i = 0; i < token.size();) {
+      const Utf8Char c = decode_utf8(token, i);
+      const auto it = alphabet.char_to_byte.find(c.cp);
+      if (!c.valid || it == alphabet.char_to_byte.end()) return std::nullopt;
+      bytes += static_cast<char>(it->second);
+      i += c.len;
+    }
+    return bytes;
+  }
+
+  static std::string replace_pattern(const std::string& s, const Pattern& pattern, const std::string& with) {
+    std::vector<std::pair<size_t, size_t>> matches;
+    pattern.find(s, matches);
+    if (matches.empty()) return s;
+    std::string out;
+    size_t at = 0;
+    for (const auto& [b, e] : matches) out.append(s, at, b - at).append(with), at = e;
+    return out.append(s, at);
+  }
+
+  // One decoder of the chain over the token strings, as the tokenizers library's decode_chain.
+  static void decode_step(const DecoderStep& step, std::vector<std::string>& tokens) {
+    switch (step.kind) {
+      case DecoderStep::Replace:
+        for (std::string& t : tokens) t = replace_pattern(t, step.pattern, step.text);
+        return;
+      case DecoderStep::ByteFallback: {
+        // Runs of <0xNN> tokens become their bytes when those are valid UTF-8, else one U+FFFD each.
+        std::vector<std::string> out;
+        std::string run;
+        size_t run_tokens = 0;
+        const auto flush = [&] {
+          if (run_tokens == 0) return;
+          if (to_valid_utf8(run) == run) {
+            out.push_back(run);
+          } else {
+            for (size_t k = 0; k < run_tokens; ++k) out.emplace_back("\xEF\xBF\xBD");
+          }
+          run.clear(), run_tokens = 0;
+        };
+        for (std::string& t : tokens) {
+          if (const auto b = byte_token_value(t)) {
+            run += static_cast<char>(*b), ++run_tokens;
+            continue;
+          }
+          flush();
+          out.push_back(std::move(t));
+        }
+        flush();
+        tokens = std::move(out);
+        return;
+      }
+      case DecoderStep::Fuse: {
+        std::string all;
+        for (const std::string& t : tokens) all += t;
+        tokens.assign(1, std::move(all));
+        return;
+      }
+      case DecoderStep::ByteLevel: {
+        std::string bytes;
+        for (const std::string& t : tokens) {
+          if (auto b = byte_level_bytes(t))
+            bytes += *b;
+          else
+            bytes += t;
+        }
+        tokens.assign(1, to_valid_utf8(bytes));
+        return;
+      }
+      case DecoderStep::Metaspace:
+        // The first token's markers are the prefix the pre-tokenizer added; they are not text.
+        for (size_t i = 0; i < tokens.size(); ++i)
+          tokens[i] = replace_all(tokens[i], step.text, i == 0 && step.prepend != PrependScheme::Never ? "" : " ");
+        return;
+      case DecoderStep::Strip:
+        for (std::string& t : tokens) {
+          size_t begin = 0, end = t.size();
+          for (size_t n = 0; n < step.strip_start && t.compare(begin, step.text.size(), step.text) == 0; ++n)
+            begin += step.text.size();
+          for (size_t n = 0; n < step.strip_stop && end - begin >= step.text.size() &&
+                             t.compare(end - step.text.size(), step.text.size(), step.text) == 0;
+               ++n)
+            end -= step.text.size();
+          t = t.substr(begin, end - begin);
+        }
+        return;
+      case DecoderStep::BpeSuffix:
+        for (size_t i = 0; i < tokens.size(); ++i)
+          tokens[i] = replace_all(tokens[i], step.text, i + 1 == tokens.size() ? "" : " ");
+        return;
+    }
+  }
+
+  // The raw bytes a token adds to a stream when it follows others: the per-token decoders, with
+  // bytes kept as bytes (Utf8Stream joins the characters they split).
+  std::string raw_token_bytes(const std::string& token) const {
     std::string s = token;
     for (const DecoderStep& step : decoder_) {
       switch (step.kind) {
         case DecoderStep::Replace:
-          s = replace_all(s, step.from, step.to);
+          s = replace_pattern(s, step.pattern, step.text);
           break;
         case DecoderStep::ByteFallback:
           if (auto b = byte_token_value(s)) s = std::string(1, static_cast<char>(*b));
           break;
-        case DecoderStep::ByteLevel: {
-          // A token with a character outside the alphabet (an added token) is kept as written.
-          const auto& alphabet = byte_level_alphabet();
-          std::string bytes;
-          bool all_mapped = true;
-          for (size_t i = 0; i < s.size() && all_mapped;) {
-            const Utf8Char c = decode_utf8(s, i);
-            const auto it = alphabet.char_to_byte.find(c.cp);
-            all_mapped = c.valid && it != alphabet.char_to_byte.end();
-            if (all_mapped) bytes += static_cast<char>(it->second);
-            i += c.len;
-          }
-          if (all_mapped) s = std::move(bytes);
+        case DecoderStep::ByteLevel:
+          if (auto b = byte_level_bytes(s)) s = std::move(*b);
           break;
-        }
         case DecoderStep::Metaspace:
-          // The first token's marker is the prefix the pre-tokenizer added; it is not text.
-          s = replace_all(s, step.from, first && step.prepend != PrependScheme::Never ? "" : " ");
+          s = replace_all(s, step.text, " ");
           break;
+        case DecoderStep::BpeSuffix:
+          s = replace_all(s, step.text, " ");
+          break;
+        case DecoderStep::Fuse:
         case DecoderStep::Strip:
-          break;  // applies to the whole text, in decode()
+          break;  // act on the whole text's ends
       }
     }
     return s;
   }
 
-  static std::string strip(const std::string& text, const DecoderStep& step) {
-    size_t begin = 0, end = text.size();
-    for (size_t n = 0; n < step.strip_start && text.compare(begin, step.from.size(), step.from) == 0; ++n)
-      begin += step.from.size();
-    for (size_t n = 0; n < step.strip_stop && end - begin >= step.from.size() &&
-                       text.compare(end - step.from.size(), step.from.size(), step.from) == 0;
-         ++n)
-      end -= step.from.size();
-    return text.substr(begin, end - begin);
+  // transformers' clean_up_tokenization: no space before punctuation and English contractions.
+  static std::string clean_up_tokenization(std::string text) {
+    static const std::pair<std::string_view, std::string_view> kRules[] = {
+        {" .", "."},   {" ?", "?"},     {" !", "!"},   {" ,", ","},   {" ' ", "'"},
+        {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (const auto& [from, to] : kRules) text = replace_all(text, from, to);
+    return text;
   }
 
   struct Merge {
@@ -799,23 +1211,35 @@ class HfBpeTokenizer final : public Tokenizer {
   };
 
   std::string file_;
+  bool clean_up_spaces_;
   std::unordered_map<std::string, int64_t> vocab_;
   std::vector<std::string> id_to_token_;
   std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) -> rank and result
+  std::string prefix_, suffix_;                 // continuing_subword_prefix, end_of_word_suffix
   bool ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
+  std::array<int64_t, 256> byte_ids_ = [] {
+    std::array<int64_t, 256> a{};
+    a.fill(-1);
+    return a;
+  }();
   std::optional<int64_t> unk_id_;
   std::vector<AddedToken> added_;
+  std::unordered_map<std::string, int64_t> added_ids_;
+  AddedTokenTrie raw_trie_, normalized_trie_;  // added tokens matched before / after normalizing
   std::unordered_set<int64_t> special_ids_;
   std::vector<NormalizerStep> normalizer_;
   std::vector<PreTokenizerStep> pre_tokenizer_;
   std::vector<DecoderStep> decoder_;
   std::vector<int64_t> prefix_ids_, suffix_ids_;  // what the post-processor adds around the text
+  std::optional<int64_t> template_bos_, template_eos_;
   std::optional<int64_t> bos_id_, eos_id_;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file) {
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file, const TokenizerConfig& config) {
   const JsonReader in(file.string());
   // A vocabulary or added token repeated with another id would silently change which id a piece of
   // text gets: duplicate keys are refused. Sequence steps nest, and are loaded recursively, so the
@@ -823,7 +1247,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file) 
   const json root = json_input::parse_file(file, fmt::format("tokenizer '{}'", file.string()));
   if (!root.is_object()) in.fail(fmt::format("the file holds {}, expected a JSON object", root.type_name()));
   try {
-    return std::make_unique<HfBpeTokenizer>(root, in);
+    return std::make_unique<HfBpeTokenizer>(root, in, config);
   } catch (const json::exception& e) {  // a field of an unexpected type deep inside
     in.fail(fmt::format("malformed: {}", e.what()));
   }

@@ -14,18 +14,33 @@ constexpr std::string_view kUnknownSurface = " \xE2\x81\x87 ";  // " ⁇ ", how 
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::filesystem::path& file) : file_(file.string()) {
+  SentencePieceTokenizer(const std::filesystem::path& file, const TokenizerConfig& config) : file_(file.string()) {
     const auto status = sp_.Load(file_);
     if (!status.ok())
       throw LoadError(
           fmt::format("tokenizer: '{}' is not a SentencePiece model: {}", file_, status.ToString()));
     for (int id = 0; id < sp_.GetPieceSize(); ++id)
       if (sp_.IsControl(id) || sp_.IsUnknown(id)) literal_specials_.emplace_back(sp_.IdToPiece(id), id);
+    // tokenizer_config.json's tokens and flags, as transformers' LlamaTokenizer applies them.
+    const auto resolve = [&](const TokenizerConfig::TokenSetting& setting, int fallback,
+                             const char* key) -> std::optional<int64_t> {
+      if (!setting) return optional_id(fallback);
+      if (!*setting) return std::nullopt;
+      const auto id = token_to_id(**setting);
+      if (!id)
+        throw LoadError(fmt::format("tokenizer '{}': tokenizer_config.json's {} '{}' is not a piece of the model",
+                                    file_, key, **setting));
+      return id;
+    };
+    bos_id_ = resolve(config.bos_token, sp_.bos_id(), "bos_token");
+    eos_id_ = resolve(config.eos_token, sp_.eos_id(), "eos_token");
+    add_bos_ = config.add_bos_token.value_or(true) && bos_id_;
+    add_eos_ = config.add_eos_token.value_or(false) && eos_id_;
   }
 
   std::vector<int64_t> encode(std::string_view text, bool add_special_tokens) const override {
     std::vector<int64_t> ids;
-    if (add_special_tokens && sp_.bos_id() >= 0) ids.push_back(sp_.bos_id());
+    if (add_special_tokens && add_bos_) ids.push_back(*bos_id_);
     // SentencePiece never produces control pieces from text; split on their literal spelling so
     // "<s>" written in a prompt is the BOS token, as Hugging Face's Llama tokenizers do.
     size_t start = 0;
@@ -41,6 +56,7 @@ class SentencePieceTokenizer final : public Tokenizer {
       start = i;
     }
     encode_plain(text.substr(start), ids);
+    if (add_special_tokens && add_eos_) ids.push_back(*eos_id_);
     return ids;
   }
 
@@ -89,8 +105,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
   int64_t vocab_size() const override { return sp_.GetPieceSize(); }
-  std::optional<int64_t> bos_id() const override { return optional_id(sp_.bos_id()); }
-  std::optional<int64_t> eos_id() const override { return optional_id(sp_.eos_id()); }
+  std::optional<int64_t> bos_id() const override { return bos_id_; }
+  std::optional<int64_t> eos_id() const override { return eos_id_; }
   std::optional<int64_t> token_to_id(std::string_view token) const override {
     const int id = sp_.PieceToId(token);
     if (id < 0 || sp_.IdToPiece(id) != token) return std::nullopt;  // unknown pieces map to <unk>
@@ -132,12 +148,15 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string file_;
   sentencepiece::SentencePieceProcessor sp_;
   std::vector<std::pair<std::string, int>> literal_specials_;
+  std::optional<int64_t> bos_id_, eos_id_;
+  bool add_bos_ = true, add_eos_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& file) {
-  return std::make_unique<SentencePieceTokenizer>(file);
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& file,
+                                                        const TokenizerConfig& config) {
+  return std::make_unique<SentencePieceTokenizer>(file, config);
 }
 
 }  // namespace kiln::pipelines::detail

@@ -27,11 +27,15 @@ bool looks_like_json(const std::filesystem::path& file) {
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   std::error_code ec;
+  // tokenizer_config.json is read from the directory that holds the tokenizer file.
+  const auto config_of = [](const std::filesystem::path& dir) {
+    return detail::load_tokenizer_config(dir / "tokenizer_config.json");
+  };
   if (std::filesystem::is_directory(path, ec)) {
     if (std::filesystem::is_regular_file(path / "tokenizer.json", ec))
-      return detail::load_hf_tokenizer(path / "tokenizer.json");
+      return detail::load_hf_tokenizer(path / "tokenizer.json", config_of(path));
     if (std::filesystem::is_regular_file(path / "tokenizer.model", ec))
-      return detail::load_sentencepiece_tokenizer(path / "tokenizer.model");
+      return detail::load_sentencepiece_tokenizer(path / "tokenizer.model", config_of(path));
     throw LoadError(
         fmt::format("tokenizer: '{}' has neither a tokenizer.json nor a tokenizer.model", path.string()));
   }
@@ -40,9 +44,10 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
         fmt::format("tokenizer: '{}' does not exist (expected a tokenizer.json, a "
                     "tokenizer.model or a directory holding one)",
                     path.string()));
+  const auto config = config_of(path.parent_path().empty() ? "." : path.parent_path());
   if (path.extension() == ".json" || (path.extension() != ".model" && looks_like_json(path)))
-    return detail::load_hf_tokenizer(path);
-  return detail::load_sentencepiece_tokenizer(path);
+    return detail::load_hf_tokenizer(path, config);
+  return detail::load_sentencepiece_tokenizer(path, config);
 }
 
 // ---- Utf8Stream ------------------------------------------------------------------------------------

@@ -1,30 +1,43 @@
-// Private to the tokenizers: the two file formats behind Tokenizer::load, and the pre-tokenizer
-// splitting rules (exposed so tests can pin them).
+// Private to the tokenizers: the file formats behind Tokenizer::load (tokenizer.json, tokenizer.model,
+// and the tokenizer_config.json beside either).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
-#include <string_view>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "kiln/pipelines/tokenizer.h"
 
 namespace kiln::pipelines::detail {
 
+// What transformers reads from tokenizer_config.json on top of the tokenizer file itself.
+struct TokenizerConfig {
+  // A special token's setting: absent (nullopt), set to null (an empty inner optional: "no such token"),
+  // or set to a token's content (a string, or an AddedToken object's "content").
+  using TokenSetting = std::optional<std::optional<std::string>>;
+  TokenSetting bos_token, eos_token, pad_token, unk_token;
+  std::optional<bool> add_bos_token, add_eos_token;
+  bool clean_up_tokenization_spaces = false;  // transformers' default since 4.45
+  std::vector<std::string> additional_special_tokens;
+  struct AddedToken {
+    int64_t id;
+    std::string content;
+    bool special, lstrip, rstrip, single_word, normalized;
+  };
+  std::vector<AddedToken> added_tokens_decoder;  // tokens the tokenizer file may lack
+};
+
+// Reads `file` (DIR/tokenizer_config.json); a missing file gives the defaults. LoadError naming the
+// file and the key for bad JSON, a repeated key, or a value of the wrong kind.
+TokenizerConfig load_tokenizer_config(const std::filesystem::path& file);
+
 // Hugging Face tokenizer.json (model type BPE).
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file);
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file, const TokenizerConfig& config);
 // SentencePiece tokenizer.model, through libsentencepiece.
-std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& file);
-
-// The split regexes tokenizer.json files use, each matched by hand (no regex engine):
-//   Gpt2:   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-//   Llama3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
-//           \s*[\r\n]+|\s+(?!\S)|\s+
-//   Qwen2:  Llama3 with \p{N} instead of \p{N}{1,3}
-enum class SplitPattern { Gpt2, Llama3, Qwen2 };
-
-// The pieces of `text` (views into it) that the pattern matches, in order; together they cover the
-// text. Invalid UTF-8 bytes count as one non-letter, non-number, non-space character each.
-std::vector<std::string_view> split_by_pattern(std::string_view text, SplitPattern pattern);
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& file,
+                                                        const TokenizerConfig& config);
 
 }  // namespace kiln::pipelines::detail

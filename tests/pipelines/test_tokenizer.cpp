@@ -11,6 +11,7 @@
 
 #include "kiln/errors.h"
 #include "kiln/pipelines/tokenizer.h"
+#include "pipelines/regex.h"
 #include "pipelines/tokenizer_formats.h"
 
 using namespace kiln;
@@ -70,43 +71,64 @@ const std::vector<std::string> kRoundTripTexts = {
 
 // ==== The splitting regexes ============================================================================
 
-using pipelines::detail::split_by_pattern;
-using pipelines::detail::SplitPattern;
 using Pieces = std::vector<std::string_view>;
+
+// The regexes of real tokenizer.json files, run by kiln's regex engine (PCRE2, as the tokenizers
+// library's Oniguruma reads them).
+constexpr std::string_view kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kLlama3 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kQwen2 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// The text's pieces: the matches, and whatever lies between them.
+Pieces split_by_pattern(std::string_view text, std::string_view pattern) {
+  std::vector<std::pair<size_t, size_t>> matches;
+  pipelines::detail::Regex(pattern).find_all(text, matches);
+  Pieces pieces;
+  size_t at = 0;
+  for (const auto& [b, e] : matches) {
+    if (b > at) pieces.push_back(text.substr(at, b - at));
+    pieces.push_back(text.substr(b, e - b));
+    at = e;
+  }
+  if (at < text.size()) pieces.push_back(text.substr(at));
+  return pieces;
+}
 
 TEST(TokenizerSplit, Gpt2PatternSplitsContractionsWordsNumbersAndSpaces) {
   // "I" letters; "'m" contraction; two spaces before "here": \s+(?!\S) takes one, " here" takes the
   // other; "!!" punctuation; "\n\n " before "42": the run minus its last space, then " 42"; "abc".
-  EXPECT_EQ(split_by_pattern("I'm  here!!\n\n 42abc", SplitPattern::Gpt2),
+  EXPECT_EQ(split_by_pattern("I'm  here!!\n\n 42abc", kGpt2),
             (Pieces{"I", "'m", " ", " here", "!!", "\n\n", " 42", "abc"}));
   // Case matters for GPT-2 contractions; "'S" is punctuation then letters. "(" is not glued to "x".
-  EXPECT_EQ(split_by_pattern("IT'S (x) ", SplitPattern::Gpt2), (Pieces{"IT", "'", "S", " (", "x", ")", " "}));
+  EXPECT_EQ(split_by_pattern("IT'S (x) ", kGpt2), (Pieces{"IT", "'", "S", " (", "x", ")", " "}));
 }
 
 TEST(TokenizerSplit, Llama3PatternGroupsDigitsByThreeAndKeepsNewlineRuns) {
   // "'S" is a contraction here (case-insensitive); "12345" -> "123" "45"; "\n\n  x": \s*[\r\n]+ takes
   // the run up to its last newline, then " " and " x".
-  EXPECT_EQ(split_by_pattern("I'm  HERE'S 12345\n\n  x", SplitPattern::Llama3),
+  EXPECT_EQ(split_by_pattern("I'm  HERE'S 12345\n\n  x", kLlama3),
             (Pieces{"I", "'m", " ", " HERE", "'S", " ", "123", "45", "\n\n", " ", " x"}));
   // One non-letter glues to the letters after it; punctuation keeps its trailing newlines.
-  EXPECT_EQ(split_by_pattern("(abc !!\n\nd", SplitPattern::Llama3), (Pieces{"(abc", " !!\n\n", "d"}));
-  EXPECT_EQ(split_by_pattern("12345", SplitPattern::Qwen2), (Pieces{"1", "2", "3", "4", "5"}));
+  EXPECT_EQ(split_by_pattern("(abc !!\n\nd", kLlama3), (Pieces{"(abc", " !!\n\n", "d"}));
+  EXPECT_EQ(split_by_pattern("12345", kQwen2), (Pieces{"1", "2", "3", "4", "5"}));
 }
 
 TEST(TokenizerSplit, NonAsciiLettersAndNumbersAreClassified) {
   // é, Greek, Cyrillic and CJK are letters; '٣' (Arabic-Indic three) and '²' are numbers; the emoji
   // is neither, so it splits from the letters around it.
   EXPECT_EQ(split_by_pattern("caf\xC3\xA9 \xCE\xB1\xCE\xB2 \xD0\xB4\xD0\xB0 \xE6\x97\xA5\xE6\x9C\xAC",
-                             SplitPattern::Gpt2),
+                             kGpt2),
             (Pieces{"caf\xC3\xA9", " \xCE\xB1\xCE\xB2", " \xD0\xB4\xD0\xB0", " \xE6\x97\xA5\xE6\x9C\xAC"}));
   EXPECT_EQ(split_by_pattern("a\xD9\xA3\xC2\xB2\xF0\x9F\x99\x82"
                              "b",
-                             SplitPattern::Gpt2),
+                             kGpt2),
             (Pieces{"a", "\xD9\xA3\xC2\xB2", "\xF0\x9F\x99\x82", "b"}));
   // U+3000 (ideographic space) is whitespace.
   EXPECT_EQ(split_by_pattern("a\xE3\x80\x80"
                              "b",
-                             SplitPattern::Gpt2),
+                             kGpt2),
             (Pieces{"a", "\xE3\x80\x80", "b"}));
 }
 
@@ -178,8 +200,9 @@ TEST_F(ByteLevelBpe, DecodeInvertsEncodeAndStreamingMatchesDecode) {
     EXPECT_EQ(tok->decode(ids), text);
     EXPECT_EQ(stream(*tok, ids), text);
   }
-  // Bytes that are not UTF-8 still encode (one id per byte); decoding shows them as U+FFFD.
-  EXPECT_EQ(tok->encode("a\xFF", false), (Ids{'a', 0xFF}));
+  // Text that is not UTF-8 is read as Python's decode(errors="replace") would: U+FFFD (EF BF BD) for
+  // the invalid byte. A lone byte token decodes to U+FFFD too.
+  EXPECT_EQ(tok->encode("a\xFF", false), (Ids{'a', 0xEF, 0xBF, 0xBD}));
   EXPECT_EQ(tok->decode({'a', 0xFF}), "a\xEF\xBF\xBD");
 }
 
@@ -189,10 +212,14 @@ TEST_F(ByteLevelBpe, LongWordsEncodeQuickly) {
   EXPECT_EQ(ids, Ids(25000, 259));
 }
 
-TEST_F(ByteLevelBpe, BadIdsAreValueErrors) {
-  const std::string msg = error_message<ValueError>([&] { tok->decode({1, 272}); });
-  EXPECT_NE(msg.find("token id 272"), std::string::npos) << msg;
+TEST_F(ByteLevelBpe, IdsPastTheVocabularyAreSkippedNegativeOnesRefused) {
+  // As transformers' decode (the tokenizers library has no token for them, and skips them); a negative
+  // id cannot even be passed to it.
+  EXPECT_EQ(tok->decode({'h', 272, 1 << 20, 'i'}), "hi");
+  const std::string msg = error_message<ValueError>([&] { tok->decode({'h', -1}); });
+  EXPECT_NE(msg.find("token id -1"), std::string::npos) << msg;
   EXPECT_THROW(tok->token_bytes(-1), ValueError);
+  EXPECT_THROW(tok->token_bytes(272), ValueError);
 }
 
 TEST(ByteLevelBpeVariants, ListFormMergesGiveTheSameIds) {
@@ -256,6 +283,169 @@ TEST(ByteLevelBpeVariants, AddedTokenStripAndSingleWordRules) {
   EXPECT_EQ(tok->encode("x <|endoftext|>", false), (Ids{'x', ' ', 269}));
   EXPECT_EQ(tok->encode("x<|endoftext|>", false),
             (Ids{'x', '<', '|', 'e', 'n', 'd', 'o', 'f', 't', 'e', 'x', 't', '|', '>'}));
+}
+
+// ==== Normalizers, Split behaviours, tokenizer_config.json ===========================================
+
+// The byte-level fixture with another normalizer / pre-tokenizer (ids as in ByteLevelBpe's comment).
+std::unique_ptr<Tokenizer> with_steps(const std::string& name, nlohmann::json normalizer, nlohmann::json split) {
+  return load_edited("byte_level_bpe.json", name, [&](nlohmann::json& doc) {
+    doc["normalizer"] = normalizer;
+    if (!split.is_null())
+      doc["pre_tokenizer"] = {{"type", "Sequence"},
+                              {"pretokenizers",
+                               {split, {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  });
+}
+
+TEST(TokenizerNormalizers, UnicodeNormalFormsComeFromUtf8proc) {
+  // "e" + U+0301 (combining acute) composes to é (C3 A9, merged into 267) under NFC; without a
+  // normalizer it stays e + CC 81.
+  const std::string decomposed = "caf\x65\xCC\x81";
+  EXPECT_EQ(with_steps("nfc.json", {{"type", "NFC"}}, nullptr)->encode(decomposed, false), (Ids{'c', 'a', 'f', 267}));
+  EXPECT_EQ(Tokenizer::load(data_dir() / "byte_level_bpe.json")->encode(decomposed, false),
+            (Ids{'c', 'a', 'f', 'e', 0xCC, 0x81}));
+  // NFD takes é apart; NFKC also folds compatibility characters: the ligature U+FB01 is "fi", and
+  // U+2460 (circled one) is "1".
+  EXPECT_EQ(with_steps("nfd.json", {{"type", "NFD"}}, nullptr)->encode("\xC3\xA9", false), (Ids{'e', 0xCC, 0x81}));
+  EXPECT_EQ(with_steps("nfkc.json", {{"type", "NFKC"}}, nullptr)->encode("\xEF\xAC\x81 \xE2\x91\xA0", false),
+            (Ids{'f', 'i', ' ', '1'}));
+  // Strip, NFD, StripAccents and Lowercase in sequence: "  HÉ\t" -> "HÉ" -> "HE" + U+0301 -> "HE" ->
+  // "he", merged into 257.
+  auto chain = with_steps("chain.json",
+                          {{"type", "Sequence"},
+                           {"normalizers",
+                            {{{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
+                             {{"type", "NFD"}},
+                             {{"type", "StripAccents"}},
+                             {{"type", "Lowercase"}}}}},
+                          nullptr);
+  EXPECT_EQ(chain->encode("  H\xC3\x89\t", false), (Ids{257}));
+  // Replace with a regex: runs of digits become "#".
+  auto replace = with_steps("replace.json",
+                            {{"type", "Replace"}, {"pattern", {{"Regex", "[0-9]+"}}}, {"content", "#"}}, nullptr);
+  EXPECT_EQ(replace->encode("a123b4", false), (Ids{'a', '#', 'b', '#'}));
+}
+
+TEST(TokenizerSplitBehaviors, EachBehaviorGroupsTheDelimiterAsTheTokenizersLibraryDoes) {
+  // Merges visible in ids: "he" = 257, "ll" = 259, "hell" = 260, "hello" = 261. Each split piece is a
+  // word of its own, so a merge appears only when its letters stay together.
+  const auto split = [](const std::string& delimiter, const std::string& behavior, bool invert) {
+    return nlohmann::json{{"type", "Split"},
+                          {"pattern", {{"String", delimiter}}},
+                          {"behavior", behavior},
+                          {"invert", invert}};
+  };
+  const auto ids = [&](const std::string& text, const std::string& delimiter, const std::string& behavior,
+                       bool invert = false) {
+    return with_steps("split_" + behavior + (invert ? "_inv" : "") + ".json", nullptr,
+                      split(delimiter, behavior, invert))
+        ->encode(text, false);
+  };
+  EXPECT_EQ(ids("he", "e", "Isolated"), (Ids{'h', 'e'}));
+  EXPECT_EQ(ids("he", "e", "Removed"), (Ids{'h'}));
+  EXPECT_EQ(ids("he", "e", "MergedWithPrevious"), (Ids{257}));
+  EXPECT_EQ(ids("he", "e", "MergedWithNext"), (Ids{'h', 'e'}));
+  EXPECT_EQ(ids("he", "h", "MergedWithNext"), (Ids{257}));
+  EXPECT_EQ(ids("he", "h", "MergedWithPrevious"), (Ids{'h', 'e'}));
+  // "hello" split on "l": Isolated "he" "l" "l" "o"; Contiguous joins the two "l" matches.
+  EXPECT_EQ(ids("hello", "l", "Isolated"), (Ids{257, 'l', 'l', 'o'}));
+  EXPECT_EQ(ids("hello", "l", "Contiguous"), (Ids{257, 259, 'o'}));
+  // invert: the delimiter is everything but "l"; Removed then keeps only the "l"s.
+  EXPECT_EQ(ids("hello", "l", "Removed", true), (Ids{'l', 'l'}));
+  // Gemma's Split on " " merged with the previous piece: "hello hello" -> "hello " "hello".
+  EXPECT_EQ(ids("hello hello", " ", "MergedWithPrevious"), (Ids{261, ' ', 261}));
+  // Digits: each digit alone, or runs of digits together.
+  const auto digits = [&](bool individual) {
+    return with_steps(individual ? "digits1.json" : "digits0.json", nullptr,
+                      {{"type", "Digits"}, {"individual_digits", individual}});
+  };
+  EXPECT_EQ(digits(true)->encode("he12", false), (Ids{257, '1', '2'}));
+  EXPECT_EQ(digits(false)->encode("he12", false), (Ids{257, '1', '2'}));
+}
+
+TEST(TokenizerRegex, UnicodeCategoriesReachUnicode15AndOnigurumaEscapesAreKept) {
+  using pipelines::detail::Regex;
+  const auto matches = [](std::string_view pattern, std::string_view text) {
+    std::vector<std::pair<size_t, size_t>> m;
+    Regex(pattern).find_all(text, m);
+    std::vector<std::string_view> out;
+    for (const auto& [b, e] : m) out.push_back(text.substr(b, e - b));
+    return out;
+  };
+  // U+1E4D0 (NAG MUNDARI LETTER O, Unicode 15.0) is a letter, inside and outside a class.
+  const std::string nag = "a\xF0\x9E\x93\x90" "b";
+  EXPECT_EQ(matches(R"(\p{L}+)", nag), (std::vector<std::string_view>{nag}));
+  EXPECT_EQ(matches(R"([\p{L}\p{N}]+)", nag), (std::vector<std::string_view>{nag}));
+  EXPECT_TRUE(matches(R"(\P{L})", nag).empty());
+  EXPECT_TRUE(matches(R"([^\p{L}])", nag).empty());
+  // Oniguruma's \h is a hex digit.
+  EXPECT_EQ(matches(R"(\h+)", "zz0fA9 g"), (std::vector<std::string_view>{"0fA9"}));
+  EXPECT_EQ(pipelines::detail::oniguruma_to_pcre2(R"([\h]\H)"), R"([0-9a-fA-F][^0-9a-fA-F])");
+}
+
+TEST(TokenizerAddedTokens, LongestMatchAtTheLeftmostPosition) {
+  // Two added tokens where one is a prefix of the other: the longer wins where both match; the scan
+  // finds the leftmost start first.
+  auto tok = load_edited("byte_level_bpe.json", "overlap.json", [](nlohmann::json& doc) {
+    doc["added_tokens"].push_back({{"id", 272}, {"content", "<x>"}, {"special", true}});
+    doc["added_tokens"].push_back({{"id", 273}, {"content", "<x>he"}, {"special", false}});
+  });
+  EXPECT_EQ(tok->encode("<x>hel<x>", false), (Ids{273, 'l', 272}));
+  EXPECT_EQ(tok->encode("a<x><x>he", false), (Ids{'a', 272, 273}));
+}
+
+// A directory with the byte-level fixture's tokenizer.json and the given tokenizer_config.json.
+fs::path config_dir(const std::string& name, const std::string& config) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("kiln_tokconfig_" + name);
+  fs::create_directories(dir);
+  fs::copy_file(data_dir() / "byte_level_bpe.json", dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer_config.json") << config;
+  return dir;
+}
+
+TEST(TokenizerConfigJson, SpecialTokensFlagsAndCleanUpAsTransformersReadsThem) {
+  // Qwen 3's case: the config's eos_token is not the vocabulary's usual spelling; bos_token null.
+  auto tok = Tokenizer::load(config_dir("eos", R"({"eos_token": "<sep>", "bos_token": null})"));
+  EXPECT_EQ(tok->eos_id(), 271);
+  EXPECT_EQ(tok->bos_id(), std::nullopt);
+  EXPECT_EQ(tok->encode("he"), (Ids{270, 257}));  // no add_bos_token: the file's template stands
+
+  // add_bos_token / add_eos_token rebuild the template; tokens as AddedToken objects.
+  tok = Tokenizer::load(config_dir("flags", R"({"bos_token": {"content": "<|startoftext|>", "__type": "AddedToken"},
+      "eos_token": "<|endoftext|>", "add_bos_token": false, "add_eos_token": true})"));
+  EXPECT_EQ(tok->encode("he"), (Ids{257, 269}));
+
+  // clean_up_tokenization_spaces: " ." -> "." and " 's" -> "'s" on decode (transformers' rules).
+  const Ids spaced = Tokenizer::load(data_dir() / "byte_level_bpe.json")->encode("he . he 's", false);
+  EXPECT_EQ(Tokenizer::load(config_dir("clean1", R"({"clean_up_tokenization_spaces": true})"))->decode(spaced),
+            "he. he's");
+  EXPECT_EQ(Tokenizer::load(config_dir("clean0", R"({"clean_up_tokenization_spaces": false})"))->decode(spaced),
+            "he . he 's");
+
+  // additional_special_tokens makes <sep> special (skipped on decode); added_tokens_decoder adds a token
+  // the tokenizer file lacks.
+  tok = Tokenizer::load(config_dir("added", R"({"additional_special_tokens": ["<sep>"],
+      "added_tokens_decoder": {"272": {"content": "<new>", "special": true}}})"));
+  EXPECT_TRUE(tok->is_special(271));
+  EXPECT_EQ(tok->decode({257, 271, 257}), "hehe");
+  EXPECT_EQ(tok->encode("he<new>", false), (Ids{257, 272}));
+  EXPECT_EQ(tok->vocab_size(), 273);
+}
+
+TEST(TokenizerConfigJson, BadValuesNameTheFileAndTheKey) {
+  const auto msg_for = [](const std::string& name, const std::string& config) {
+    const fs::path dir = config_dir(name, config);
+    const std::string msg = error_message<LoadError>([&] { Tokenizer::load(dir); });
+    EXPECT_NE(msg.find("tokenizer_config.json"), std::string::npos) << msg;
+    return msg;
+  };
+  EXPECT_NE(msg_for("unknown", R"({"eos_token": "<nope>"})").find("eos_token '<nope>'"), std::string::npos);
+  EXPECT_NE(msg_for("badflag", R"({"add_bos_token": "yes"})").find("'add_bos_token' is \"yes\""), std::string::npos);
+  EXPECT_NE(msg_for("badkey", R"({"added_tokens_decoder": {"x1": {"content": "a"}}})").find("added_tokens_decoder.x1"),
+            std::string::npos);
+  EXPECT_NE(msg_for("dup", R"({"eos_token": "a", "eos_token": "b"})").find("duplicate key"), std::string::npos);
+  EXPECT_NE(msg_for("noeos", R"({"eos_token": null, "add_eos_token": true})").find("no eos_token"), std::string::npos);
 }
 
 // ==== Metaspace + byte fallback (Llama 2 style) =======================================================
@@ -497,12 +687,20 @@ TEST(TokenizerLoad, UnsupportedPartsAreNamed) {
   const auto error_for = [](const std::string& name, auto edit) {
     return error_message<LoadError>([&] { load_edited("byte_level_bpe.json", name, edit); });
   };
+  // A regex PCRE2 cannot compile: the pattern and PCRE2's reason with its offset.
   std::string msg = error_for("regex.json", [](nlohmann::json& doc) {
-    doc["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}, {"behavior", "Isolated"}};
+    doc["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(\\w+"}}}, {"behavior", "Isolated"}};
   });
-  EXPECT_NE(msg.find("\\\\w+"), std::string::npos) << msg;  // the pattern, as JSON
-  msg = error_for("wspre.json", [](nlohmann::json& doc) { doc["pre_tokenizer"] = {{"type", "Whitespace"}}; });
-  EXPECT_NE(msg.find("pre_tokenizer 'Whitespace'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("regex '(\\w+'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing closing parenthesis"), std::string::npos) << msg;
+  msg = error_for("bertpre.json", [](nlohmann::json& doc) { doc["pre_tokenizer"] = {{"type", "BertPreTokenizer"}}; });
+  EXPECT_NE(msg.find("pre_tokenizer 'BertPreTokenizer'"), std::string::npos) << msg;
+  msg = error_for("behavior.json", [](nlohmann::json& doc) {
+    doc["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Sideways"}};
+  });
+  EXPECT_NE(msg.find("behavior 'Sideways'"), std::string::npos) << msg;
+  msg = error_for("dropout.json", [](nlohmann::json& doc) { doc["model"]["dropout"] = 0.1; });
+  EXPECT_NE(msg.find("dropout 0.1"), std::string::npos) << msg;
   msg = error_for("badmerge.json", [](nlohmann::json& doc) { doc["model"]["merges"].push_back("he zz"); });
   EXPECT_NE(msg.find("'zz' is not in the vocabulary"), std::string::npos) << msg;
   msg = error_for("badid.json", [](nlohmann::json& doc) { doc["model"]["vocab"]["big"] = 1LL << 40; });
