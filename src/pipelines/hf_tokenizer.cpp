@@ -36,6 +36,8 @@ constexpr std::string_view kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?
 // control bytes. Printable Latin-1 bytes map to themselves, the rest to U+0100 upwards, in order.
 struct ByteLevelAlphabet {
   std::array<std::string, 256> byte_to_char;
+  std::array<std::array<char, 2>, 256> utf8;  // byte_to_char as one or two UTF-8 bytes
+  std::array<uint8_t, 256> utf8_len;
   std::unordered_map<char32_t, uint8_t> char_to_byte;
 
   ByteLevelAlphabet() {
@@ -44,6 +46,8 @@ struct ByteLevelAlphabet {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       const char32_t c = printable ? static_cast<char32_t>(b) : next++;
       append_utf8(byte_to_char[b], c);
+      utf8_len[b] = static_cast<uint8_t>(byte_to_char[b].size());
+      std::copy(byte_to_char[b].begin(), byte_to_char[b].end(), utf8[b].begin());
       char_to_byte[c] = static_cast<uint8_t>(b);
     }
   }
@@ -123,8 +127,10 @@ size_t trailing_whitespace(std::string_view s) {
   return s.size() - end;
 }
 
-// Applies utf8proc's options (a normal form, or lower-casing) to valid UTF-8.
+// Applies utf8proc's options (a normal form) to valid UTF-8. ASCII is in every normal form already.
 std::string utf8proc_transform(std::string_view text, utf8proc_option_t options) {
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<uint8_t>(c) < 0x80; }))
+    return std::string(text);
   utf8proc_uint8_t* out = nullptr;
   const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
                                           static_cast<utf8proc_ssize_t>(text.size()), &out, options);
@@ -255,6 +261,50 @@ class AddedTokenTrie {
   std::array<bool, 256> first_byte_{};
 };
 
+// String -> id for the vocabulary lookups of encoding (one per word, one per character of a word BPE
+// merges): open addressing over flat arrays, probed with a string_view, so a lookup costs a hash, one
+// slot and one compare instead of a walk through std::unordered_map's nodes.
+class FlatStringIndex {
+ public:
+  void build(const std::unordered_map<std::string, int64_t>& entries) {
+    size_t capacity = 16;
+    while (capacity < 2 * entries.size()) capacity *= 2;
+    slots_.assign(capacity, Slot{});
+    arena_.clear();
+    for (const auto& [key, value] : entries) {
+      const uint64_t h = hash(key);
+      size_t i = h & (capacity - 1);
+      while (slots_[i].id >= 0) i = (i + 1) & (capacity - 1);
+      slots_[i] = {static_cast<uint32_t>(h), static_cast<int32_t>(value), static_cast<uint32_t>(arena_.size()),
+                   static_cast<uint32_t>(key.size())};
+      arena_ += key;
+    }
+  }
+  std::optional<int64_t> find(std::string_view key) const {
+    if (slots_.empty()) return std::nullopt;
+    const uint64_t h = hash(key);
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      const Slot& slot = slots_[i];
+      if (slot.id < 0) return std::nullopt;
+      if (slot.hash == static_cast<uint32_t>(h) && slot.length == key.size() &&
+          std::string_view(arena_).substr(slot.offset, slot.length) == key)
+        return slot.id;
+    }
+  }
+
+ private:
+  static uint64_t hash(std::string_view key) { return std::hash<std::string_view>{}(key); }
+  // One slot holds all a lookup needs but the key's bytes, which lie in one arena: two memory reads.
+  struct Slot {
+    uint32_t hash = 0;
+    int32_t id = -1;  // -1: empty (ids are below kMaxTokenId = 2^24)
+    uint32_t offset = 0, length = 0;
+  };
+  std::vector<Slot> slots_;
+  std::string arena_;
+};
+
 // Reads one JSON field with a message naming the file and the field when it is missing or mistyped.
 class JsonReader {
  public:
@@ -304,6 +354,7 @@ class HfBpeTokenizer final : public Tokenizer {
     if (type != "BPE")
       in.fail(fmt::format("model type '{}' is not supported (kiln reads BPE tokenizers only)", type));
     load_model(model, in);
+    vocab_index_.build(vocab_);
     if (root.contains("added_tokens")) load_added_tokens(root.at("added_tokens"), in);
     load_normalizer(root.value("normalizer", json()), in);
     load_pre_tokenizer(root.value("pre_tokenizer", json()), in);
@@ -816,52 +867,39 @@ class HfBpeTokenizer final : public Tokenizer {
     return s;
   }
 
-  // One word of the pre-tokenizer's output; `first` is the word at the very start of the text.
-  struct Word {
-    std::string text;
-    bool first;
-  };
-
   void encode_section(std::string_view section, bool first, std::vector<int64_t>& ids) const {
-    if (section.empty()) return;
-    std::vector<Word> words{{std::string(section), first}}, next;
-    std::vector<std::pair<size_t, size_t>> matches;
-    for (const PreTokenizerStep& step : pre_tokenizer_) {
-      next.clear();
-      for (Word& w : words) pre_tokenize(step, w, next, matches);
-      words.swap(next);
-    }
-    for (const Word& w : words) bpe_cached(w.text, ids);
+    if (!section.empty()) pre_tokenize(0, section, first, ids);
   }
 
-  // Split `word` by the pattern's matches, as tokenizers' NormalizedString::split with `behavior`.
-  static void split_word(const PreTokenizerStep& step, Word& word, std::vector<Word>& out,
-                         std::vector<std::pair<size_t, size_t>>& matches) {
-    matches.clear();
-    step.pattern.find(word.text, matches);
-    // The pieces covering the word, each flagged as a match or not.
-    struct Piece {
-      size_t begin, end;
-      bool is_match;
-    };
+  // A piece of a word as a split leaves it: a byte range, and whether the pattern matched it.
+  struct Piece {
+    size_t begin, end;
+    bool is_match;
+  };
+
+  // The pieces of `text` by the pattern's matches, as tokenizers' NormalizedString::split with the
+  // step's behaviour.
+  static std::vector<Piece> split_pieces(const PreTokenizerStep& step, std::string_view text) {
+    std::vector<std::pair<size_t, size_t>> matches;
+    step.pattern.find(text, matches);
     std::vector<Piece> pieces;
+    pieces.reserve(2 * matches.size() + 1);
     size_t at = 0;
     for (const auto& [b, e] : matches) {
       if (b > at) pieces.push_back({at, b, step.invert});
       pieces.push_back({b, e, !step.invert});
       at = e;
     }
-    if (at < word.text.size()) pieces.push_back({at, word.text.size(), step.invert});
+    if (at < text.size()) pieces.push_back({at, text.size(), step.invert});
 
     std::vector<Piece> kept;
     switch (step.behavior) {
       case Behavior::Isolated:
-        kept = std::move(pieces);
-        break;
+        return pieces;
       case Behavior::Removed:
         for (const Piece& p : pieces)
           if (!p.is_match) kept.push_back(p);
-        break;
+        return kept;
       case Behavior::MergedWithPrevious: {
         bool previous_match = false;
         for (const Piece& p : pieces) {
@@ -871,7 +909,7 @@ class HfBpeTokenizer final : public Tokenizer {
             kept.push_back(p);
           previous_match = p.is_match;
         }
-        break;
+        return kept;
       }
       case Behavior::MergedWithNext: {
         bool previous_match = false;
@@ -884,7 +922,7 @@ class HfBpeTokenizer final : public Tokenizer {
           previous_match = p.is_match;
         }
         std::reverse(kept.begin(), kept.end());
-        break;
+        return kept;
       }
       case Behavior::Contiguous: {
         bool previous_match = false;
@@ -895,64 +933,92 @@ class HfBpeTokenizer final : public Tokenizer {
             kept.push_back(p);
           previous_match = p.is_match;
         }
-        break;
+        return kept;
       }
     }
-    for (size_t i = 0; i < kept.size(); ++i)
-      out.push_back({word.text.substr(kept[i].begin, kept[i].end - kept[i].begin), word.first && kept[i].begin == 0});
+    return pieces;
   }
 
-  static void pre_tokenize(const PreTokenizerStep& step, Word& word, std::vector<Word>& out,
-                           std::vector<std::pair<size_t, size_t>>& matches) {
+  // Calls emit(begin, end) for each piece of split_pieces(step, text), in order; the common Isolated
+  // split is streamed from the regex, without a list of pieces.
+  template <class Emit>
+  static void for_each_piece(const PreTokenizerStep& step, std::string_view text, Emit&& emit) {
+    if (step.behavior == Behavior::Isolated && step.pattern.regex) {
+      size_t at = 0;
+      step.pattern.regex->for_each_match(text, [&](size_t b, size_t e) {
+        if (b > at) emit(at, b);
+        emit(b, e);
+        at = e;
+      });
+      if (at < text.size()) emit(at, text.size());
+      return;
+    }
+    for (const Piece& p : split_pieces(step, text)) emit(p.begin, p.end);
+  }
+
+  // Pre-tokenizer step `k` over one word, each piece it makes passed on to step k + 1, and past the
+  // last step to BPE: depth first, so no list of the whole text's words is ever built. `first`: the
+  // word begins the text (Metaspace's prepend_scheme "first").
+  void pre_tokenize(size_t k, std::string_view word, bool first, std::vector<int64_t>& ids) const {
+    if (word.empty()) return;
+    if (k == pre_tokenizer_.size()) return bpe_cached(word, ids);
+    const PreTokenizerStep& step = pre_tokenizer_[k];
     switch (step.kind) {
       case PreTokenizerStep::Split:
       case PreTokenizerStep::Digits:
-        return split_word(step, word, out, matches);
+        for_each_piece(step, word,
+                       [&](size_t b, size_t e) { pre_tokenize(k + 1, word.substr(b, e - b), first && b == 0, ids); });
+        return;
       case PreTokenizerStep::WhitespaceSplit: {
-        for (size_t i = 0; i < word.text.size();) {
-          const size_t space = leading_whitespace(std::string_view(word.text).substr(i));
-          i += space;
+        for (size_t i = 0; i < word.size();) {
+          i += leading_whitespace(word.substr(i));
           size_t j = i;
-          while (j < word.text.size()) {
-            const Utf8Char c = decode_utf8(word.text, j);
+          while (j < word.size()) {
+            const Utf8Char c = decode_utf8(word, j);
             if (is_whitespace(c.cp)) break;
             j += c.len;
           }
-          if (j > i) out.push_back({word.text.substr(i, j - i), word.first && i == 0});
+          pre_tokenize(k + 1, word.substr(i, j - i), first && i == 0, ids);
           i = j;
         }
         return;
       }
       case PreTokenizerStep::ByteLevel: {
-        if (step.add_prefix_space && !starts_with(word.text, " ")) word.text.insert(0, 1, ' ');
+        std::string prefixed;
+        if (step.add_prefix_space && word[0] != ' ') word = prefixed.assign(1, ' ').append(word);
         const auto& alphabet = byte_level_alphabet();
-        const size_t begin = out.size();
-        if (step.use_regex)
-          split_word(step, word, out, matches);
-        else
-          out.push_back(std::move(word));
-        for (size_t i = begin; i < out.size(); ++i) {
-          std::string mapped;
-          mapped.reserve(out[i].text.size() + 4);
-          for (char c : out[i].text) mapped += alphabet.byte_to_char[static_cast<uint8_t>(c)];
-          out[i].text = std::move(mapped);
-        }
+        std::string mapped;
+        const auto map_bytes = [&](std::string_view piece, bool piece_first) {
+          mapped.resize(2 * piece.size());  // each byte maps to one or two UTF-8 bytes
+          char* out = mapped.data();
+          for (char c : piece) {
+            const auto b = static_cast<uint8_t>(c);
+            out[0] = alphabet.utf8[b][0];
+            out[1] = alphabet.utf8[b][1];
+            out += alphabet.utf8_len[b];
+          }
+          pre_tokenize(k + 1, std::string_view(mapped.data(), static_cast<size_t>(out - mapped.data())), piece_first,
+                       ids);
+        };
+        if (!step.use_regex) return map_bytes(word, first);
+        for_each_piece(step, word, [&](size_t b, size_t e) { map_bytes(word.substr(b, e - b), first && b == 0); });
         return;
       }
       case PreTokenizerStep::Metaspace: {
-        std::string text = replace_all(word.text, " ", step.replacement);
+        std::string text = replace_all(word, " ", step.replacement);
         const bool prepend =
-            step.prepend == PrependScheme::Always || (step.prepend == PrependScheme::First && word.first);
+            step.prepend == PrependScheme::Always || (step.prepend == PrependScheme::First && first);
         if (prepend && !starts_with(text, step.replacement)) text = step.replacement + text;
-        if (!step.split) return out.push_back({std::move(text), word.first});
+        if (!step.split) return pre_tokenize(k + 1, text, first, ids);
         // Each replacement character starts a new word ("▁a▁b" -> "▁a", "▁b": MergedWithNext).
+        const std::string_view t = text;
         size_t start = 0;
-        for (size_t pos = text.find(step.replacement, 1); pos != std::string::npos;
-             pos = text.find(step.replacement, pos + 1)) {
-          out.push_back({text.substr(start, pos - start), word.first && start == 0});
+        for (size_t pos = t.find(step.replacement, 1); pos != std::string_view::npos;
+             pos = t.find(step.replacement, pos + 1)) {
+          pre_tokenize(k + 1, t.substr(start, pos - start), first && start == 0, ids);
           start = pos;
         }
-        out.push_back({text.substr(start), word.first && start == 0});
+        pre_tokenize(k + 1, t.substr(start), first && start == 0, ids);
         return;
       }
     }
@@ -964,8 +1030,11 @@ class HfBpeTokenizer final : public Tokenizer {
 
   // BPE through a cache of recent words, as the tokenizers library keeps one: real text repeats its
   // words, and a hit skips the merges. Bounded; cleared when full. Long words are not cached.
-  void bpe_cached(const std::string& word, std::vector<int64_t>& ids) const {
-    if (word.empty()) return;
+  void bpe_cached(std::string_view word_view, std::vector<int64_t>& ids) const {
+    // A word of the vocabulary is its own token when merges are ignored (Llama 3): no cache needed.
+    if (ignore_merges_)
+      if (const auto id = vocab_index_.find(word_view)) return ids.push_back(*id);
+    const std::string word(word_view);
     constexpr size_t kMaxCachedWordBytes = 64, kMaxCacheEntries = 1 << 16;
     const bool cacheable = word.size() <= kMaxCachedWordBytes;
     if (cacheable) {
@@ -988,8 +1057,6 @@ class HfBpeTokenizer final : public Tokenizer {
   // adjacent pair of lowest rank, leftmost first, until no pair has a merge. A heap keeps this
   // O(n log n) for the long words Metaspace tokenizers produce (they do not split on spaces).
   void bpe(const std::string& word, std::vector<int64_t>& ids) const {
-    if (ignore_merges_)
-      if (const auto it = vocab_.find(word); it != vocab_.end()) return ids.push_back(it->second);
 
     struct Symbol {
       int64_t id;
@@ -1007,8 +1074,8 @@ class HfBpeTokenizer final : public Tokenizer {
       ch.assign(prefix_.empty() || i == 0 ? "" : prefix_).append(word, i, len);
       i += len;
       if (i == word.size()) ch += suffix_;
-      if (const auto it = vocab_.find(ch); it != vocab_.end()) {
-        push(it->second);
+      if (const auto id = vocab_index_.find(ch)) {
+        push(*id);
         continue;
       }
       if (byte_fallback_) {
@@ -1213,6 +1280,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::string file_;
   bool clean_up_spaces_;
   std::unordered_map<std::string, int64_t> vocab_;
+  FlatStringIndex vocab_index_;  // vocab_, for the lookups of encoding
   std::vector<std::string> id_to_token_;
   std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) -> rank and result
   std::string prefix_, suffix_;                 // continuing_subword_prefix, end_of_word_suffix

@@ -22,11 +22,19 @@ class Regex {
 
   // The non-empty matches in `text` (valid UTF-8), left to right, as byte ranges [first, second).
   void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& matches) const;
+  // The same matches, each passed to on_match(first, second) as it is found.
+  template <class F>
+  void for_each_match(std::string_view text, F&& on_match) const {
+    scan(text, [](void* f, size_t b, size_t e) { (*static_cast<F*>(f))(b, e); }, &on_match);
+  }
   const std::string& pattern() const { return pattern_; }
 
  private:
+  void scan(std::string_view text, void (*on_match)(void*, size_t, size_t), void* context) const;
+
   std::string pattern_;
   std::shared_ptr<void> code_;  // pcre2_code, freed with pcre2_code_free
+  bool jit_ = false;            // compiled by PCRE2's JIT
 };
 
 // `pattern` as PCRE2 must read it to mean what Oniguruma reads (see above). Exposed for tests.
