@@ -187,7 +187,11 @@ void rope_scaling_of(const Fields& f, nn::LlamaConfig& c) {
   if (*type == "default") return;
   auto field = [&](const char* name) { return std::string("rope_scaling.") + name; };
   if (*type == "linear") {  // transformers' _compute_linear_scaling_rope_parameters
-    c.rope_linear_factor = named.number_in("factor", 0, kMaxRopeFactor, 0);
+    const json& factor = named.get("factor");
+    if (!factor.is_number()) f.fail(field("factor"), fmt::format("is {}, expected a number", text(factor)));
+    c.rope_linear_factor = factor.get<double>();
+    if (!(c.rope_linear_factor > 0 && c.rope_linear_factor <= kMaxRopeFactor))
+      f.fail(field("factor"), fmt::format("is {}, expected a number in (0, {}]", text(factor), kMaxRopeFactor));
     return;
   }
   if (*type != "llama3")
