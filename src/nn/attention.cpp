@@ -83,7 +83,7 @@ AttentionContext make_attention_context(const KVCache& cache, const TensorValue&
                             ? ops::logical_not(attention_mask)
                             : ops::equal(attention_mask, ops::constant(0.0, attention_mask.dtype(), device));
   auto masked = ops::logical_or(future, ops::reshape(padding, Shape{1, total}));  // [seq, total]
-  AttentionContext ctx{cache, start, total, cos, sin, masked};
+  AttentionContext ctx{cache, start, total, cos, sin, masked, 0, {}, {}, {}};
   if (window > 0) {
     // Hugging Face's sliding_window_overlay: key j visible from query i iff i - j < window.
     auto distance = ops::reshape(query_positions, Shape{seq, 1}) - ops::reshape(key_positions, Shape{1, total});
@@ -177,7 +177,7 @@ PagedAttentionContext make_paged_attention_context(const PagedKVCache& cache, co
     throw ShapeError(fmt::format("make_paged_attention_context: block_tables must be i64[seqs, max_blocks], got {}",
                                  block_tables.valid() ? block_tables.tensor_type().to_string() : "an empty value"));
   auto [cos, sin] = rope.cos_sin(positions);  // [tokens, rotary_dim]
-  PagedAttentionContext ctx{cache, positions, seq_ids, slots, block_tables, cos, sin};
+  PagedAttentionContext ctx{cache, positions, seq_ids, slots, block_tables, cos, sin, {}, {}};
   if (local_rope) std::tie(ctx.local_cos, ctx.local_sin) = local_rope->cos_sin(positions);
   return ctx;
 }

@@ -77,12 +77,12 @@ graph::TensorValue RotaryEmbedding::apply(const graph::TensorValue& x, const gra
     throw ShapeError(
         fmt::format("RotaryEmbedding::apply: cos and sin must be equal [seq, even head_dim], got {} and {}",
                     cos.tensor_type().to_string(), sin.tensor_type().to_string()));
-  const auto x_head_dim = x.rank() == 3 ? x.shape()[2].try_static() : std::nullopt;
-  if (x.rank() != 3 || !(x.shape()[0] == cos.shape()[0]) || !x_head_dim || *x_head_dim < *head_dim)
+  const int64_t x_head_dim = x.rank() == 3 ? x.shape()[2].try_static().value_or(-1) : -1;
+  if (x.rank() != 3 || !(x.shape()[0] == cos.shape()[0]) || x_head_dim < *head_dim)
     throw ShapeError(fmt::format("RotaryEmbedding::apply: x must be [{}, heads, >= {}] to match cos, got {}",
                                  cos.shape()[0].to_string(), *head_dim, x.tensor_type().to_string()));
-  if (*x_head_dim > *head_dim) {
-    auto parts = ops::split(x, {*head_dim, *x_head_dim - *head_dim}, 2);  // rotated, passed through
+  if (x_head_dim > *head_dim) {
+    auto parts = ops::split(x, {*head_dim, x_head_dim - *head_dim}, 2);  // rotated, passed through
     return ops::concat({apply(parts[0], cos, sin), parts[1]}, 2);
   }
   // x * cos + rotate_half(x) * sin in one op (ops::rope): the same bits as the split, neg, concat and

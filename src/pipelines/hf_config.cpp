@@ -302,10 +302,8 @@ ModelInfo load_model_info(const fs::path& model_dir) {
     f.fail("num_key_value_heads", fmt::format("is {}, which does not divide num_attention_heads {}",
                                               c.num_key_value_heads, c.num_attention_heads));
   // Qwen 3 and Gemma configs carry head_dim (their defaults: 128 and 256); the others derive it.
-  const std::optional<int64_t> default_head_dim = a == Arch::qwen3 ? std::optional<int64_t>(128)
-                                                  : gemma          ? std::optional<int64_t>(256)
-                                                                   : std::nullopt;
-  if (f.has("head_dim") || default_head_dim) {
+  const int64_t default_head_dim = a == Arch::qwen3 ? 128 : gemma ? 256 : 0;  // 0: derived
+  if (f.has("head_dim") || default_head_dim > 0) {
     c.head_dim = f.integer_in("head_dim", 2, kMaxHeadDim, default_head_dim);
   } else if (c.hidden_size % c.num_attention_heads != 0) {
     f.fail("hidden_size", fmt::format("is {}, which num_attention_heads {} does not divide (and there is no "

@@ -11,9 +11,9 @@
 // unit per (token, kv head).
 //
 // Batch invariance: a token's arithmetic is a function of its own sequence and position only. It
-// visits blocks 0 .. position / block_size in order, and in each block exactly its visible keys,
-// with loops whose trip counts are those keys' count; the other tokens of its unit only share the
-// tiles. So a token gives the same bits alone, in a prefill chunk or in any batch.
+// visits its blocks in order, from its window's first (0 without a window) to position / block_size,
+// and in each block exactly its visible keys, with loops whose trip counts are those keys' count; the
+// other tokens of its unit only share the tiles. So a token gives the same bits alone, in a prefill chunk or in any batch.
 #include <algorithm>
 #include <cmath>
 #include <limits>
