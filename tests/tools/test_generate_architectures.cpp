@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <string>
 
 #include "kiln/pipelines/hf_config.h"
@@ -46,6 +47,8 @@ const Case kCases[] = {
     {"phi3", R"("architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "partial_rotary_factor": 0.5,
       "sliding_window": 5)"},
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 // Runs `command`, returning its exit status and stdout.
 std::pair<int, std::string> run(const std::string& command) {
