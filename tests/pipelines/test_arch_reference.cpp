@@ -40,7 +40,8 @@ struct Reference {
 };
 
 Reference load_reference(const std::string& name) {
-  const fs::path path = fs::path(__FILE__).parent_path().parent_path() / "data" / ("arch_reference_" + name + ".json");
+  const fs::path path =
+      fs::path(__FILE__).parent_path().parent_path() / "data" / ("arch_reference_" + name + ".json");
   std::ifstream file(path);
   if (!file) throw std::runtime_error("cannot open " + path.string());
   const json doc = json::parse(file);
@@ -90,14 +91,16 @@ struct ContiguousRun {
   engine::Model model;
   Tensor k, v;
   ContiguousRun(nn::Transformer& t, const nn::LlamaConfig& c) : model(load_model(t)) {
-    const std::vector<int64_t> shape{c.num_hidden_layers, kCacheLen, c.num_key_value_heads, c.resolved_head_dim()};
+    const std::vector<int64_t> shape{c.num_hidden_layers, kCacheLen, c.num_key_value_heads,
+                                     c.resolved_head_dim()};
     k = Tensor::zeros(DType::f32, shape);
     v = Tensor::zeros(DType::f32, shape);
   }
   std::vector<float> run(const std::vector<int64_t>& prompt, int64_t begin, int64_t end) {
     std::vector<int64_t> tokens(prompt.begin() + begin, prompt.begin() + end);
-    auto out = model.execute({Tensor::from_vector(tokens, {end - begin}),
-                              Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(end), 1), {end}), k, v});
+    auto out =
+        model.execute({Tensor::from_vector(tokens, {end - begin}),
+                       Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(end), 1), {end}), k, v});
     return out.at(0).to_vector<float>();
   }
 };
@@ -108,7 +111,8 @@ struct PagedRun {
   Tensor k, v;
   std::vector<int64_t> table{3, 0, 2, 1};
   PagedRun(nn::Transformer& t, const nn::LlamaConfig& c) : model(load_model(t)) {
-    const std::vector<int64_t> shape{c.num_hidden_layers, 5, kBlockSize, c.num_key_value_heads, c.resolved_head_dim()};
+    const std::vector<int64_t> shape{c.num_hidden_layers, 5, kBlockSize, c.num_key_value_heads,
+                                     c.resolved_head_dim()};
     k = Tensor::zeros(DType::f32, shape);
     v = Tensor::zeros(DType::f32, shape);
   }
@@ -191,7 +195,7 @@ TEST_P(ArchReference, CheckCheckpointExpectsExactlyTheModelsTensors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyConfigs, ArchReference,
-                         ::testing::Values("mistral_window", "qwen2_window", "qwen3", "gemma2", "gemma3", "phi3",
-                                           "smollm"));
+                         ::testing::Values("mistral_window", "qwen2_window", "qwen3", "gemma2", "gemma3",
+                                           "phi3", "smollm"));
 
 }  // namespace

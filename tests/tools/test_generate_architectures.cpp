@@ -34,7 +34,8 @@ struct Case {
 
 const Case kCases[] = {
     {"llama", R"("architectures": ["LlamaForCausalLM"], "model_type": "llama")"},
-    {"smollm", R"("architectures": ["LlamaForCausalLM"], "model_type": "llama", "tie_word_embeddings": true)"},
+    {"smollm",
+     R"("architectures": ["LlamaForCausalLM"], "model_type": "llama", "tie_word_embeddings": true)"},
     {"mistral", R"("architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 5)"},
     {"qwen2", R"("architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": true,
       "sliding_window": 5, "max_window_layers": 1)"},
@@ -65,8 +66,8 @@ class GenerateArchitecture : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GenerateArchitecture, KilnGenerateRunsAnHfDirectory) {
   const Case& c = GetParam();
-  const fs::path dir = fs::temp_directory_path() / (std::string("kiln_generate_") + c.name + "_" +
-                                                    std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / (std::string("kiln_generate_") + c.name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << "{" << c.fields << ", " << kSizes << "}";
@@ -76,7 +77,8 @@ TEST_P(GenerateArchitecture, KilnGenerateRunsAnHfDirectory) {
 
   const auto [status, out] = run(std::string(KILN_TEST_KILN_BINARY) + " generate --model " + dir.string() +
                                  " --prompt 'Once upon a time, in a land far away,' --max-new-tokens 12"
-                                 " --temperature 0 --ignore-eos --threads 1 2>" + (dir / "stderr.txt").string());
+                                 " --temperature 0 --ignore-eos --threads 1 2>" +
+                                 (dir / "stderr.txt").string());
   std::ifstream err_file(dir / "stderr.txt");
   const std::string err((std::istreambuf_iterator<char>(err_file)), std::istreambuf_iterator<char>());
   EXPECT_EQ(status, 0) << err;
