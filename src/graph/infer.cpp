@@ -721,6 +721,18 @@ std::vector<Type> infer_fused_elementwise(const Ctx& c) {
   return {TensorType{dtypes.back(), c.broadcast(shapes), devices[0]}};
 }
 
+// The optional attributes of attention and paged_attention: softcap >= 0 and finite, window >= 0.
+void check_softcap_window(const Ctx& c) {
+  if (c.attrs.count("softcap")) {
+    const double softcap = c.attr<double>("softcap");
+    if (!(softcap >= 0) || !std::isfinite(softcap)) c.fail("softcap must be finite and >= 0, got {}", softcap);
+  }
+  if (c.attrs.count("window")) {
+    const int64_t window = c.attr<int64_t>("window");
+    if (window < 0) c.fail("window must be >= 0, got {}", window);
+  }
+}
+
 // attention(q [seq, heads, hd], k [total, kv_heads, hd], v [total, kv_heads, hd], masked [seq, total]).
 std::vector<Type> infer_attention(const Ctx& c) {
   c.expect_operands(4);
@@ -750,6 +762,7 @@ std::vector<Type> infer_attention(const Ctx& c) {
     c.fail<ShapeError>("q's heads must be a static multiple of k's kv_heads {}", c.operands());
   const double scale = c.attr<double>("scale");
   if (!std::isfinite(scale)) c.fail("scale must be finite, got {}", scale);
+  check_softcap_window(c);
   return {q};
 }
 
@@ -870,6 +883,7 @@ std::vector<Type> infer_paged_attention(const Ctx& c) {
                        c.operands());
   const double scale = c.attr<double>("scale");
   if (!std::isfinite(scale)) c.fail("scale must be finite, got {}", scale);
+  check_softcap_window(c);
   return {q};
 }
 

@@ -395,8 +395,10 @@ TensorValue fused_elementwise(const std::vector<TensorValue>& inputs, const std:
 }
 
 TensorValue attention(const TensorValue& q, const TensorValue& k, const TensorValue& v,
-                      const TensorValue& masked, double scale) {
-  return build1(Op::attention, {q, k, v, masked}, {{"scale", scale}});
+                      const TensorValue& masked, double scale, double softcap) {
+  Attrs attrs{{"scale", scale}};
+  if (softcap != 0) attrs.emplace("softcap", softcap);  // absent by default: older graphs print unchanged
+  return build1(Op::attention, {q, k, v, masked}, std::move(attrs));
 }
 
 TensorValue rope(const TensorValue& x, const TensorValue& cos, const TensorValue& sin) {
@@ -419,9 +421,13 @@ void paged_kv_store(const BufferValue& cache, const TensorValue& value, const Te
 
 TensorValue paged_attention(const TensorValue& q, const BufferValue& k_cache, const BufferValue& v_cache,
                             const TensorValue& block_tables, const TensorValue& seq_ids,
-                            const TensorValue& positions, int64_t layer, double scale) {
-  return build1(Op::paged_attention, {q, k_cache, v_cache, block_tables, seq_ids, positions},
-                {{"layer", layer}, {"scale", scale}});
+                            const TensorValue& positions, int64_t layer, double scale, int64_t window,
+                            double softcap) {
+  Attrs attrs{{"layer", layer}, {"scale", scale}};
+  // Absent by default, so graphs without them print and cache as before.
+  if (window != 0) attrs.emplace("window", window);
+  if (softcap != 0) attrs.emplace("softcap", softcap);
+  return build1(Op::paged_attention, {q, k_cache, v_cache, block_tables, seq_ids, positions}, std::move(attrs));
 }
 
 }  // namespace kiln::graph::ops

@@ -7,7 +7,8 @@ namespace kiln::nn {
 
 namespace ops = graph::ops;
 
-RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, DeviceRef device) : dim_(dim), eps_(eps) {
+RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, DeviceRef device, bool unit_offset)
+    : dim_(dim), eps_(eps), unit_offset_(unit_offset) {
   if (dim <= 0) throw ValueError(fmt::format("RMSNorm: dim must be positive, got {}", dim));
   if (!(eps >= 0)) throw ValueError(fmt::format("RMSNorm: eps must be >= 0, got {}", eps));
   weight_ = register_weight("weight", dtype, {dim}, device);
@@ -15,6 +16,7 @@ RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, DeviceRef device) : dim_(
 
 graph::TensorValue RMSNorm::operator()(const graph::TensorValue& x) const {
   expect_last_dim("RMSNorm", path(), x, dim_);
+  if (unit_offset_) return ops::rms_norm(x, weight(weight_) + 1.0, eps_);
   return ops::rms_norm(x, weight(weight_), eps_);
 }
 

@@ -29,8 +29,10 @@ double llama3_scaled(double inv_freq, const Llama3RopeScaling& s) {
 }  // namespace
 
 RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta, int64_t max_seq_len,
-                                 std::optional<Llama3RopeScaling> scaling)
+                                 std::optional<Llama3RopeScaling> scaling, double linear_factor)
     : head_dim_(head_dim), max_seq_len_(max_seq_len) {
+  if (!(linear_factor > 0))
+    throw ValueError(fmt::format("RotaryEmbedding: linear_factor must be positive, got {}", linear_factor));
   if (head_dim <= 0 || head_dim % 2 != 0)
     throw ValueError(fmt::format("RotaryEmbedding: head_dim must be even and positive, got {}", head_dim));
   if (!(theta > 0)) throw ValueError(fmt::format("RotaryEmbedding: theta must be positive, got {}", theta));
@@ -47,7 +49,7 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta, int64_t max_seq
   }
   for (int64_t i = 0; i < head_dim / 2; ++i) {
     double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
-    inv_freq_.push_back(scaling ? llama3_scaled(f, *scaling) : f);
+    inv_freq_.push_back((scaling ? llama3_scaled(f, *scaling) : f) / linear_factor);
   }
 }
 
@@ -75,9 +77,14 @@ graph::TensorValue RotaryEmbedding::apply(const graph::TensorValue& x, const gra
     throw ShapeError(
         fmt::format("RotaryEmbedding::apply: cos and sin must be equal [seq, even head_dim], got {} and {}",
                     cos.tensor_type().to_string(), sin.tensor_type().to_string()));
-  if (x.rank() != 3 || !(x.shape()[0] == cos.shape()[0]) || !(x.shape()[2] == cos.shape()[1]))
-    throw ShapeError(fmt::format("RotaryEmbedding::apply: x must be [{}, heads, {}] to match cos, got {}",
+  const int64_t x_head_dim = x.rank() == 3 ? x.shape()[2].try_static().value_or(-1) : -1;
+  if (x.rank() != 3 || !(x.shape()[0] == cos.shape()[0]) || x_head_dim < *head_dim)
+    throw ShapeError(fmt::format("RotaryEmbedding::apply: x must be [{}, heads, >= {}] to match cos, got {}",
                                  cos.shape()[0].to_string(), *head_dim, x.tensor_type().to_string()));
+  if (x_head_dim > *head_dim) {
+    auto parts = ops::split(x, {*head_dim, x_head_dim - *head_dim}, 2);  // rotated, passed through
+    return ops::concat({apply(parts[0], cos, sin), parts[1]}, 2);
+  }
   // x * cos + rotate_half(x) * sin in one op (ops::rope): the same bits as the split, neg, concat and
   // elementwise ops it stands for, in one kernel launch instead of four.
   if (x.dtype() != DType::f32) return ops::rope(x, ops::cast(cos, x.dtype()), ops::cast(sin, x.dtype()));

@@ -82,7 +82,8 @@ TensorValue activate(MLPActivation activation, const TensorValue& gate_or_up) {
   switch (activation) {
     case MLPActivation::swiglu: return ops::silu(gate_or_up);
     case MLPActivation::gelu: return ops::gelu(gate_or_up, /*tanh_approximation=*/false);
-    case MLPActivation::gelu_tanh: return ops::gelu(gate_or_up, /*tanh_approximation=*/true);
+    case MLPActivation::gelu_tanh:
+    case MLPActivation::geglu_tanh: return ops::gelu(gate_or_up, /*tanh_approximation=*/true);
   }
   throw ValueError(fmt::format("TensorParallelMLP: unknown activation {}", static_cast<int>(activation)));
 }
@@ -228,7 +229,7 @@ PerDevice DistributedRMSNorm::operator()(const PerDevice& xs) const {
 TensorParallelMLP::TensorParallelMLP(int64_t hidden_dim, int64_t intermediate_dim, const Sharding& sharding,
                                      MLPActivation activation, DType dtype, bool has_bias)
     : activation_(activation) {
-  if (activation == MLPActivation::swiglu)
+  if (is_gated(activation))
     gate_proj_ = register_module("gate_proj", std::make_shared<ColumnParallelLinear>(
                                                   hidden_dim, intermediate_dim, sharding, dtype, has_bias));
   up_proj_ = register_module(
@@ -385,6 +386,19 @@ const LlamaConfig& validated_for(const LlamaConfig& c, const Sharding& s) {
   s.check_divides("ShardedTransformer", "num_key_value_heads", c.num_key_value_heads);
   s.check_divides("ShardedTransformer", "intermediate_size", c.intermediate_size);
   s.check_divides("ShardedTransformer", "vocab_size", c.vocab_size);
+  // The sharded model is Llama's: the other architectures' layer differences are refused, not ignored.
+  const char* unsupported = c.qk_norm                       ? "qk_norm (Qwen 3, Gemma 3)"
+                            : c.norm_unit_offset || c.sandwich_norms ? "Gemma's norms"
+                            : c.hidden_activation != MLPActivation::swiglu ? "a GeGLU MLP (Gemma)"
+                            : c.scale_embeddings || c.query_pre_attn_scalar || c.attn_logit_softcapping ||
+                                      c.final_logit_softcapping || c.rope_local_theta
+                                ? "Gemma's attention"
+                            : c.rope_linear_factor != 1.0 ? "linear rope scaling"
+                            : c.partial_rotary_factor != 1.0 ? "a partial rotary factor (Phi-3)"
+                            : c.fused_projections ? "fused projections (Phi-3)"
+                                                  : nullptr;
+  if (unsupported)
+    throw ValueError(fmt::format("ShardedTransformer: {} is not supported by the tensor-parallel model", unsupported));
   return c;
 }
 }  // namespace
@@ -396,6 +410,12 @@ ShardedTransformer::ShardedTransformer(const LlamaConfig& config, const Sharding
       rope_(config.resolved_head_dim(), config.rope_theta, max_seq_len_, config.rope_scaling) {
   if (max_seq_len < 0)
     throw ValueError(fmt::format("ShardedTransformer: max_seq_len must be >= 0, got {}", max_seq_len));
+  // Its attention is full attention: exact for a sliding-window model only while the window covers
+  // the whole cache.
+  if (config_.sliding_window && *config_.sliding_window < max_seq_len_)
+    throw ValueError(fmt::format("ShardedTransformer: sliding_window {} is shorter than max_seq_len {}; the "
+                                 "tensor-parallel model has no sliding-window attention (use max_seq_len <= {})",
+                                 *config_.sliding_window, max_seq_len_, *config_.sliding_window));
   model_ = register_module("model", std::make_shared<Body>(config_, sharding_));
   if (!config_.tie_word_embeddings)
     lm_head_ = register_module("lm_head", std::make_shared<ColumnParallelLinear>(

@@ -1,7 +1,8 @@
 // config.json / generation_config.json of Hugging Face Llama-family checkpoints -> nn::LlamaConfig.
-// Defaults follow transformers' LlamaConfig, MistralConfig and Qwen2Config; a field kiln's model
-// cannot honour (another rope type, a bias Llama puts on o_proj, a non-SiLU activation) is refused
-// rather than ignored, so a config never silently builds the wrong model.
+// Defaults follow transformers' LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Gemma2Config,
+// Gemma3TextConfig and Phi3Config; a field kiln's model cannot honour (another rope type, a bias Llama
+// puts on o_proj, another activation) is refused rather than ignored, so a config never silently
+// builds the wrong model.
 #include "kiln/pipelines/hf_config.h"
 
 #include <fmt/format.h>
@@ -21,7 +22,23 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kSupported = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+// Each architecture, its model_type, and what it adds to Llama's model (nn::LlamaConfig's fields).
+enum class Arch { llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3 };
+struct ArchName {
+  Arch arch;
+  const char* architecture;
+  const char* model_type;
+};
+constexpr ArchName kArchitectures[] = {
+    {Arch::llama, "LlamaForCausalLM", "llama"},      {Arch::mistral, "MistralForCausalLM", "mistral"},
+    {Arch::qwen2, "Qwen2ForCausalLM", "qwen2"},      {Arch::qwen3, "Qwen3ForCausalLM", "qwen3"},
+    {Arch::gemma2, "Gemma2ForCausalLM", "gemma2"},   {Arch::gemma3, "Gemma3ForCausalLM", "gemma3_text"},
+    {Arch::phi3, "Phi3ForCausalLM", "phi3"},
+};
+constexpr const char* kSupported =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, "
+    "Gemma3ForCausalLM, Phi3ForCausalLM";
+constexpr const char* kSupportedTypes = "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3";
 
 // Upper bounds on config.json's sizes: far above any published checkpoint (Llama 3.1 405B has 126
 // layers, 128 heads, hidden 16384, intermediate 53248; vocabularies reach 256k, contexts 10M), and low
@@ -36,6 +53,7 @@ constexpr int64_t kMaxVocabSize = int64_t{1} << 24;  // the tokenizer's id bound
 constexpr int64_t kMaxPositions = int64_t{1} << 24;
 constexpr double kMaxRopeTheta = 1e12;
 constexpr double kMaxRopeFactor = 1e6;
+constexpr double kMaxScalar = 1e6;  // query_pre_attn_scalar, the soft-capping values
 
 json read_json(const fs::path& file) {
   return json_input::parse_file(file, "load_model_info: " + file.string());
@@ -59,6 +77,8 @@ class Fields {
     return it == object_.end() ? null_value : *it;
   }
   bool has(const std::string& field) const { return !get(field).is_null(); }
+  // Present, even as null (HF's "none", which differs from a default where the default is not none).
+  bool present(const std::string& field) const { return object_.contains(field); }
 
   int64_t integer(const std::string& field, std::optional<int64_t> fallback = std::nullopt) const {
     const json& v = get(field);
@@ -86,6 +106,18 @@ class Fields {
     if (v.is_null()) return fallback;
     if (!v.is_number()) fail(field, fmt::format("is {}, expected a number", text(v)));
     return v.get<double>();
+  }
+  // number(), and in (lo, hi].
+  double number_in(const std::string& field, double lo, double hi, double fallback) const {
+    const double v = number(field, fallback);
+    if (!(v > lo && v <= hi)) fail(field, fmt::format("is {}, expected a number in ({}, {}]", v, lo, hi));
+    return v;
+  }
+  // A positive number in (0, hi] that null turns off: absent gives `fallback` (itself maybe none).
+  std::optional<double> optional_number(const std::string& field, double hi, std::optional<double> fallback) const {
+    if (!present(field)) return fallback;
+    if (get(field).is_null()) return std::nullopt;
+    return number_in(field, 0, hi, 0);
   }
   bool boolean(const std::string& field, bool fallback) const {
     const json& v = get(field);
@@ -121,45 +153,52 @@ class Fields {
   const json& object_;
 };
 
-std::string architecture_of(const Fields& f) {
+const ArchName& architecture_of(const Fields& f) {
   const json& archs = f.get("architectures");
   if (!archs.is_null()) {
     if (!archs.is_array() || archs.empty() || !archs[0].is_string())
       f.fail("architectures", fmt::format("is {}, expected a list of class names", text(archs)));
     const std::string arch = archs[0].get<std::string>();
-    if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM" && arch != "Qwen2ForCausalLM")
-      throw ValueError(fmt::format("load_model_info: {}: unsupported architecture '{}' (supported: {})",
-                                   f.file().string(), arch, kSupported));
-    return arch;
+    for (const ArchName& a : kArchitectures)
+      if (arch == a.architecture) return a;
+    throw ValueError(fmt::format("load_model_info: {}: unsupported architecture '{}' (supported: {})",
+                                 f.file().string(), arch, kSupported));
   }
   // Older or hand-made configs name only the model_type.
   const std::optional<std::string> type = f.string("model_type");
   if (!type)
     f.fail("architectures", fmt::format("is missing, and so is 'model_type' (supported: {})", kSupported));
-  if (*type == "llama") return "LlamaForCausalLM";
-  if (*type == "mistral") return "MistralForCausalLM";
-  if (*type == "qwen2") return "Qwen2ForCausalLM";
-  throw ValueError(
-      fmt::format("load_model_info: {}: unsupported model_type '{}' (supported: llama, mistral, qwen2)",
-                  f.file().string(), *type));
+  for (const ArchName& a : kArchitectures)
+    if (*type == a.model_type) return a;
+  throw ValueError(fmt::format("load_model_info: {}: unsupported model_type '{}' (supported: {})",
+                               f.file().string(), *type, kSupportedTypes));
 }
 
-std::optional<nn::Llama3RopeScaling> rope_scaling_of(const Fields& f) {
+// Sets c.rope_scaling (llama3) or c.rope_linear_factor (linear).
+void rope_scaling_of(const Fields& f, nn::LlamaConfig& c) {
   const json& v = f.get("rope_scaling");
-  if (v.is_null()) return std::nullopt;
+  if (v.is_null()) return;
   if (!v.is_object()) f.fail("rope_scaling", fmt::format("is {}, expected an object or null", text(v)));
   const Fields named(f.file(), v);
   // transformers renamed "type" to "rope_type"; checkpoints carry either.
   std::optional<std::string> type = named.string("rope_type");
   if (!type) type = named.string("type");
   if (!type) f.fail("rope_scaling", "has no 'rope_type'");
-  if (*type == "default") return std::nullopt;
+  if (*type == "default") return;
+  auto field = [&](const char* name) { return std::string("rope_scaling.") + name; };
+  if (*type == "linear") {  // transformers' _compute_linear_scaling_rope_parameters
+    const json& factor = named.get("factor");
+    if (!factor.is_number()) f.fail(field("factor"), fmt::format("is {}, expected a number", text(factor)));
+    c.rope_linear_factor = factor.get<double>();
+    if (!(c.rope_linear_factor > 0 && c.rope_linear_factor <= kMaxRopeFactor))
+      f.fail(field("factor"), fmt::format("is {}, expected a number in (0, {}]", text(factor), kMaxRopeFactor));
+    return;
+  }
   if (*type != "llama3")
     f.fail("rope_scaling", fmt::format("has rope_type '{}', which kiln does not support (supported: llama3, "
-                                       "default)",
+                                       "linear, default)",
                                        *type));
   nn::Llama3RopeScaling out;
-  auto field = [&](const char* name) { return std::string("rope_scaling.") + name; };
   auto number = [&](const char* name) {
     const json& x = named.get(name);
     if (!x.is_number()) f.fail(field(name), fmt::format("is {}, expected a number", text(x)));
@@ -181,6 +220,27 @@ std::optional<nn::Llama3RopeScaling> rope_scaling_of(const Fields& f) {
            fmt::format("is {}: expected 0 < factor <= {}, 0 < low_freq_factor < high_freq_factor <= {} and "
                        "original_max_position_embeddings in [1, {}]",
                        text(v), kMaxRopeFactor, kMaxRopeFactor, kMaxPositions));
+  c.rope_scaling = out;
+}
+
+// Which layers are sliding-window layers: config.json's layer_types when given (transformers >= 4.53
+// writes it), else `fallback(layer)`, the architecture's rule.
+template <class Rule> std::vector<bool> sliding_layers_of(const Fields& f, int64_t layers, Rule fallback) {
+  std::vector<bool> out(static_cast<size_t>(layers));
+  const json& types = f.get("layer_types");
+  if (types.is_null()) {
+    for (int64_t i = 0; i < layers; ++i) out[static_cast<size_t>(i)] = fallback(i);
+    return out;
+  }
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != layers)
+    f.fail("layer_types", fmt::format("is {}, expected a list of num_hidden_layers ({}) layer types", text(types),
+                                      layers));
+  for (int64_t i = 0; i < layers; ++i) {
+    const json& t = types[static_cast<size_t>(i)];
+    if (t == "sliding_attention") out[static_cast<size_t>(i)] = true;
+    else if (t != "full_attention")
+      f.fail("layer_types", fmt::format("has {} at {}, expected 'sliding_attention' or 'full_attention'", text(t), i));
+  }
   return out;
 }
 
@@ -211,14 +271,25 @@ ModelInfo load_model_info(const fs::path& model_dir) {
   const Fields f(config_path, config_json);
 
   ModelInfo info;
-  info.architecture = architecture_of(f);
-  const bool qwen2 = info.architecture == "Qwen2ForCausalLM";
-  const bool mistral = info.architecture == "MistralForCausalLM";
-
-  if (const auto act = f.string("hidden_act"); act && *act != "silu")
-    f.fail("hidden_act", fmt::format("is '{}', expected 'silu' (kiln's Llama MLP is SwiGLU)", *act));
+  const ArchName& arch = architecture_of(f);
+  info.architecture = arch.architecture;
+  const Arch a = arch.arch;
+  const bool qwen = a == Arch::qwen2 || a == Arch::qwen3;
+  const bool gemma = a == Arch::gemma2 || a == Arch::gemma3;
 
   nn::LlamaConfig& c = info.config;
+  if (gemma) {
+    // transformers' Gemma uses hidden_activation (hidden_act is a legacy copy it ignores).
+    const char* field = f.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+    if (const auto act = f.string(field); act && *act != "gelu_pytorch_tanh")
+      f.fail(field, fmt::format("is '{}', expected 'gelu_pytorch_tanh' (kiln's Gemma MLP is GeGLU, tanh "
+                                "approximation)",
+                                *act));
+    c.hidden_activation = nn::MLPActivation::geglu_tanh;
+  } else if (const auto act = f.string("hidden_act"); act && *act != "silu") {
+    f.fail("hidden_act", fmt::format("is '{}', expected 'silu' (kiln's {} MLP is SwiGLU)", *act, arch.architecture));
+  }
+
   // Every size is range-checked here, before anything is built from it.
   c.vocab_size = f.integer_in("vocab_size", 1, kMaxVocabSize);
   c.hidden_size = f.integer_in("hidden_size", 1, kMaxHiddenSize);
@@ -230,8 +301,10 @@ ModelInfo load_model_info(const fs::path& model_dir) {
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     f.fail("num_key_value_heads", fmt::format("is {}, which does not divide num_attention_heads {}",
                                               c.num_key_value_heads, c.num_attention_heads));
-  if (f.has("head_dim")) {
-    c.head_dim = f.integer_in("head_dim", 2, kMaxHeadDim);
+  // Qwen 3 and Gemma configs carry head_dim (their defaults: 128 and 256); the others derive it.
+  const int64_t default_head_dim = a == Arch::qwen3 ? 128 : gemma ? 256 : 0;  // 0: derived
+  if (f.has("head_dim") || default_head_dim > 0) {
+    c.head_dim = f.integer_in("head_dim", 2, kMaxHeadDim, default_head_dim);
   } else if (c.hidden_size % c.num_attention_heads != 0) {
     f.fail("hidden_size", fmt::format("is {}, which num_attention_heads {} does not divide (and there is no "
                                       "head_dim)",
@@ -241,21 +314,33 @@ ModelInfo load_model_info(const fs::path& model_dir) {
     f.fail(f.has("head_dim") ? "head_dim" : "hidden_size",
            fmt::format("gives head_dim {}, expected an even number (rotary embeddings rotate pairs)",
                        c.resolved_head_dim()));
-  c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  c.rms_norm_eps = f.number("rms_norm_eps", a == Arch::phi3 ? 1e-5 : 1e-6);
   if (!(c.rms_norm_eps > 0 && c.rms_norm_eps < 1))
     f.fail("rms_norm_eps", fmt::format("is {}, expected a number in (0, 1)", c.rms_norm_eps));
-  c.rope_theta = f.number("rope_theta", 10000.0);
+  c.rope_theta = f.number("rope_theta", a == Arch::gemma3 ? 1e6 : 10000.0);
   if (!(c.rope_theta > 0 && c.rope_theta <= kMaxRopeTheta))
     f.fail("rope_theta", fmt::format("is {}, expected a number in (0, {}]", c.rope_theta, kMaxRopeTheta));
-  c.rope_scaling = rope_scaling_of(f);
-  const int64_t default_positions = qwen2 ? 32768 : mistral ? 131072 : 2048;
+  rope_scaling_of(f, c);
+  if (a == Arch::phi3) {
+    c.partial_rotary_factor = f.number_in("partial_rotary_factor", 0, 1, 1.0);
+    if (c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0)
+      f.fail("partial_rotary_factor", fmt::format("is {}, which rotates {} of head_dim {}: expected an even number "
+                                                  ">= 2",
+                                                  c.partial_rotary_factor, c.rotary_dim(), c.resolved_head_dim()));
+  }
+  const int64_t default_positions = qwen                ? 32768
+                                    : a == Arch::mistral || a == Arch::gemma3 ? 131072
+                                    : a == Arch::gemma2 ? 8192
+                                    : a == Arch::phi3   ? 4096
+                                                        : 2048;
   c.max_position_embeddings = f.integer_in("max_position_embeddings", 1, kMaxPositions, default_positions);
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", gemma);
   c.dtype = dtype_of_config(f);
 
-  // Qwen2 always has q/k/v biases. Llama's attention_bias also puts a bias on o_proj, and mlp_bias on
-  // the MLP, which kiln's layers do not have: refused rather than loading a model without them.
-  if (qwen2) {
+  // Qwen2 always has q/k/v biases. Llama's attention_bias (and Qwen 3's, Gemma's) also puts a bias on
+  // o_proj, and mlp_bias on the MLP, which kiln's layers do not have: refused rather than loading a
+  // model without them.
+  if (a == Arch::qwen2) {
     c.attention_bias = f.boolean("attention_bias", true);
   } else {
     if (f.boolean("attention_bias", false))
@@ -266,12 +351,57 @@ ModelInfo load_model_info(const fs::path& model_dir) {
   }
   if (f.boolean("mlp_bias", false)) f.fail("mlp_bias", "is true; kiln's MLP has no biases");
 
-  // kiln's attention is full attention: with a sliding window it is exact only up to the window, so
-  // the window caps the context.
-  const bool windowed = qwen2 ? f.boolean("use_sliding_window", false) : f.has("sliding_window");
-  if (windowed && f.has("sliding_window"))
-    c.max_position_embeddings =
-        std::min(c.max_position_embeddings, f.integer_in("sliding_window", 1, kMaxPositions));
+  // Sliding-window attention, by transformers' rules for each architecture.
+  const auto window = [&](std::optional<int64_t> fallback) -> std::optional<int64_t> {
+    if (f.present("sliding_window") && f.get("sliding_window").is_null()) return std::nullopt;
+    if (!f.has("sliding_window") && !fallback) return std::nullopt;
+    return f.integer_in("sliding_window", 1, kMaxPositions, fallback);
+  };
+  switch (a) {
+    case Arch::llama: break;  // LlamaConfig has no window
+    case Arch::mistral:       // every layer; MistralConfig's default 4096, null for none
+    case Arch::phi3:          // every layer; none by default
+      c.sliding_window = window(a == Arch::mistral ? std::optional<int64_t>(4096) : std::nullopt);
+      break;
+    case Arch::qwen2:
+    case Arch::qwen3: {
+      // Only with use_sliding_window, and then on layers max_window_layers and up.
+      if (!f.boolean("use_sliding_window", false)) break;
+      c.sliding_window = window(4096);
+      const int64_t max_window_layers = f.integer_in("max_window_layers", 0, kMaxLayers, 28);
+      if (c.sliding_window)
+        c.sliding_layers = sliding_layers_of(f, c.num_hidden_layers, [&](int64_t i) { return i >= max_window_layers; });
+      break;
+    }
+    case Arch::gemma2:  // even layers slide, odd ones are global
+      c.sliding_window = window(4096);
+      if (c.sliding_window)
+        c.sliding_layers = sliding_layers_of(f, c.num_hidden_layers, [](int64_t i) { return i % 2 == 0; });
+      break;
+    case Arch::gemma3: {  // every sliding_window_pattern-th layer is global
+      c.sliding_window = window(4096);
+      const int64_t pattern = f.integer_in("sliding_window_pattern", 1, kMaxLayers, 6);
+      if (c.sliding_window)
+        c.sliding_layers =
+            sliding_layers_of(f, c.num_hidden_layers, [&](int64_t i) { return (i + 1) % pattern != 0; });
+      break;
+    }
+  }
+
+  c.qk_norm = a == Arch::qwen3 || a == Arch::gemma3;
+  c.fused_projections = a == Arch::phi3;
+  if (gemma) {
+    c.norm_unit_offset = true;
+    c.sandwich_norms = true;
+    c.scale_embeddings = true;
+    c.query_pre_attn_scalar = f.number_in("query_pre_attn_scalar", 0, kMaxScalar, 256);
+    // Gemma2Config's defaults cap both; Gemma3TextConfig's cap neither; null turns a cap off.
+    c.attn_logit_softcapping = f.optional_number("attn_logit_softcapping", kMaxScalar,
+                                                 a == Arch::gemma2 ? std::optional<double>(50.0) : std::nullopt);
+    c.final_logit_softcapping = f.optional_number("final_logit_softcapping", kMaxScalar,
+                                                  a == Arch::gemma2 ? std::optional<double>(30.0) : std::nullopt);
+    if (a == Arch::gemma3) c.rope_local_theta = f.number_in("rope_local_base_freq", 0, kMaxRopeTheta, 10000.0);
+  }
 
   info.bos_token_id =
       f.has("bos_token_id") ? std::optional<int64_t>(f.integer("bos_token_id")) : std::nullopt;
@@ -332,24 +462,46 @@ std::vector<ExpectedTensor> expected_tensors(const nn::LlamaConfig& c) {
     const std::string layers = "num_hidden_layers";
     out.push_back({p + "input_layernorm.weight", layers, {hidden}});
     out.push_back({p + "post_attention_layernorm.weight", layers, {hidden}});
-    out.push_back({p + "self_attn.q_proj.weight", layers, {q_dim, hidden}});
-    out.push_back({p + "self_attn.k_proj.weight", layers, {kv_dim, hidden}});
-    out.push_back({p + "self_attn.v_proj.weight", layers, {kv_dim, hidden}});
+    if (c.sandwich_norms) {
+      out.push_back({p + "pre_feedforward_layernorm.weight", "architectures", {hidden}});
+      out.push_back({p + "post_feedforward_layernorm.weight", "architectures", {hidden}});
+    }
+    if (c.fused_projections) {
+      out.push_back({p + "self_attn.qkv_proj.weight",
+                     "architectures",
+                     {{q + " + 2 * " + kv, (c.num_attention_heads + 2 * c.num_key_value_heads) * hd}, hidden}});
+    } else {
+      out.push_back({p + "self_attn.q_proj.weight", layers, {q_dim, hidden}});
+      out.push_back({p + "self_attn.k_proj.weight", layers, {kv_dim, hidden}});
+      out.push_back({p + "self_attn.v_proj.weight", layers, {kv_dim, hidden}});
+    }
+    if (c.qk_norm) {
+      const std::pair<std::string, int64_t> head{c.head_dim ? "head_dim" : "hidden_size / num_attention_heads", hd};
+      out.push_back({p + "self_attn.q_norm.weight", "architectures", {head}});
+      out.push_back({p + "self_attn.k_norm.weight", "architectures", {head}});
+    }
     out.push_back({p + "self_attn.o_proj.weight", layers, {hidden, q_dim}});
     if (c.attention_bias) {
       out.push_back({p + "self_attn.q_proj.bias", "attention_bias", {q_dim}});
       out.push_back({p + "self_attn.k_proj.bias", "attention_bias", {kv_dim}});
       out.push_back({p + "self_attn.v_proj.bias", "attention_bias", {kv_dim}});
     }
-    out.push_back({p + "mlp.gate_proj.weight", layers, {inter, hidden}});
-    out.push_back({p + "mlp.up_proj.weight", layers, {inter, hidden}});
+    if (c.fused_projections) {
+      out.push_back({p + "mlp.gate_up_proj.weight", "architectures", {{"2 * intermediate_size", 2 * c.intermediate_size},
+                                                                      hidden}});
+    } else {
+      out.push_back({p + "mlp.gate_proj.weight", layers, {inter, hidden}});
+      out.push_back({p + "mlp.up_proj.weight", layers, {inter, hidden}});
+    }
     out.push_back({p + "mlp.down_proj.weight", layers, {hidden, inter}});
   }
   return out;
 }
 
 // The value of a config key as a message shows it ("4", "false").
-std::string key_value(const nn::LlamaConfig& c, const std::string& key) {
+std::string key_value(const ModelInfo& info, const std::string& key) {
+  const nn::LlamaConfig& c = info.config;
+  if (key == "architectures") return "'" + info.architecture + "'";
   if (key == "vocab_size") return std::to_string(c.vocab_size);
   if (key == "hidden_size") return std::to_string(c.hidden_size);
   if (key == "intermediate_size") return std::to_string(c.intermediate_size);
@@ -371,7 +523,7 @@ void check_checkpoint(const ModelInfo& info, const fs::path& model_dir, const We
     auto it = weights.find(e.name);
     if (it == weights.end())
       fail(fmt::format("'{}' is {}, but the checkpoint has no tensor '{}'", e.because,
-                       key_value(c, e.because), e.name));
+                       key_value(info, e.because), e.name));
     const Tensor& t = it->second;
     if (t.dtype() != DType::f32 && t.dtype() != DType::f16 && t.dtype() != DType::bf16)
       fail(fmt::format("tensor '{}' is {}, expected f32, f16 or bf16", e.name, dtype_name(t.dtype())));

@@ -89,8 +89,8 @@ WeightsRegistry random_weights(const nn::LlamaConfig& config, uint64_t seed, DTy
     visit_dtype(dtype, [&]<class T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>) {
         T* data = static_cast<T*>(t.data());
-        if (is_norm)
-          std::fill(data, data + t.numel(), T(1.0f));
+        if (is_norm)  // a scale of 1: Gemma's norms store it as weight - 1
+          std::fill(data, data + t.numel(), T(config.norm_unit_offset ? 0.0f : 1.0f));
         else
           fill_uniform(data, t.numel(), key);
       }

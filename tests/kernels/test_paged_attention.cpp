@@ -2,7 +2,8 @@
 // and paged_attention over shuffled block tables equals a naive loop over the same keys and values
 // laid out per sequence, and the dense attention kernel on them, for ragged batches of prefill chunks
 // and decode tokens, with grouped heads and f32, bf16 and f16 caches. A token's result is bitwise the
-// same alone and in any batch, and on any number of threads.
+// same alone and in any batch, and on any number of threads. With a sliding window and soft-capping
+// (Mistral's, Gemma 2's) both kernels must still agree with the loop.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +34,11 @@ struct PagedBatch {
   int64_t num_blocks, block_size, kv_heads, head_dim, heads;
   std::vector<int64_t> lengths;                          // positions 0 .. length - 1 are stored
   std::vector<std::pair<int64_t, int64_t>> tokens;      // (sequence, position)
+  int64_t window = 0;                                    // > 0: keys position - window + 1 .. position only
+  double softcap = 0;                                    // > 0: scores softcap * tanh(score / softcap)
+  // Whether a token at `position` sees key `j` (j <= position).
+  bool sees(int64_t position, int64_t j) const { return j <= position && (window == 0 || position - j < window); }
+  double capped(double score) const { return softcap > 0 ? softcap * std::tanh(score / softcap) : score; }
   int64_t seqs() const { return static_cast<int64_t>(lengths.size()); }
   int64_t max_blocks() const {
     int64_t most = 1;
@@ -130,11 +136,15 @@ std::vector<double> naive_paged(const PagedBatch& s, const History& h, const Hos
       std::vector<double> scores;
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j <= position; ++j) {
+        if (!s.sees(position, j)) {
+          scores.push_back(-std::numeric_limits<double>::infinity());
+          continue;
+        }
         double dot = 0;
         for (int64_t i = 0; i < hd; ++i)
           dot += q.as_double((static_cast<int64_t>(t) * s.heads + head) * hd + i) *
                  h.k[static_cast<size_t>(seq)][static_cast<size_t>(j)][static_cast<size_t>(kv * hd + i)];
-        scores.push_back(dot * scale);
+        scores.push_back(s.capped(dot * scale));
         max = std::max(max, scores.back());
       }
       double sum = 0;
@@ -173,9 +183,11 @@ std::vector<float> dense_attention(const PagedBatch& s, const History& h, const 
       const int64_t t = mine[static_cast<size_t>(r)];
       for (int64_t i = 0; i < s.heads * hd; ++i) qs.push_back(q.as_double(t * s.heads * hd + i));
       for (int64_t j = 0; j < total; ++j)
-        masked.bytes[static_cast<size_t>(r * total + j)] = j > s.tokens[static_cast<size_t>(t)].second ? 1 : 0;
+        masked.bytes[static_cast<size_t>(r * total + j)] = s.sees(s.tokens[static_cast<size_t>(t)].second, j) ? 0 : 1;
     }
-    const HostTensor got = run_op(Op::attention, {{"scale", scale}},
+    graph::Attrs attrs{{"scale", scale}};
+    if (s.softcap > 0) attrs.emplace("softcap", s.softcap);
+    const HostTensor got = run_op(Op::attention, attrs,
                                   {tensor_from_doubles(DType::f32, {n, s.heads, hd}, qs).view(),
                                    tensor_from_doubles(DType::f32, {total, s.kv_heads, hd}, k).view(),
                                    tensor_from_doubles(DType::f32, {total, s.kv_heads, hd}, v).view(), masked.view()},
@@ -203,7 +215,10 @@ HostTensor run_paged(const PagedBatch& s, const std::vector<std::pair<int64_t, i
     positions.push_back(position);
   }
   HostTensor out(DType::f32, {n, s.heads, s.head_dim});
-  run_kernel(Op::paged_attention, {{"layer", kLayer}, {"scale", scale}},
+  graph::Attrs attrs{{"layer", kLayer}, {"scale", scale}};
+  if (s.window > 0) attrs.emplace("window", s.window);
+  if (s.softcap > 0) attrs.emplace("softcap", s.softcap);
+  run_kernel(Op::paged_attention, attrs,
              {q.view(), k_cache.view(), v_cache.view(), tables.view(), i64_tensor({n}, seq_ids).view(),
               i64_tensor({n}, positions).view()},
              {out.view()}, parallel);
@@ -299,6 +314,21 @@ TEST(PagedAttentionKernel, MixedBatchEqualsTheReferenceF32) {
   check(mixed_batch(4, 2, 8));   // GQA: 2 query heads per kv head
   check(mixed_batch(2, 2, 13));  // one head per kv head, a head_dim that is no multiple of a vector
   check(mixed_batch(8, 1, 16));  // one kv head for all
+}
+
+TEST(PagedAttentionKernel, SlidingWindowAndSoftCapEqualTheReference) {
+  for (int64_t window : {1, 3, 4, 6}) {  // under, at and over the block size of 4
+    SCOPED_TRACE(::testing::Message() << "window " << window);
+    PagedBatch s = mixed_batch(4, 2, 8);
+    s.window = window;
+    check(s);
+    s.softcap = 0.5;
+    check(s);
+  }
+  PagedBatch capped = mixed_batch(8, 1, 16);
+  capped.softcap = 0.3;  // no window
+  check(capped);
+  check(capped, DType::bf16);
 }
 
 TEST(PagedAttentionKernel, HalfCachesConvertOnLoad) {

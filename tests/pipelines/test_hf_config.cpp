@@ -162,11 +162,133 @@ TEST_F(HfConfig, ModelTypeStandsInForMissingArchitectures) {
   EXPECT_EQ(info.config.dtype, DType::f16);
 }
 
-TEST_F(HfConfig, MistralSlidingWindowCapsTheContext) {
+TEST_F(HfConfig, MistralSlidingWindowIsEveryLayersWindowNotACap) {
   write("config.json", R"({"architectures": ["MistralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
     "max_position_embeddings": 32768, "sliding_window": 4096, "rope_theta": 10000.0})");
-  EXPECT_EQ(load_model_info(dir_).config.max_position_embeddings, 4096);
+  nn::LlamaConfig c = load_model_info(dir_).config;
+  EXPECT_EQ(c.max_position_embeddings, 32768);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_TRUE(c.is_sliding(0) && c.is_sliding(31));
+  // null is no window (Mistral 7B v0.2+); absent is MistralConfig's default, 4096.
+  write("config.json", R"({"architectures": ["MistralForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "sliding_window": null})");
+  EXPECT_FALSE(load_model_info(dir_).config.sliding_window.has_value());
+  write("config.json", R"({"architectures": ["MistralForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})");
+  EXPECT_EQ(load_model_info(dir_).config.sliding_window, 4096);
+}
+
+TEST_F(HfConfig, Qwen2SlidesFromMaxWindowLayersOnlyWithUseSlidingWindow) {
+  const std::string base = R"("architectures": ["Qwen2ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "sliding_window": 8, )";
+  write("config.json", "{" + base + R"("use_sliding_window": false, "max_window_layers": 2})");
+  EXPECT_FALSE(load_model_info(dir_).config.sliding_window.has_value());
+  write("config.json", "{" + base + R"("use_sliding_window": true, "max_window_layers": 2})");
+  nn::LlamaConfig c = load_model_info(dir_).config;
+  EXPECT_EQ(c.sliding_window, 8);
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{false, false, true, true}));
+  // transformers >= 4.53 writes layer_types, which wins.
+  write("config.json", "{" + base + R"("use_sliding_window": true, "max_window_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]})");
+  EXPECT_EQ(load_model_info(dir_).config.sliding_layers, (std::vector<bool>{true, false, false, true}));
+  write("config.json", "{" + base + R"("use_sliding_window": true, "layer_types": ["full_attention"]})");
+  EXPECT_NE(error_message<ValueError>([&] { load_model_info(dir_); })
+                .find("field 'layer_types' is [\"full_attention\"], expected a list of num_hidden_layers (4)"),
+            std::string::npos);
+}
+
+// Qwen/Qwen3-0.6B's config.json, trimmed.
+TEST_F(HfConfig, Qwen3HasQkNormsAndItsHeadDim) {
+  write("config.json", R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072, "max_position_embeddings": 40960,
+    "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_sliding_window": false,
+    "vocab_size": 151936})");
+  const nn::LlamaConfig c = load_model_info(dir_).config;
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.resolved_head_dim(), 128);  // not hidden_size / heads = 64
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_FALSE(c.sliding_window.has_value());
+  EXPECT_TRUE(c.tie_word_embeddings);
+  // Qwen 3's attention_bias would bias o_proj too.
+  write("config.json", R"({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "attention_bias": true})");
+  EXPECT_NE(error_message<ValueError>([&] { load_model_info(dir_); }).find("field 'attention_bias' is true"),
+            std::string::npos);
+}
+
+// google/gemma-2-2b-it's config.json, trimmed.
+TEST_F(HfConfig, Gemma2AlternatesSlidingLayersAndSoftCaps) {
+  write("config.json", R"({"architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "intermediate_size": 9216,
+    "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8, "num_hidden_layers": 26,
+    "num_key_value_heads": 4, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "torch_dtype": "float32", "vocab_size": 256000})");
+  const nn::LlamaConfig c = load_model_info(dir_).config;
+  EXPECT_EQ(c.hidden_activation, nn::MLPActivation::geglu_tanh);
+  EXPECT_TRUE(c.norm_unit_offset && c.sandwich_norms && c.scale_embeddings && c.tie_word_embeddings);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_TRUE(c.is_sliding(0));
+  EXPECT_FALSE(c.is_sliding(1));
+  EXPECT_TRUE(c.is_sliding(24));
+  EXPECT_FALSE(c.is_sliding(25));
+  // null turns a cap off.
+  write("config.json", R"({"architectures": ["Gemma2ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
+    "attn_logit_softcapping": null})");
+  const nn::LlamaConfig d = load_model_info(dir_).config;
+  EXPECT_FALSE(d.attn_logit_softcapping.has_value());
+  EXPECT_EQ(d.final_logit_softcapping, 30.0);  // Gemma2Config's default
+  write("config.json", R"({"architectures": ["Gemma2ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_activation": "gelu"})");
+  EXPECT_NE(error_message<ValueError>([&] { load_model_info(dir_); })
+                .find("field 'hidden_activation' is 'gelu', expected 'gelu_pytorch_tanh'"),
+            std::string::npos);
+}
+
+// google/gemma-3-4b's text config (model_type gemma3_text), trimmed.
+TEST_F(HfConfig, Gemma3HasLocalAndGlobalLayers) {
+  write("config.json", R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2560, "intermediate_size": 10240,
+    "num_attention_heads": 8, "num_hidden_layers": 34, "num_key_value_heads": 4, "query_pre_attn_scalar": 256,
+    "rope_local_base_freq": 10000.0, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    "rope_theta": 1000000.0, "sliding_window": 1024, "sliding_window_pattern": 6, "vocab_size": 262208,
+    "final_logit_softcapping": null, "attn_logit_softcapping": null})");
+  const nn::LlamaConfig c = load_model_info(dir_).config;
+  EXPECT_TRUE(c.qk_norm && c.norm_unit_offset && c.sandwich_norms && c.scale_embeddings);
+  EXPECT_EQ(c.rope_local_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.rope_linear_factor, 8.0);
+  EXPECT_FALSE(c.attn_logit_softcapping || c.final_logit_softcapping);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  for (int64_t i = 0; i < 34; ++i) EXPECT_EQ(c.is_sliding(i), (i + 1) % 6 != 0) << i;
+}
+
+// microsoft/Phi-3-mini-4k-instruct's config.json, trimmed.
+TEST_F(HfConfig, Phi3HasFusedProjectionsAndRefusesLongrope) {
+  const std::string base = R"("architectures": ["Phi3ForCausalLM"], "hidden_act": "silu", "hidden_size": 3072,
+    "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 2047, "vocab_size": 32064)";
+  write("config.json", "{" + base + R"(, "rope_scaling": null})");
+  const nn::LlamaConfig c = load_model_info(dir_).config;
+  EXPECT_TRUE(c.fused_projections);
+  EXPECT_EQ(c.sliding_window, 2047);
+  EXPECT_DOUBLE_EQ(c.partial_rotary_factor, 1.0);
+  write("config.json", "{" + base + R"(, "partial_rotary_factor": 0.75})");
+  EXPECT_EQ(load_model_info(dir_).config.rotary_dim(), 72);
+  write("config.json", "{" + base + R"(, "rope_scaling": {"type": "longrope", "long_factor": [1.0],
+    "short_factor": [1.0]}})");
+  EXPECT_NE(error_message<ValueError>([&] { load_model_info(dir_); })
+                .find("field 'rope_scaling' has rope_type 'longrope', which kiln does not support"),
+            std::string::npos);
 }
 
 // ---- errors ----------------------------------------------------------------------------------------
@@ -201,7 +323,8 @@ TEST_F(HfConfig, UnsupportedArchitectureIsValueErrorListingSupported) {
   write("config.json", R"({"architectures": ["GPT2LMHeadModel"], "vocab_size": 50257})");
   EXPECT_EQ(error_message<ValueError>([&] { load_model_info(dir_); }),
             fmt::format("load_model_info: {}: unsupported architecture 'GPT2LMHeadModel' (supported: "
-                        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)",
+                        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM)",
                         config_path()));
 }
 
@@ -369,7 +492,24 @@ TEST_F(HfConfig, AbsurdSizesAreRefusedNamingKeyAndValue) {
       {R"("rope_scaling": {"rope_type": "llama3", "factor": 1e300, "low_freq_factor": 1, "high_freq_factor": 4,
           "original_max_position_embeddings": 8192})",
        "field 'rope_scaling' is {\"factor\":1e+300,"},
-      {R"("sliding_window": 0)", "field 'sliding_window' is 0, expected an integer in [1, 16777216]"},
+      {R"("architectures": ["MistralForCausalLM"], "sliding_window": 0)",
+       "field 'sliding_window' is 0, expected an integer in [1, 16777216]"},
+      {R"("architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "max_window_layers": -1)",
+       "field 'max_window_layers' is -1, expected an integer in [0, 1024]"},
+      {R"("architectures": ["Gemma3ForCausalLM"], "head_dim": 16, "sliding_window_pattern": 0)",
+       "field 'sliding_window_pattern' is 0, expected an integer in [1, 1024]"},
+      {R"("architectures": ["Gemma2ForCausalLM"], "head_dim": 16, "query_pre_attn_scalar": 0)",
+       "field 'query_pre_attn_scalar' is 0, expected a number in (0, 1000000]"},
+      {R"("architectures": ["Gemma2ForCausalLM"], "head_dim": 16, "attn_logit_softcapping": -1)",
+       "field 'attn_logit_softcapping' is -1, expected a number in (0, 1000000]"},
+      {R"("architectures": ["Gemma3ForCausalLM"], "head_dim": 16, "rope_local_base_freq": 0)",
+       "field 'rope_local_base_freq' is 0, expected a number in (0, 1000000000000]"},
+      {R"("architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 1.5)",
+       "field 'partial_rotary_factor' is 1.5, expected a number in (0, 1]"},
+      {R"("architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.01)",
+       "field 'partial_rotary_factor' is 0.01, which rotates 0 of head_dim 16"},
+      {R"("rope_scaling": {"rope_type": "linear", "factor": 0})",
+       "field 'rope_scaling.factor' is 0, expected a number in (0, 1000000]"},
   };
   for (const auto& [extra, fragment] : cases) {
     SCOPED_TRACE(extra);

@@ -184,9 +184,10 @@ TensorValue fused_elementwise(const std::vector<TensorValue>& inputs, const std:
 //   out[s, h] = sum_t softmax_t(q[s, h] . k[t, h / g] * scale, masked) v[t, h / g],  g = heads / kv_heads
 // q [seq, heads, head_dim]; k, v [total, kv_heads, head_dim] (q's dtype); masked bool [seq, total],
 // true where query s must not see key t (a masked score counts as the lowest float, so a row that
-// is masked everywhere averages every v). Result [seq, heads, head_dim] in q's dtype.
+// is masked everywhere averages every v). Result [seq, heads, head_dim] in q's dtype. softcap > 0
+// caps each scaled score as softcap * tanh(score / softcap) before the mask (Gemma 2); 0: none.
 TensorValue attention(const TensorValue& q, const TensorValue& k, const TensorValue& v,
-                      const TensorValue& masked, double scale);
+                      const TensorValue& masked, double scale, double softcap = 0);
 // Rotary position embedding, rotate-half form (Llama's, Hugging Face's `apply_rotary_pos_emb`):
 //   out = x * cos + rotate_half(x) * sin,  rotate_half(x) = concat(-x[..., half:], x[..., :half])
 // with cos and sin broadcast over the heads, each product and the sum rounded to x's dtype as the
@@ -219,9 +220,13 @@ void paged_kv_store(const BufferValue& cache, const TensorValue& value, const Te
 // block_tables[s, j / block_size] (i64[seqs, max_blocks_per_seq]). Softmax in f32, scores scaled by
 // `scale`; query head h reads kv head h / (heads / kv_heads). -> [tokens, heads, head_dim] in q's
 // dtype. Out-of-range seq ids, positions and block ids are errors at execute naming the token or
-// sequence. A token's result does not depend on the rest of the batch (bitwise).
+// sequence. A token's result does not depend on the rest of the batch (bitwise). window > 0 is
+// sliding-window attention: the token attends only to positions max(0, positions[t] - window + 1) ..
+// positions[t] (Hugging Face's window: key j visible iff positions[t] - j < window); 0: all. softcap
+// as attention's.
 TensorValue paged_attention(const TensorValue& q, const BufferValue& k_cache, const BufferValue& v_cache,
                             const TensorValue& block_tables, const TensorValue& seq_ids,
-                            const TensorValue& positions, int64_t layer, double scale);
+                            const TensorValue& positions, int64_t layer, double scale, int64_t window = 0,
+                            double softcap = 0);
 
 }  // namespace kiln::graph::ops

@@ -1,4 +1,5 @@
-// Grouped-query causal self-attention with rotary embeddings and a KV cache (Llama, Mistral, Qwen2).
+// Grouped-query causal self-attention with rotary embeddings and a KV cache (Llama, Mistral, Qwen 2/3,
+// Gemma 2/3, Phi-3: AttentionOptions holds what each adds to Llama's).
 //
 // KV cache calling convention (batch 1). A model graph takes, as one named tree:
 //   {"tokens":         i64[seq]                  the new tokens
@@ -34,6 +35,7 @@
 //   h = h + (*attn)(x, ctx);
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -41,6 +43,7 @@
 #include "kiln/graph/graph.h"
 #include "kiln/nn/linear.h"
 #include "kiln/nn/module.h"
+#include "kiln/nn/norm.h"
 #include "kiln/nn/rotary_embedding.h"
 
 namespace kiln::nn {
@@ -51,20 +54,39 @@ struct KVCache {
   graph::BufferValue v;
 };
 
+// How one attention layer differs from Llama's; the defaults are Llama's.
+struct AttentionOptions {
+  bool qk_norm = false;           // Qwen 3, Gemma 3: RMSNorm "q_norm", "k_norm" [head_dim] on each head, before RoPE
+  bool norm_unit_offset = false;  // those norms scale by (1 + weight) (Gemma 3)
+  double norm_eps = 1e-6;
+  bool fused_qkv = false;         // Phi-3: one "qkv_proj" [(heads + 2 * kv_heads) * head_dim, hidden]
+  int64_t sliding_window = 0;     // > 0: a query sees only the last sliding_window positions (its own included)
+  bool local_rope = false;        // rotate with the context's local tables (Gemma 3's sliding layers)
+  double scale = 0;               // 0: 1 / sqrt(head_dim) (Gemma: query_pre_attn_scalar^-1/2)
+  double logit_softcap = 0;       // > 0: scores become softcap * tanh(score / softcap) (Gemma 2)
+};
+
 // What every attention layer of one forward call shares, built once per graph.
 struct AttentionContext {
   KVCache cache;
   graph::Dim start;           // position of the first new token: total - seq
   graph::Dim total;           // past + new tokens
-  graph::TensorValue cos;     // [seq, head_dim] rope tables for positions start .. total-1
-  graph::TensorValue sin;     // [seq, head_dim]
+  graph::TensorValue cos;     // [seq, rotary_dim] rope tables for positions start .. total-1
+  graph::TensorValue sin;     // [seq, rotary_dim]
   graph::TensorValue masked;  // bool [seq, total]: true where a query must not see a key
+  int64_t window = 0;                // the sliding window masked_window applies; 0: none
+  graph::TensorValue masked_window;  // masked, and also every key window or more positions before the query
+  graph::TensorValue local_cos;      // the local rope's tables, when there is one (else invalid)
+  graph::TensorValue local_sin;
 };
 
 // positions = [start, total); a key is masked when it lies after the query or its attention_mask
-// entry is 0. `seq` is the new tokens' count; attention_mask is integer or bool [total].
+// entry is 0. `seq` is the new tokens' count; attention_mask is integer or bool [total]. window > 0
+// adds masked_window for the sliding layers (key j hidden from query i when i - j >= window, as
+// Hugging Face's sliding_window_overlay); local_rope adds local_cos / local_sin.
 AttentionContext make_attention_context(const KVCache& cache, const graph::TensorValue& attention_mask,
-                                        graph::Dim seq, const RotaryEmbedding& rope);
+                                        graph::Dim seq, const RotaryEmbedding& rope, int64_t window = 0,
+                                        const RotaryEmbedding* local_rope = nullptr);
 
 // The core of one attention layer after its projections, shared by AttentionWithRope and the
 // tensor-parallel attention: q_rows [seq, heads * head_dim], k_rows / v_rows [seq, kv_heads * head_dim]
@@ -72,7 +94,8 @@ AttentionContext make_attention_context(const KVCache& cache, const graph::Tenso
 // fused attention over the whole history -> [seq, heads * head_dim] (before o_proj).
 graph::TensorValue attend_with_cache(const graph::TensorValue& q_rows, const graph::TensorValue& k_rows,
                                      const graph::TensorValue& v_rows, int64_t layer, int64_t heads,
-                                     int64_t kv_heads, int64_t head_dim, const AttentionContext& ctx);
+                                     int64_t kv_heads, int64_t head_dim, const AttentionContext& ctx,
+                                     const AttentionOptions& options = {});
 
 // The two paged cache buffers of a model: [n_layers, num_blocks, block_size, n_kv_heads, head_dim] each.
 struct PagedKVCache {
@@ -87,31 +110,36 @@ struct PagedAttentionContext {
   graph::TensorValue seq_ids;       // i64[tokens]
   graph::TensorValue slots;         // i64[tokens]
   graph::TensorValue block_tables;  // i64[seqs, max_blocks]
-  graph::TensorValue cos;           // [tokens, head_dim] rope tables at each token's position
+  graph::TensorValue cos;           // [tokens, rotary_dim] rope tables at each token's position
   graph::TensorValue sin;
+  graph::TensorValue local_cos;     // the local rope's, when there is one (else invalid)
+  graph::TensorValue local_sin;
 };
 
 PagedAttentionContext make_paged_attention_context(const PagedKVCache& cache, const graph::TensorValue& positions,
                                                    const graph::TensorValue& seq_ids, const graph::TensorValue& slots,
                                                    const graph::TensorValue& block_tables,
-                                                   const RotaryEmbedding& rope);
+                                                   const RotaryEmbedding& rope,
+                                                   const RotaryEmbedding* local_rope = nullptr);
 
 // attend_with_cache for a paged cache: rope, this call's keys and values stored at their slots of
 // layer `layer`, then paged attention -> [tokens, heads * head_dim] (before o_proj).
 graph::TensorValue attend_paged(const graph::TensorValue& q_rows, const graph::TensorValue& k_rows,
                                 const graph::TensorValue& v_rows, int64_t layer, int64_t heads, int64_t kv_heads,
-                                int64_t head_dim, const PagedAttentionContext& ctx);
+                                int64_t head_dim, const PagedAttentionContext& ctx,
+                                const AttentionOptions& options = {});
 
 class AttentionWithRope : public Module {
  public:
-  // Weights "q_proj", "k_proj", "v_proj" (with bias when has_bias, as Qwen2) and "o_proj" (no bias).
+  // Weights "q_proj", "k_proj", "v_proj" (with bias when has_bias, as Qwen2; or one "qkv_proj" with
+  // options.fused_qkv) and "o_proj" (no bias); "q_norm", "k_norm" with options.qk_norm.
   // n_heads must be a multiple of n_kv_heads; layer_index selects the cache row. ValueError otherwise.
   // `weight_format`: how the projections store their weights, a model-wide choice
   // (model_weight_format in weight_format.h); nullopt: in `dtype`.
   AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads, int64_t n_kv_heads,
                     int64_t head_dim, DType dtype = DType::f32, bool has_bias = false,
                     DeviceRef device = DeviceRef::CPU(),
-                    std::optional<WeightFormat> weight_format = std::nullopt);
+                    std::optional<WeightFormat> weight_format = std::nullopt, AttentionOptions options = {});
 
   // x [seq, hidden_dim] -> [seq, hidden_dim]. Writes this layer's keys and values into the cache.
   graph::TensorValue operator()(const graph::TensorValue& x, const AttentionContext& ctx) const;
@@ -122,16 +150,24 @@ class AttentionWithRope : public Module {
   int64_t n_heads() const { return n_heads_; }
   int64_t n_kv_heads() const { return n_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
+  const AttentionOptions& options() const { return options_; }
 
  private:
+  // x -> q_rows [seq, heads * head_dim], k_rows and v_rows [seq, kv_heads * head_dim], q/k-normed.
+  std::array<graph::TensorValue, 3> project(const graph::TensorValue& x) const;
+
   int64_t layer_index_;
   int64_t n_heads_;
   int64_t n_kv_heads_;
   int64_t head_dim_;
-  std::shared_ptr<Linear> q_proj_;
+  AttentionOptions options_;
+  std::shared_ptr<Linear> q_proj_;    // null when fused
   std::shared_ptr<Linear> k_proj_;
   std::shared_ptr<Linear> v_proj_;
+  std::shared_ptr<Linear> qkv_proj_;  // null unless fused
   std::shared_ptr<Linear> o_proj_;
+  std::shared_ptr<RMSNorm> q_norm_;   // null unless qk_norm
+  std::shared_ptr<RMSNorm> k_norm_;
 };
 
 }  // namespace kiln::nn

@@ -32,9 +32,11 @@ struct Llama3RopeScaling {
 // Holds no weights: a plain object the attention layers share.
 class RotaryEmbedding {
  public:
-  // head_dim must be even and positive; theta > 0. ValueError otherwise.
+  // head_dim (the rotated dims: less than the attention head's with a partial_rotary_factor) must be
+  // even and positive; theta > 0; linear_factor > 0 divides every frequency ("rope_type": "linear",
+  // Gemma 3's global layers). ValueError otherwise.
   RotaryEmbedding(int64_t head_dim, double theta, int64_t max_seq_len,
-                  std::optional<Llama3RopeScaling> scaling = std::nullopt);
+                  std::optional<Llama3RopeScaling> scaling = std::nullopt, double linear_factor = 1.0);
 
   // [head_dim / 2] inverse frequencies, in double, scaled if scaling is set.
   const std::vector<double>& inv_freq() const { return inv_freq_; }
@@ -45,6 +47,8 @@ class RotaryEmbedding {
   std::pair<graph::TensorValue, graph::TensorValue> cos_sin(const graph::TensorValue& positions) const;
   // x [seq, heads, head_dim] with cos, sin [seq, head_dim] -> rotated x (same shape and dtype). Static:
   // the tables carry all it needs, so attention layers apply them without holding the embedding.
+  // Tables narrower than x's head_dim rotate its first dims and pass the rest through (Hugging Face's
+  // partial rotary, Phi-3's partial_rotary_factor).
   static graph::TensorValue apply(const graph::TensorValue& x, const graph::TensorValue& cos,
                                   const graph::TensorValue& sin);
   // apply(x, cos_sin(positions)).

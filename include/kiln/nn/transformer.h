@@ -1,8 +1,11 @@
-// Llama-family decoder-only transformers (Llama 2/3, Mistral, Qwen2 with attention_bias), with Hugging
-// Face's weight names so checkpoints load unchanged:
+// Llama-family decoder-only transformers (Llama 2/3, SmolLM, Mistral, Qwen 2/3, Gemma 2/3, Phi-3), with
+// Hugging Face's weight names so checkpoints load unchanged:
 //   model.embed_tokens.weight, model.layers.N.self_attn.{q,k,v,o}_proj.weight,
 //   model.layers.N.mlp.{gate,up,down}_proj.weight, model.layers.N.{input,post_attention}_layernorm.weight,
 //   model.norm.weight, lm_head.weight (absent when tie_word_embeddings: embed_tokens' table is used).
+// Each other architecture is this one model with a few LlamaConfig fields set (see there): q/k norms
+// (self_attn.{q,k}_norm.weight), Gemma's extra norms (pre/post_feedforward_layernorm), Phi-3's fused
+// self_attn.qkv_proj and mlp.gate_up_proj.
 // The graph's inputs are input_tree() (see attention.h for the KV cache convention); its output is the
 // logits f32[seq, vocab_size] for every new token.
 //
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "kiln/nn/attention.h"
 #include "kiln/nn/embedding.h"
@@ -44,12 +48,37 @@ struct LlamaConfig {
   // format other than dtype's needs dtype f32. Not a config.json field: a run-time choice.
   std::optional<WeightFormat> weight_format;
 
+  // What the other architectures add to Llama's; the defaults are Llama's.
+  std::optional<int64_t> sliding_window;  // Mistral, Qwen 2/3, Gemma, Phi-3: keys within the last N positions
+  std::vector<bool> sliding_layers;       // which layers have the window; empty: every layer
+  bool qk_norm = false;                   // Qwen 3, Gemma 3: RMSNorm of each head's q and k before RoPE
+  bool norm_unit_offset = false;          // Gemma: every RMSNorm scales by (1 + weight)
+  bool sandwich_norms = false;            // Gemma 2/3: post_attention_layernorm on the attention's output,
+                                          // pre/post_feedforward_layernorm around the MLP
+  MLPActivation hidden_activation = MLPActivation::swiglu;  // or geglu_tanh (Gemma)
+  bool scale_embeddings = false;          // Gemma: embeddings times sqrt(hidden_size), in dtype
+  std::optional<double> query_pre_attn_scalar;    // Gemma: attention scale query_pre_attn_scalar^-1/2
+  std::optional<double> attn_logit_softcapping;   // Gemma 2: scores capped by softcap * tanh(s / softcap)
+  std::optional<double> final_logit_softcapping;  // Gemma 2: logits likewise
+  std::optional<double> rope_local_theta;  // Gemma 3: the sliding layers' rope base (unscaled); rope_theta the others'
+  double rope_linear_factor = 1.0;         // "rope_type": "linear" (Gemma 3): frequencies divided by it
+  double partial_rotary_factor = 1.0;      // Phi-3: RoPE on the first head_dim * factor dims of each head
+  bool fused_projections = false;          // Phi-3: self_attn.qkv_proj and mlp.gate_up_proj
+
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(resolved_head_dim()) * partial_rotary_factor);
+  }
+  bool is_sliding(int64_t layer) const {
+    return sliding_window && (sliding_layers.empty() || sliding_layers[static_cast<size_t>(layer)]);
+  }
+
   int64_t resolved_head_dim() const { return head_dim.value_or(hidden_size / num_attention_heads); }
   // ValueError naming the first field that is inconsistent (non-positive sizes, heads not dividing).
   void validate() const;
 };
 
-// Pre-norm residual block: h = x + attn(norm(x)); out = h + mlp(norm(h)).
+// Pre-norm residual block: h = x + attn(norm(x)); out = h + mlp(norm(h)). With sandwich_norms (Gemma):
+// h = x + post_attention_norm(attn(input_norm(x))); out = h + post_feedforward_norm(mlp(pre_feedforward_norm(h))).
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const LlamaConfig& config, int64_t layer_index);
@@ -62,7 +91,10 @@ class TransformerBlock : public Module {
   std::shared_ptr<RMSNorm> input_layernorm_;
   std::shared_ptr<AttentionWithRope> self_attn_;
   std::shared_ptr<RMSNorm> post_attention_layernorm_;
+  std::shared_ptr<RMSNorm> pre_feedforward_layernorm_;   // null unless sandwich_norms
+  std::shared_ptr<RMSNorm> post_feedforward_layernorm_;  // null unless sandwich_norms
   std::shared_ptr<MLP> mlp_;
+  template <class Ctx> graph::TensorValue apply(const graph::TensorValue& x, const Ctx& ctx) const;
 };
 
 // Hugging Face's LlamaModel (the "model." prefix): embeddings, blocks, final norm.
@@ -75,6 +107,10 @@ class TransformerModel : public Module {
   const Embedding& embed_tokens() const { return *embed_tokens_; }
 
  private:
+  graph::TensorValue embed(const graph::TensorValue& tokens) const;
+
+  bool scale_embeddings_;
+  int64_t hidden_size_;
   std::shared_ptr<Embedding> embed_tokens_;
   std::shared_ptr<ModuleList<TransformerBlock>> layers_;
   std::shared_ptr<RMSNorm> norm_;
@@ -126,11 +162,14 @@ class Transformer : public Module {
   const RotaryEmbedding& rope() const { return rope_; }
 
  private:
+  graph::TensorValue head(const graph::TensorValue& h) const;  // [rows, hidden] -> f32 logits [rows, vocab]
+
   LlamaConfig config_;
   int64_t max_seq_len_;
   ReturnLogits return_logits_;
   std::optional<PagedKVLayout> paged_;
   RotaryEmbedding rope_;
+  std::optional<RotaryEmbedding> local_rope_;  // Gemma 3's sliding layers
   std::shared_ptr<TransformerModel> model_;
   std::shared_ptr<Linear> lm_head_;  // null when tied
 };

@@ -1,4 +1,4 @@
-// CPU kernel of attention(q, k, v, masked) {scale}: grouped-query attention with an online
+// CPU kernel of attention(q, k, v, masked) {scale, optionally softcap}: grouped-query attention with an online
 // (flash-style) softmax. The work is split into (kv head, block of queries) units, shared out between
 // threads; a unit walks the keys in tiles, so each K and V row is read from memory once per unit and
 // reused from L1 by every query head of the group and every query of the block. Scores, softmax and
@@ -59,11 +59,12 @@ Dims check_operands(std::span<const TensorView> inputs, std::span<const TensorVi
 }
 
 template <class T>
-void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, std::span<const TensorView> inputs,
-                    const TensorView& out) {
+void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, double softcap_attr,
+                    std::span<const TensorView> inputs, const TensorView& out) {
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2], &masked = inputs[3];
   const C scale = static_cast<C>(scale_attr);
+  const C softcap = static_cast<C>(softcap_attr);
   const T* q_data = q.as<T>();
   const T* k_data = k.as<T>();
   const T* v_data = v.as<T>();
@@ -133,6 +134,7 @@ void attention_loop(const KernelContext& ctx, const Dims& d, double scale_attr, 
             C tile_max = -std::numeric_limits<C>::infinity();
             for (int64_t t = 0; t < keys; ++t) {
               score[t] *= scale;
+              if (softcap > C(0)) score[t] = softcap * std::tanh(score[t] / softcap);
               if (visible[static_cast<size_t>(t)]) tile_max = std::max(tile_max, score[t]);
             }
             C& m = running_max[static_cast<size_t>(row)];
@@ -278,7 +280,7 @@ struct RowOperands {
 
 // One query row, one kv head and its group of query heads; scores [group, total] and acc [group, hd]
 // are scratch.
-KILN_AVX512 void attend_row(const Dims& d, float scale, const RowOperands& o, int64_t kv,
+KILN_AVX512 void attend_row(const Dims& d, float scale, float softcap, const RowOperands& o, int64_t kv,
                                 std::vector<float>& scores, std::vector<float>& acc) {
   const int64_t hd = d.head_dim, total = d.total, group = d.group;
   const float* q_rows[64];  // the group's heads, 64 at a time
@@ -310,6 +312,9 @@ KILN_AVX512 void attend_row(const Dims& d, float scale, const RowOperands& o, in
     float sums[64];
     for (int64_t g = 0; g < gs; ++g) {
       float* row = scores.data() + g * total;
+      if (softcap > 0.0f && !o.all_masked)
+        for (int64_t t = 0; t < total; ++t)
+          if (row[t] != -std::numeric_limits<float>::infinity()) row[t] = softcap * std::tanh(row[t] / softcap);
       __m512 mx = minus_inf;
       for (int64_t t = 0; t < total; t += 16) {
         const __mmask16 m = total - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (total - t)) - 1);
@@ -353,8 +358,8 @@ KILN_AVX512 void attend_row(const Dims& d, float scale, const RowOperands& o, in
   }
 }
 
-void rows_f32_avx512(const KernelContext& ctx, const Dims& d, float scale, std::span<const TensorView> inputs,
-                     const TensorView& out) {
+void rows_f32_avx512(const KernelContext& ctx, const Dims& d, float scale, float softcap,
+                     std::span<const TensorView> inputs, const TensorView& out) {
   const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2], &masked = inputs[3];
   // Units of (query row, kv head); each is one decode-shaped problem.
   parallel_for(ctx, d.seq * d.kv_heads, 1, [&](int64_t first, int64_t end) {
@@ -367,7 +372,7 @@ void rows_f32_avx512(const KernelContext& ctx, const Dims& d, float scale, std::
                        masked.as<bool>() + s * masked.strides[0], out.as<float>() + s * d.heads * d.head_dim,
                        q.strides[1], k.strides[0], k.strides[1], v.strides[0], v.strides[1], masked.strides[1], true};
       for (int64_t t = 0; t < d.total && o.all_masked; ++t) o.all_masked = o.mask[t * o.mask_stride];
-      attend_row(d, scale, o, kv, scores, acc);
+      attend_row(d, scale, softcap, o, kv, scores, acc);
     }
   });
 }
@@ -388,21 +393,26 @@ bool use_rows_avx512(std::span<const TensorView> inputs) {
 
 struct AttentionParams {
   double scale;
-  explicit AttentionParams(const KernelInit& init) : scale(init.attr<double>("scale")) {}
+  double softcap = 0;  // 0: none; else each scaled score becomes softcap * tanh(score / softcap) (Gemma 2)
+  explicit AttentionParams(const KernelInit& init) : scale(init.attr<double>("scale")) {
+    if (init.has_attr("softcap")) softcap = init.attr<double>("softcap");
+    if (!(softcap >= 0)) throw ValueError(fmt::format("attention: softcap must be >= 0, got {}", softcap));
+  }
 };
 
 void attention_kernel(const KernelContext& ctx, const AttentionParams& params,
                       std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
   const Dims d = check_operands(inputs, outputs);
-  const double scale = params.scale;
+  const double scale = params.scale, softcap = params.softcap;
 #if defined(__x86_64__)
-  if (use_rows_avx512(inputs)) return rows_f32_avx512(ctx, d, static_cast<float>(scale), inputs, outputs[0]);
+  if (use_rows_avx512(inputs))
+    return rows_f32_avx512(ctx, d, static_cast<float>(scale), static_cast<float>(softcap), inputs, outputs[0]);
 #endif
   switch (inputs[0].dtype) {
-    case DType::f32: return attention_loop<float>(ctx, d, scale, inputs, outputs[0]);
-    case DType::f64: return attention_loop<double>(ctx, d, scale, inputs, outputs[0]);
-    case DType::f16: return attention_loop<f16_t>(ctx, d, scale, inputs, outputs[0]);
-    case DType::bf16: return attention_loop<bf16_t>(ctx, d, scale, inputs, outputs[0]);
+    case DType::f32: return attention_loop<float>(ctx, d, scale, softcap, inputs, outputs[0]);
+    case DType::f64: return attention_loop<double>(ctx, d, scale, softcap, inputs, outputs[0]);
+    case DType::f16: return attention_loop<f16_t>(ctx, d, scale, softcap, inputs, outputs[0]);
+    case DType::bf16: return attention_loop<bf16_t>(ctx, d, scale, softcap, inputs, outputs[0]);
     default: break;
   }
   throw DTypeError(fmt::format("attention: q must be a float dtype, got {}", describe(inputs[0])));

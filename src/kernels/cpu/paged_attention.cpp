@@ -1,5 +1,6 @@
 // CPU kernels of the paged KV cache ops (vLLM's PagedAttention): paged_kv_store(cache, value, slots)
-// {layer} and paged_attention(q, k_cache, v_cache, block_tables, seq_ids, positions) {layer, scale}.
+// {layer} and paged_attention(q, k_cache, v_cache, block_tables, seq_ids, positions) {layer, scale,
+// and optionally window (sliding-window attention) and softcap (Gemma 2's tanh logit capping)}.
 // A cache is [layers, num_blocks, block_size, kv_heads, head_dim] in f32, bf16 or f16.
 //
 // paged_attention is attention.cpp's online (flash-style) softmax over a block table: the work is
@@ -10,9 +11,9 @@
 // unit per (token, kv head).
 //
 // Batch invariance: a token's arithmetic is a function of its own sequence and position only. It
-// visits blocks 0 .. position / block_size in order, and in each block exactly its visible keys,
-// with loops whose trip counts are those keys' count; the other tokens of its unit only share the
-// tiles. So a token gives the same bits alone, in a prefill chunk or in any batch.
+// visits its blocks in order, from its window's first (0 without a window) to position / block_size,
+// and in each block exactly its visible keys, with loops whose trip counts are those keys' count; the
+// other tokens of its unit only share the tiles. So a token gives the same bits alone, in a prefill chunk or in any batch.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -158,9 +159,21 @@ void paged_kv_store_kernel(const KernelContext& ctx, const StoreParams& params, 
 struct AttentionParams {
   int64_t layer;
   double scale;
+  int64_t window = 0;   // 0: every earlier position; else only the last `window` (the token's own included)
+  double softcap = 0;   // 0: none; else each scaled score becomes softcap * tanh(score / softcap)
   explicit AttentionParams(const KernelInit& init)
-      : layer(init.attr<int64_t>("layer")), scale(init.attr<double>("scale")) {}
+      : layer(init.attr<int64_t>("layer")), scale(init.attr<double>("scale")) {
+    if (init.has_attr("window")) window = init.attr<int64_t>("window");
+    if (init.has_attr("softcap")) softcap = init.attr<double>("softcap");
+    if (window < 0) throw ValueError(fmt::format("paged_attention: window must be >= 0, got {}", window));
+    if (!(softcap >= 0)) throw ValueError(fmt::format("paged_attention: softcap must be >= 0, got {}", softcap));
+  }
 };
+
+// A token at `position` sees positions [first_visible, position].
+inline int64_t first_visible(int64_t position, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+}
 
 struct Geometry {
   int64_t tokens, heads, head_dim, kv_heads, group, block_size, blocks, seqs, max_blocks;
@@ -297,13 +310,18 @@ struct Scratch {
 
 // One unit: kv head `kv`, tokens [first, first + count) of one sequence.
 template <class C>
-void attend_unit(const Geometry& g, float scale, bool simd, const Operands& o, int64_t first, int64_t count,
-                 int64_t kv, Scratch& w) {
+void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, const Operands& o, int64_t first,
+                 int64_t count, int64_t kv, Scratch& w) {
   const int64_t hd = g.head_dim, bs = g.block_size, group = g.group;
+  const auto scale = static_cast<float>(params.scale);
+  const auto softcap = static_cast<float>(params.softcap);
   const int64_t seq = o.seq_ids[static_cast<size_t>(first)];
-  int64_t max_position = 0;
-  for (int64_t i = 0; i < count; ++i)
-    max_position = std::max(max_position, o.positions[static_cast<size_t>(first + i)]);
+  int64_t max_position = 0, min_first = std::numeric_limits<int64_t>::max();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t p = o.positions[static_cast<size_t>(first + i)];
+    max_position = std::max(max_position, p);
+    min_first = std::min(min_first, first_visible(p, params.window));
+  }
 
   const float* q_data = o.q.as<float>();
   for (int64_t i = 0; i < count; ++i)
@@ -323,7 +341,8 @@ void attend_unit(const Geometry& g, float scale, bool simd, const Operands& o, i
   // cache.strides[2] apart. Otherwise each block's rows are converted to f32 rows of the tiles.
   constexpr bool kF32 = std::is_same_v<C, float>;
   const bool in_place = kF32 && o.k.strides[4] == 1 && o.v.strides[4] == 1;
-  for (int64_t b = 0; b <= max_position / bs; ++b) {
+  // Blocks wholly before every token's window are never read.
+  for (int64_t b = min_first / bs; b <= max_position / bs; ++b) {
     const int64_t block = at2(o.tables, seq, b);
     const int64_t rows = std::min(bs, max_position + 1 - b * bs);
     const float* k_rows = w.k_tile.data();
@@ -347,26 +366,33 @@ void attend_unit(const Geometry& g, float scale, bool simd, const Operands& o, i
       }
     }
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t visible = std::min(bs, o.positions[static_cast<size_t>(first + i)] + 1 - b * bs);
-      if (visible <= 0) continue;  // this block is past the token's position
+      const int64_t position = o.positions[static_cast<size_t>(first + i)];
+      // This block's keys [lo, lo + visible) are in the token's window (none: before it or past it).
+      const int64_t lo = std::max<int64_t>(0, first_visible(position, params.window) - b * bs);
+      const int64_t visible = std::min(bs, position + 1 - b * bs) - lo;
+      if (visible <= 0) continue;
+      const float* k_lo = k_rows + lo * k_stride;
+      const float* v_lo = v_rows + lo * v_stride;
       for (int64_t gi = 0; gi < group; ++gi) {
         const int64_t row = i * group + gi;
         const float* q_row = &w.q_rows[static_cast<size_t>(row * hd)];
         float* a = &w.acc[static_cast<size_t>(row * hd)];
 #if defined(__x86_64__)
         if (simd) {
-          scores_avx512(q_row, k_rows, k_stride, hd, visible, scale, score);
+          scores_avx512(q_row, k_lo, k_stride, hd, visible, scale, score);
         } else
 #endif
         {
           // score[t] = q . k_t, summed in head_dim order.
           for (int64_t t = 0; t < visible; ++t) {
-            const float* k_row = k_rows + t * k_stride;
+            const float* k_row = k_lo + t * k_stride;
             float dot = 0.0f;
             for (int64_t d = 0; d < hd; ++d) dot += q_row[d] * k_row[d];
             score[t] = dot * scale;
           }
         }
+        if (softcap > 0)
+          for (int64_t t = 0; t < visible; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
         float block_max = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < visible; ++t) block_max = std::max(block_max, score[t]);
         float& m = w.running_max[static_cast<size_t>(row)];
@@ -383,14 +409,14 @@ void attend_unit(const Geometry& g, float scale, bool simd, const Operands& o, i
         if (simd) {
           vmath::apply(vmath::Fn::exp, score, score, visible);
           for (int64_t t = 0; t < visible; ++t) l += score[t];
-          weighted_sum_avx512(score, v_rows, v_stride, visible, hd, a);
+          weighted_sum_avx512(score, v_lo, v_stride, visible, hd, a);
           continue;
         }
 #endif
         for (int64_t t = 0; t < visible; ++t) {
           const float p = std::exp(score[t]);
           l += p;
-          const float* v_row = v_rows + t * v_stride;
+          const float* v_row = v_lo + t * v_stride;
           for (int64_t d = 0; d < hd; ++d) a[d] += p * v_row[d];
         }
       }
@@ -428,7 +454,6 @@ void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& par
     t += n;
   }
   const Operands o{inputs[0], inputs[1], inputs[2], inputs[3], seq_ids, positions, outputs[0], params.layer};
-  const auto scale = static_cast<float>(params.scale);
   const bool simd = vmath::available();
   const auto num_runs = static_cast<int64_t>(runs.size());
   visit_cache_dtype(inputs[1].dtype, [&]<class C>() {
@@ -436,7 +461,7 @@ void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& par
       Scratch scratch(g);
       for (int64_t unit = begin; unit < end; ++unit) {
         const auto& [first, count] = runs[static_cast<size_t>(unit / g.kv_heads)];
-        attend_unit<C>(g, scale, simd, o, first, count, unit % g.kv_heads, scratch);
+        attend_unit<C>(g, params, simd, o, first, count, unit % g.kv_heads, scratch);
       }
     });
   });
