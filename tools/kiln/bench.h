@@ -157,7 +157,8 @@ struct GemmBenchResult {
   double seconds = 0;                   // kiln's best run
   double gflops = 0;                    // 2 m n k / seconds
   double weight_gb_per_s = 0;           // weight_bytes / seconds: W read once per call
-  std::optional<double> onednn_gflops;  // nullopt: oneDNN not available in this build
+  std::optional<double> onednn_gflops;  // nullopt: oneDNN not available in this build, or see onednn_note
+  std::string onednn_note;              // why oneDNN has no figure though it is built in (its error)
   double peak_gflops = 0;               // measure_peak_gflops(threads, dtype) in the same run
   // bf16 on a CPU with AVX512_BF16: the vdpbf16ps peak (measure_bf16_dot_peak_gflops) in the same run,
   // ANCHORS.md's "bf16 dot peak". On AMX CPUs kiln's bf16 GEMM runs on the tiles, whose peak is

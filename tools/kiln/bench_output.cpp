@@ -48,6 +48,7 @@ nlohmann::json to_json(const GemmBenchResult& r) {
       {"weight_bytes", r.weight_bytes},
       {"weight_gb_per_s", r.weight_gb_per_s},
       {"onednn_gflops", r.onednn_gflops ? nlohmann::json(*r.onednn_gflops) : nlohmann::json(nullptr)},
+      {"onednn_note", r.onednn_note},
       {"peak_gflops", r.peak_gflops},
       {"peak_fraction", r.gflops / r.peak_gflops},
       {"onednn_peak_fraction",
