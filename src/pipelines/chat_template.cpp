@@ -1,6 +1,8 @@
 // ChatTemplate (kiln/pipelines/chat_template.h): where a model keeps its template, and the context
 // apply_chat_template renders it with, over kiln's Jinja interpreter (jinja.h).
 #include "kiln/pipelines/chat_template.h"
+#include "kiln/pipelines/gguf.h"
+#include "kiln/pipelines/gguf_model.h"
 
 #include <fmt/format.h>
 
@@ -59,6 +61,21 @@ ChatTemplate ChatTemplate::parse(std::string source, std::string origin) {
 }
 
 std::optional<ChatTemplate> ChatTemplate::from_model_dir(const fs::path& dir) {
+  if (is_gguf_file(dir)) {  // the file's tokenizer.chat_template, with its bos and eos tokens' text
+    const GGUFFile file = GGUFFile::open(dir);
+    std::optional<std::string> source = file.find_string("tokenizer.chat_template");
+    if (!source) return std::nullopt;
+    ChatTemplate out = parse(std::move(*source), dir.string() + ": tokenizer.chat_template");
+    std::string special[2];
+    const char* keys[2] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"};
+    if (file.contains("tokenizer.ggml.tokens")) {
+      const std::vector<std::string_view> tokens = file.get_string_array("tokenizer.ggml.tokens");
+      for (int i = 0; i < 2; ++i)
+        if (auto id = file.find_u64(keys[i]); id && *id < tokens.size()) special[i] = std::string(tokens[*id]);
+    }
+    out.set_special_tokens(std::move(special[0]), std::move(special[1]));
+    return out;
+  }
   const fs::path config_file = dir / "tokenizer_config.json";
   const fs::path jinja_file = dir / "chat_template.jinja";
   std::error_code ec;

@@ -20,6 +20,7 @@
 #include <unordered_set>
 
 #include "kiln/engine/session.h"
+#include "kiln/pipelines/gguf_model.h"
 #include "kiln/pipelines/hf_config.h"
 #include "kiln/pipelines/kv_block_pool.h"
 #include "kiln/pipelines/safetensors.h"
@@ -53,9 +54,9 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 // The model always computes in f32 on the CPU: f16/bf16 checkpoints are converted when loaded.
-nn::LlamaConfig compute_config(nn::LlamaConfig config, nn::WeightFormat format) {
+nn::LlamaConfig compute_config(nn::LlamaConfig config, std::optional<nn::WeightFormat> format) {
   config.dtype = DType::f32;
-  config.weight_format = format;
+  config.weight_format = format.value_or(nn::WeightFormat::f32);
   config.validate();
   return config;
 }
@@ -295,6 +296,19 @@ GenerationEngine::GenerationEngine(const nn::LlamaConfig& config, const WeightsR
 std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesystem::path& model_dir,
                                                              EngineOptions options) {
   constexpr int kStages = 4;
+  if (is_gguf_file(model_dir)) {
+    report(options, "config", 0, kStages);
+    const GGUFFile file = GGUFFile::open(model_dir);
+    const ModelInfo info = gguf_model_info(file);
+    if (!options.weight_format) options.weight_format = gguf_weight_format(file);
+    report(options, "weights", 1, kStages);
+    const WeightsRegistry weights = gguf_weights(file, info, *options.weight_format);
+    report(options, "tokenizer", 2, kStages);
+    std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load(model_dir);
+    report(options, "graphs", 3, kStages);
+    return std::make_unique<GenerationEngine>(info.config, weights, std::move(tokenizer), info.eos_token_ids,
+                                              std::move(options));
+  }
   if (!std::filesystem::is_directory(model_dir))
     throw LoadError(fmt::format("GenerationEngine: model directory '{}' does not exist", model_dir.string()));
   report(options, "config", 0, kStages);

@@ -4,6 +4,7 @@
 // puts on o_proj, another activation) is refused rather than ignored, so a config never silently
 // builds the wrong model.
 #include "kiln/pipelines/hf_config.h"
+#include "pipelines/hf_config_internal.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -256,15 +257,9 @@ DType dtype_of_config(const Fields& f) {
 
 }  // namespace
 
-ModelInfo load_model_info(const fs::path& model_dir) {
-  std::error_code ec;
-  if (!fs::is_directory(model_dir, ec))
-    throw LoadError(
-        fmt::format("load_model_info: {}: not a directory (expected a model directory with "
-                    "config.json)",
-                    model_dir.string()));
-  const fs::path config_path = model_dir / "config.json";
-  const json config_json = read_json(config_path);
+namespace detail {
+
+ModelInfo model_info_from_json(const json& config_json, const fs::path& config_path) {
   if (!config_json.is_object())
     throw LoadError(fmt::format("load_model_info: {}: is {}, expected a JSON object", config_path.string(),
                                 config_json.type_name()));
@@ -412,6 +407,20 @@ ModelInfo load_model_info(const fs::path& model_dir) {
   } catch (const ValueError& e) {
     throw ValueError(fmt::format("load_model_info: {}: {}", config_path.string(), e.what()));
   }
+  return info;
+}
+
+}  // namespace detail
+
+ModelInfo load_model_info(const fs::path& model_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec))
+    throw LoadError(
+        fmt::format("load_model_info: {}: not a directory (expected a model directory with "
+                    "config.json)",
+                    model_dir.string()));
+  const fs::path config_path = model_dir / "config.json";
+  ModelInfo info = detail::model_info_from_json(read_json(config_path), config_path);
 
   const fs::path generation_path = model_dir / "generation_config.json";
   if (fs::exists(generation_path, ec)) {
@@ -426,21 +435,7 @@ ModelInfo load_model_info(const fs::path& model_dir) {
   return info;
 }
 
-namespace {
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
-// One tensor the config implies: its name, why it is expected (the key a message blames when it is
-// missing), and per dim the key that sets it and its size.
-struct ExpectedTensor {
-  std::string name;
-  std::string because;  // "num_hidden_layers", "tie_word_embeddings", ...
-  std::vector<std::pair<std::string, int64_t>> dims;
-};
-
-std::vector<ExpectedTensor> expected_tensors(const nn::LlamaConfig& c) {
+std::vector<detail::ExpectedTensor> detail::expected_tensors(const nn::LlamaConfig& c) {
   const int64_t hd = c.resolved_head_dim();
   const std::pair<std::string, int64_t> hidden{"hidden_size", c.hidden_size};
   const std::pair<std::string, int64_t> inter{"intermediate_size", c.intermediate_size};
@@ -498,6 +493,14 @@ std::vector<ExpectedTensor> expected_tensors(const nn::LlamaConfig& c) {
   return out;
 }
 
+namespace {
+
+using detail::ExpectedTensor;
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
 // The value of a config key as a message shows it ("4", "false").
 std::string key_value(const ModelInfo& info, const std::string& key) {
   const nn::LlamaConfig& c = info.config;
@@ -519,7 +522,7 @@ void check_checkpoint(const ModelInfo& info, const fs::path& model_dir, const We
   auto fail = [&](const std::string& what) {
     throw LoadError(fmt::format("load_model_info: {}: {}", config, what));
   };
-  for (const ExpectedTensor& e : expected_tensors(c)) {
+  for (const ExpectedTensor& e : detail::expected_tensors(c)) {
     auto it = weights.find(e.name);
     if (it == weights.end())
       fail(fmt::format("'{}' is {}, but the checkpoint has no tensor '{}'", e.because,

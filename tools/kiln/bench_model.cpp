@@ -11,6 +11,7 @@
 #include "bench.h"
 #include "bench_internal.h"
 #include "kiln/errors.h"
+#include "kiln/pipelines/gguf_model.h"
 #include "kiln/pipelines/hf_config.h"
 #include "kiln/pipelines/text_generation.h"
 
@@ -73,7 +74,8 @@ double roofline_tokens_per_s(double weight_bytes_per_token, double read_bytes_pe
 nn::LlamaConfig resolve_model_config(const std::string& model) {
   if (auto named = pipelines::named_config(model)) return *named;
   if (std::filesystem::is_directory(model)) return pipelines::load_model_info(model).config;
-  throw ValueError(fmt::format("kiln bench: unknown model '{}': give a model directory or one of {}", model,
+  if (pipelines::is_gguf_file(model)) return pipelines::gguf_model_info(pipelines::GGUFFile::open(model)).config;
+  throw ValueError(fmt::format("kiln bench: unknown model '{}': give a model directory, a GGUF file or one of {}", model,
                                join(pipelines::named_config_names())));
 }
 

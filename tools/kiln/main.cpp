@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <kiln/engine/compile_cache.h>
 #include <kiln/kiln.h>
+#include <kiln/pipelines/gguf_model.h>
 #include <kiln/pipelines/hf_config.h>
 #include <kiln/pipelines/text_generation.h>
 #include <kiln/pipelines/chat_template.h>
@@ -128,7 +129,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   int64_t max_seq_len = 0;
   int threads = 0;
-  std::string dtype = "f32";  // the weight format (docs/quantization.md)
+  std::string dtype;  // the weight format (docs/quantization.md); empty: the checkpoint's
   double kv_cache_gb = 0;     // 0: the engine's default
   std::string kv_dtype = "f32";
 };
@@ -162,6 +163,12 @@ class LoadProgress {
   bool drawn_ = false;
 };
 
+// --dtype: the weight format, or (not given) the checkpoint's own.
+std::optional<nn::WeightFormat> weight_format_option(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  return nn::parse_weight_format(name);
+}
+
 // --kv-dtype: how the paged KV cache stores keys and values.
 DType parse_kv_dtype(const std::string& name) {
   if (name == "f32") return DType::f32;
@@ -180,7 +187,7 @@ pipelines::TextGenerationPipeline load_pipeline(const GenerateArgs& args) {
   LoadProgress progress;
   pipelines::PipelineOptions options{.max_seq_len = args.max_seq_len,
                                      .num_threads = args.threads,
-                                     .weight_format = nn::parse_weight_format(args.dtype)};
+                                     .weight_format = weight_format_option(args.dtype)};
   options.kv_cache_dtype = parse_kv_dtype(args.kv_dtype);
   options.kv_cache_bytes = kv_cache_bytes(args.kv_cache_gb);
   options.on_stage = [&](std::string_view stage, int index, int total) {
@@ -249,7 +256,7 @@ int generate(GenerateArgs args) {
 struct ServeArgs {
   std::string model = KILN_DEFAULT_MODEL_DIR;
   std::string model_name;  // default: the directory's or shape's name
-  std::string dtype = "f32";
+  std::string dtype;  // empty: the checkpoint's
   std::string host = "127.0.0.1";
   int port = 8000;
   int threads = 0;
@@ -270,7 +277,7 @@ std::shared_ptr<const pipelines::ChatTemplate> load_chat_template(const std::str
                                                                  const pipelines::Tokenizer* tokenizer) {
   std::optional<pipelines::ChatTemplate> found;
   std::filesystem::path dir = model_dir;
-  if (!dir.empty() && !std::filesystem::is_directory(dir)) dir = dir.parent_path();
+  if (!dir.empty() && !std::filesystem::is_directory(dir) && !pipelines::is_gguf_file(dir)) dir = dir.parent_path();
   if (!dir.empty()) found = pipelines::ChatTemplate::from_model_dir(dir);
   if (!file.empty()) {
     // The file's template, with the model's special tokens (from its tokenizer_config.json, else its tokenizer).
@@ -301,7 +308,7 @@ int serve_command(const ServeArgs& args) {
 
   pipelines::EngineOptions options{.max_seq_len = args.max_seq_len,
                                    .num_threads = args.threads,
-                                   .weight_format = nn::parse_weight_format(args.dtype)};
+                                   .weight_format = weight_format_option(args.dtype)};
   options.kv_cache_dtype = parse_kv_dtype(args.kv_dtype);
   options.kv_cache_bytes = kv_cache_bytes(args.kv_cache_gb);
   options.max_num_seqs = args.max_concurrency;
@@ -349,7 +356,7 @@ int serve_command(const ServeArgs& args) {
 
 struct ChatArgs {
   std::string model = KILN_DEFAULT_MODEL_DIR;
-  std::string dtype = "f32";
+  std::string dtype;  // empty: the checkpoint's
   int threads = 0;
   int64_t max_seq_len = 0;
   std::string chat_template;
@@ -364,7 +371,7 @@ int chat_command(ChatArgs args) {
   LoadProgress progress;
   pipelines::EngineOptions options{.max_seq_len = args.max_seq_len,
                                    .num_threads = args.threads,
-                                   .weight_format = nn::parse_weight_format(args.dtype)};
+                                   .weight_format = weight_format_option(args.dtype)};
   options.max_num_seqs = 1;
   options.on_stage = [&](std::string_view stage, int index, int total) { progress.stage(stage, index, total); };
   auto engine = pipelines::GenerationEngine::from_dir(args.model, options);
@@ -451,8 +458,7 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--max-seq-len", gen.max_seq_len,
                       "KV cache length (default: min(max_position_embeddings, 2048))");
   gen_cmd->add_option("--threads", gen.threads, "engine threads (default: one per core)");
-  gen_cmd->add_option("--dtype", gen.dtype, "weight format: f32, f16, bf16 or q8_0 (converted at load)")
-      ->capture_default_str();
+  gen_cmd->add_option("--dtype", gen.dtype, "weight format: f32, f16, bf16 or q8_0 (converted at load; default: a GGUF file's own, else f32)");
   gen_cmd->add_option("--kv-cache-gb", gen.kv_cache_gb,
                       "KV cache budget in GiB (default: what 64 sequences of max-seq-len need, at most a quarter "
                       "of the free memory)");
@@ -482,7 +488,7 @@ int main(int argc, char** argv) {
                    "model directory, or a random-weight shape (stories15M, stories110M, llama-1B: token-id prompts)")
       ->capture_default_str();
   serve_cmd->add_option("--model-name", serve_args.model_name, "the model's name in the API (default: --model's)");
-  serve_cmd->add_option("--dtype", serve_args.dtype, "weight format: f32, f16, bf16 or q8_0")->capture_default_str();
+  serve_cmd->add_option("--dtype", serve_args.dtype, "weight format: f32, f16, bf16 or q8_0 (default: a GGUF file's own, else f32)");
   serve_cmd->add_option("--host", serve_args.host, "address to listen on")->capture_default_str();
   serve_cmd->add_option("--port", serve_args.port, "port (0: any free one)")->capture_default_str();
   serve_cmd->add_option("--threads", serve_args.threads, "engine threads (default: one per core)");
@@ -518,7 +524,7 @@ int main(int argc, char** argv) {
   chat_cmd->add_option("--top-k", chat_args.options.sampling.top_k, "0: off")->capture_default_str();
   chat_cmd->add_option("--top-p", chat_args.options.sampling.top_p, "1: off")->capture_default_str();
   chat_cmd->add_option("--seed", chat_args.options.sampling.seed, "sampling seed")->capture_default_str();
-  chat_cmd->add_option("--dtype", chat_args.dtype, "weight format: f32, f16, bf16 or q8_0")->capture_default_str();
+  chat_cmd->add_option("--dtype", chat_args.dtype, "weight format: f32, f16, bf16 or q8_0 (default: a GGUF file's own, else f32)");
   chat_cmd->add_option("--threads", chat_args.threads, "threads (default: one per core)");
   chat_cmd->add_option("--max-seq-len", chat_args.max_seq_len, "the context: conversation + reply");
 

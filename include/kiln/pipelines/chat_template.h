@@ -32,6 +32,8 @@ class ChatTemplate {
   // "chat_template" (a string, or a list of {name, template} of which "default" is taken), with
   // that file's bos_token and eos_token (strings or {"content": ...} objects). nullopt when the
   // directory has none. LoadError naming the file when one exists but cannot be read or parsed.
+  // `dir` may also be a GGUF file: its tokenizer.chat_template, with the text of its bos and eos
+  // tokens.
   static std::optional<ChatTemplate> from_model_dir(const std::filesystem::path& dir);
   // A template file (`--chat-template FILE`), with the bos and eos tokens given.
   static ChatTemplate from_file(const std::filesystem::path& file, std::string bos_token = {},

@@ -43,8 +43,9 @@ struct EngineOptions {
   int num_threads = 0;      // engine threads; 0: one per core
   int64_t sampler_max_top_k = 256;  // static cap of the sampler's sorted candidates; 0: vocab
   // How the model keeps its matmul and embedding weights (activations and norms are f32): checkpoint
-  // tensors are converted, or quantized to Q8_0, once at load (docs/quantization.md).
-  nn::WeightFormat weight_format = nn::WeightFormat::f32;
+  // tensors are converted, or quantized to Q8_0, once at load (docs/quantization.md). nullopt: the
+  // checkpoint's own (a GGUF file's, gguf_weight_format; f32 for safetensors and given weights).
+  std::optional<nn::WeightFormat> weight_format = std::nullopt;
   // The paged KV cache: blocks of kv_block_size positions, KV stored in kv_cache_dtype (f32, bf16 or
   // f16), as many blocks as kv_cache_bytes holds (0: what max_num_seqs sequences of max_seq_len need,
   // at most a quarter of the memory available now). A budget below one max_seq_len sequence lowers
@@ -181,7 +182,8 @@ class GenerationEngine {
   GenerationEngine(const nn::LlamaConfig& config, const WeightsRegistry& weights,
                    std::shared_ptr<const Tokenizer> tokenizer = nullptr, std::vector<int64_t> eos_token_ids = {},
                    EngineOptions options = {});
-  // Loads DIR: config.json (+ generation_config.json), model.safetensors (or sharded), tokenizer.
+  // Loads DIR: config.json (+ generation_config.json), model.safetensors (or sharded), tokenizer; or
+  // one GGUF file (config, weights and tokenizer from the file alone, docs/gguf.md).
   static std::unique_ptr<GenerationEngine> from_dir(const std::filesystem::path& model_dir,
                                                     EngineOptions options = {});
   // Every request still queued or running is cancelled (its callback says so) before this returns.

@@ -1,0 +1,37 @@
+// A model from one GGUF file: the config from its `{arch}.*` metadata (llama, qwen2, qwen3), read
+// and range-checked as a config.json is, and its tensors under Hugging Face's names, so the same
+// GenerationEngine runs it. GenerationEngine::from_dir and `kiln generate --model FILE.gguf` use
+// these; docs/gguf.md has the keys read and what is refused.
+//
+//   auto file = pipelines::GGUFFile::open("llama-1B-q8_0.gguf");
+//   ModelInfo info = pipelines::gguf_model_info(file);
+//   WeightsRegistry weights = pipelines::gguf_weights(file, info, pipelines::gguf_weight_format(file));
+#pragma once
+
+#include <filesystem>
+
+#include "kiln/nn/weight_format.h"
+#include "kiln/pipelines/gguf.h"
+#include "kiln/pipelines/hf_config.h"
+
+namespace kiln::pipelines {
+
+// True when `path` is a regular file that starts with GGUF's magic (it may still be a bad one).
+bool is_gguf_file(const std::filesystem::path& path);
+
+// The config of the file's model. LoadError naming the file for a missing key, a key of the wrong
+// type or an architecture kiln does not run; ValueError naming the key for a value out of range.
+ModelInfo gguf_model_info(const GGUFFile& file);
+
+// The weight format kiln computes the file's matrices in by default: that of most of their
+// elements for F32, F16 and BF16; Q8_0 for Q8_0 and for every other quantized type (which kiln
+// dequantizes and requantizes to Q8_0 at load).
+nn::WeightFormat gguf_weight_format(const GGUFFile& file);
+
+// Every tensor under its Hugging Face name, checked first against what `info` implies (names and
+// shapes; LoadError naming the GGUF tensor). F32, F16 and BF16 tensors, and Q8_0 ones when `format`
+// is q8_0, are zero-copy views of the mapping; the rest are dequantized to f32 for convert_weights.
+// Llama's q/k rows are un-permuted (llama.cpp's converter interleaves them for its RoPE).
+WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::WeightFormat format);
+
+}  // namespace kiln::pipelines

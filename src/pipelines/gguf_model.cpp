@@ -1,0 +1,345 @@
+// A model from a GGUF file alone: the config from its `{arch}.*` metadata (read and checked by the
+// same code as a config.json), its tensors under Hugging Face's names, un-permuted where llama.cpp's
+// converter permuted them. docs/gguf.md.
+#include "kiln/pipelines/gguf_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "kiln/errors.h"
+#include "kiln/graph/dtype.h"
+#include "kiln/graph/quantization.h"
+#include "pipelines/hf_config_internal.h"
+
+namespace kiln::pipelines {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct GGUFArch {
+  const char* gguf;          // general.architecture
+  const char* architecture;  // config.json's class name
+  const char* model_type;
+  bool permuted_qk;  // llama.cpp's converter permuted q/k rows for its interleaved RoPE
+};
+// Mistral's and SmolLM's GGUF files say "llama". llama.cpp runs Qwen with the rotate-half (NeoX)
+// RoPE that Hugging Face uses, so their q/k rows are stored as they are.
+constexpr GGUFArch kArchs[] = {
+    {"llama", "LlamaForCausalLM", "llama", true},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", false},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false},
+};
+
+[[noreturn]] void fail(const GGUFFile& file, const std::string& what) {
+  throw LoadError(fmt::format("load_gguf: {}: {}", file.path().string(), what));
+}
+
+const GGUFArch& arch_of(const GGUFFile& file) {
+  const std::string& name = file.get_string("general.architecture");
+  for (const GGUFArch& a : kArchs)
+    if (name == a.gguf) return a;
+  fail(file, fmt::format("general.architecture is '{}', which kiln does not run from GGUF (supported: llama, "
+                         "qwen2, qwen3)",
+                         name));
+}
+
+// Hugging Face's name of a tensor ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight");
+// nullopt for a name kiln does not know.
+std::optional<std::string> hf_name(std::string_view gguf) {
+  static constexpr std::array<std::pair<std::string_view, std::string_view>, 3> kGlobal{{
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  }};
+  static constexpr std::array<std::pair<std::string_view, std::string_view>, 17> kLayer{{
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"},
+      {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
+      {"ffn_gate_up.weight", "mlp.gate_up_proj.weight"},
+      {"attn_output.bias", "self_attn.o_proj.bias"},
+  }};
+  for (const auto& [g, h] : kGlobal)
+    if (gguf == g) return std::string(h);
+  constexpr std::string_view kBlock = "blk.";
+  if (!gguf.starts_with(kBlock)) return std::nullopt;
+  const char* first = gguf.data() + kBlock.size();
+  const char* last = gguf.data() + gguf.size();
+  uint64_t layer = 0;
+  const auto [end, ec] = std::from_chars(first, last, layer);
+  if (ec != std::errc() || end == first || end == last || *end != '.') return std::nullopt;
+  const std::string_view rest(end + 1, last);
+  for (const auto& [g, h] : kLayer)
+    if (rest == g) return fmt::format("model.layers.{}.{}", layer, h);
+  return std::nullopt;
+}
+
+// The reverse, for messages about a tensor the file should have.
+std::string gguf_name(const std::string& hf) {
+  static const std::map<std::string, std::string> kReverse = [] {
+    std::map<std::string, std::string> m;
+    for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight"}) m[*hf_name(g)] = g;
+    return m;
+  }();
+  if (auto it = kReverse.find(hf); it != kReverse.end()) return it->second;
+  constexpr std::string_view kLayers = "model.layers.";
+  if (!std::string_view(hf).starts_with(kLayers)) return hf;
+  const size_t dot = hf.find('.', kLayers.size());
+  const std::string layer = hf.substr(kLayers.size(), dot - kLayers.size());
+  for (const char* g : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias",
+                        "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
+                        "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                        "ffn_down.weight", "attn_qkv.weight", "ffn_gate_up.weight"}) {
+    const std::string candidate = "blk." + layer + "." + g;
+    if (hf_name(candidate) == hf) return candidate;
+  }
+  return hf;
+}
+
+// The config.json field each GGUF key becomes (for config values and for messages).
+struct KeyField {
+  const char* key;  // after "{arch}."
+  const char* field;
+};
+constexpr KeyField kIntegerKeys[] = {
+    {"embedding_length", "hidden_size"},
+    {"feed_forward_length", "intermediate_size"},
+    {"block_count", "num_hidden_layers"},
+    {"attention.head_count", "num_attention_heads"},
+    {"attention.head_count_kv", "num_key_value_heads"},
+    {"attention.key_length", "head_dim"},
+    {"context_length", "max_position_embeddings"},
+    {"vocab_size", "vocab_size"},
+};
+constexpr KeyField kNumberKeys[] = {
+    {"attention.layer_norm_rms_epsilon", "rms_norm_eps"},
+    {"rope.freq_base", "rope_theta"},
+};
+
+}  // namespace
+
+bool is_gguf_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+ModelInfo gguf_model_info(const GGUFFile& file) {
+  const GGUFArch& arch = arch_of(file);
+  const std::string prefix = std::string(arch.gguf) + ".";
+  json config = json::object();
+  config["architectures"] = json::array({arch.architecture});
+  config["model_type"] = arch.model_type;
+  for (const KeyField& k : kIntegerKeys)
+    if (auto v = file.find_u64(prefix + k.key)) config[k.field] = *v;
+  for (const KeyField& k : kNumberKeys)
+    if (auto v = file.find_f64(prefix + k.key)) config[k.field] = *v;
+  if (!config.contains("vocab_size")) {  // older converters leave it to the vocabulary's length
+    if (file.contains("tokenizer.ggml.tokens"))
+      config["vocab_size"] = file.get_string_array("tokenizer.ggml.tokens").size();
+    else if (const GGUFTensor* embed = file.find_tensor("token_embd.weight"); embed && embed->dims.size() == 2)
+      config["vocab_size"] = embed->dims[1];
+  }
+  // The rotated dims: all of head_dim (the partial rotary of Phi and others is not read from GGUF).
+  if (auto rotated = file.find_u64(prefix + "rope.dimension_count")) {
+    const uint64_t heads = file.find_u64(prefix + "attention.head_count").value_or(0);
+    const uint64_t hidden = file.find_u64(prefix + "embedding_length").value_or(0);
+    const uint64_t head_dim = file.find_u64(prefix + "attention.key_length")
+                                  .value_or(heads ? hidden / heads : 0);
+    if (*rotated != head_dim)
+      fail(file, fmt::format("{}rope.dimension_count is {}, but the head dimension is {}: kiln rotates whole heads",
+                             prefix, *rotated, head_dim));
+  }
+  if (auto v = file.find_u64(prefix + "attention.value_length"); v && config.contains("head_dim") &&
+                                                                  *v != config["head_dim"].get<uint64_t>())
+    fail(file, fmt::format("{}attention.value_length is {}, but attention.key_length is {}: kiln needs them equal",
+                           prefix, *v, config["head_dim"].get<uint64_t>()));
+  if (auto type = file.find_string(prefix + "rope.scaling.type"); type && *type != "none") {
+    if (*type != "linear")
+      fail(file, fmt::format("{}rope.scaling.type is '{}', which kiln does not read from GGUF (supported: none, "
+                             "linear)",
+                             prefix, *type));
+    config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", file.get_f64(prefix + "rope.scaling.factor")}};
+  }
+  if (file.find_tensor("rope_freqs.weight"))
+    fail(file, "tensor 'rope_freqs.weight' (per-frequency RoPE factors, as Llama 3.1's rope scaling is written) "
+               "is not supported yet");
+  config["tie_word_embeddings"] = file.find_tensor("output.weight") == nullptr;
+  if (arch.gguf == std::string_view("qwen2")) config["attention_bias"] = file.find_tensor("blk.0.attn_q.bias") != nullptr;
+  if (auto bos = file.find_u64("tokenizer.ggml.bos_token_id")) config["bos_token_id"] = *bos;
+  if (auto eos = file.find_u64("tokenizer.ggml.eos_token_id")) config["eos_token_id"] = *eos;
+
+  ModelInfo info;
+  try {
+    info = detail::model_info_from_json(config, file.path());
+  } catch (const ValueError& e) {
+    // Name the GGUF key behind the config field that the message blames.
+    std::string message = e.what();
+    for (const auto& keys : {std::span<const KeyField>(kIntegerKeys), std::span<const KeyField>(kNumberKeys)})
+      for (const KeyField& k : keys)
+        if (message.find(fmt::format("field '{}'", k.field)) != std::string::npos) {
+          message += fmt::format(" (GGUF key '{}{}')", prefix, k.key);
+          throw ValueError(message);
+        }
+    throw;
+  }
+  // llama.cpp stops at every end-of-generation token: end of turn and end of message too (Llama 3's
+  // <|eot_id|> and <|eom_id|>).
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+    if (auto id = file.find_u64(key);
+        id && std::find(info.eos_token_ids.begin(), info.eos_token_ids.end(), static_cast<int64_t>(*id)) ==
+                  info.eos_token_ids.end())
+      info.eos_token_ids.push_back(static_cast<int64_t>(*id));
+  return info;
+}
+
+nn::WeightFormat gguf_weight_format(const GGUFFile& file) {
+  // The type of most matrix elements; K- and legacy quants run as Q8_0 until kiln computes them directly.
+  std::map<GGMLType, int64_t> elements;
+  for (const GGUFTensor& t : file.tensors())
+    if (t.dims.size() == 2) elements[t.type] += t.elements();
+  if (elements.empty()) return nn::WeightFormat::f32;
+  const GGMLType most =
+      std::max_element(elements.begin(), elements.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+  switch (most) {
+    case GGMLType::f32: return nn::WeightFormat::f32;
+    case GGMLType::f16: return nn::WeightFormat::f16;
+    case GGMLType::bf16: return nn::WeightFormat::bf16;
+    default: return nn::WeightFormat::q8_0;
+  }
+}
+
+namespace {
+
+// One GGUF tensor's bytes as f32 [rows, cols] (row-major), new memory.
+Tensor dequantize(const GGUFFile& file, const GGUFTensor& t) {
+  const std::vector<int64_t> shape = t.shape();
+  Tensor out = Tensor::empty(DType::f32, shape);
+  float* y = out.data_as<float>();
+  const int64_t n = t.elements();
+  const uint8_t* x = t.data.data();
+  switch (t.type) {
+    case GGMLType::f32: std::memcpy(y, x, static_cast<size_t>(n) * 4); break;
+    case GGMLType::f16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, x + 2 * i, 2);
+        y[i] = f16_to_f32(h);
+      }
+      break;
+    case GGMLType::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, x + 2 * i, 2);
+        y[i] = bf16_to_f32(h);
+      }
+      break;
+    case GGMLType::q8_0: {
+      const int64_t cols = t.dims[0];
+      const int64_t rows = n / cols;
+      const int64_t row_bytes = graph::q8_0_row_bytes(cols);
+      for (int64_t r = 0; r < rows; ++r) graph::dequantize_q8_0(x + r * row_bytes, cols, y + r * cols);
+      break;
+    }
+    default:
+      fail(file, fmt::format("tensor '{}' is {}, which kiln does not compute yet (supported: F32, F16, BF16, Q8_0)",
+                             t.name, ggml_type_name(t.type)));
+  }
+  return out;
+}
+
+// The tensor as stored, zero-copy: f32/f16/bf16 elements, or Q8_0 rows as u8 [rows, row_bytes].
+Tensor view(const GGUFFile& file, const GGUFTensor& t) {
+  auto* p = const_cast<uint8_t*>(t.data.data());  // the mapping is copy-on-write, as safetensors'
+  switch (t.type) {
+    case GGMLType::f32: return Tensor::view(file.mapping(), p, DType::f32, t.shape());
+    case GGMLType::f16: return Tensor::view(file.mapping(), p, DType::f16, t.shape());
+    case GGMLType::bf16: return Tensor::view(file.mapping(), p, DType::bf16, t.shape());
+    case GGMLType::q8_0: {
+      const int64_t cols = t.dims[0];
+      return Tensor::view(file.mapping(), p, DType::u8, {t.elements() / cols, graph::q8_0_row_bytes(cols)});
+    }
+    default: return dequantize(file, t);
+  }
+}
+
+// llama.cpp's converter stores q/k rows of each head as (half, 2) instead of (2, half) (HF's
+// rotate-half pairs i and i + half; llama.cpp's RoPE pairs 2i and 2i + 1). Undoing it moves whole rows,
+// so it works on any element or block format.
+Tensor unpermute_rows(const Tensor& t, int64_t heads) {
+  const int64_t rows = t.shape()[0];
+  const int64_t row_bytes = t.nbytes() / rows;
+  const int64_t half = rows / heads / 2;
+  Tensor out = Tensor::empty(t.dtype(), t.shape());
+  const auto* src = static_cast<const uint8_t*>(t.data());
+  auto* dst = static_cast<uint8_t*>(out.data());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t hf_row = h * 2 * half + j * half + i;
+        const int64_t gguf_row = h * 2 * half + i * 2 + j;
+        std::memcpy(dst + hf_row * row_bytes, src + gguf_row * row_bytes, static_cast<size_t>(row_bytes));
+      }
+  return out;
+}
+
+}  // namespace
+
+WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::WeightFormat format) {
+  const GGUFArch& arch = arch_of(file);
+  const nn::LlamaConfig& c = info.config;
+  // Every tensor the config implies, with the shape it implies (before any data is touched).
+  std::map<std::string, std::vector<int64_t>> expected;
+  for (const detail::ExpectedTensor& e : detail::expected_tensors(c)) {
+    std::vector<int64_t> dims;
+    for (const auto& [key, size] : e.dims) dims.push_back(size);
+    const std::string name = gguf_name(e.name);
+    const GGUFTensor* t = file.find_tensor(name);
+    if (!t) fail(file, fmt::format("'{}' is set, but the file has no tensor '{}'", e.because, name));
+    if (t->shape() != dims)
+      fail(file, fmt::format("tensor '{}' has shape [{}], expected [{}] from the metadata", name,
+                             fmt::join(t->shape(), ", "), fmt::join(dims, ", ")));
+    expected.emplace(e.name, std::move(dims));
+  }
+  WeightsRegistry out;
+  for (const GGUFTensor& t : file.tensors()) {
+    const std::optional<std::string> name = hf_name(t.name);
+    if (!name || !expected.contains(*name))
+      fail(file, fmt::format("tensor '{}' is not part of a {} model with this metadata (kiln would ignore "
+                             "what it does)",
+                             t.name, arch.gguf));
+    // Q8_0 stays as it is where the model computes Q8_0; anything else becomes f32 for convert_weights.
+    const bool keep = t.type == GGMLType::f32 || t.type == GGMLType::f16 || t.type == GGMLType::bf16 ||
+                      (t.type == GGMLType::q8_0 && format == nn::WeightFormat::q8_0);
+    Tensor tensor = keep ? view(file, t) : dequantize(file, t);
+    if (arch.permuted_qk && t.dims.size() == 2) {
+      if (name->ends_with("self_attn.q_proj.weight")) tensor = unpermute_rows(tensor, c.num_attention_heads);
+      if (name->ends_with("self_attn.k_proj.weight")) tensor = unpermute_rows(tensor, c.num_key_value_heads);
+    }
+    out.emplace(*name, std::move(tensor));
+  }
+  return out;
+}
+
+}  // namespace kiln::pipelines
