@@ -243,6 +243,24 @@ TEST_F(GGUF, TensorViewsPointAtTheirBytes) {
       << msg;
 }
 
+TEST_F(GGUF, ReadsEveryGgmlTypeAtItsBlockSize) {
+  // Two rows of two blocks each: the view is 4 blocks long.
+  Spec s;
+  for (uint32_t id : {0u, 1u, 30u, 2u, 3u, 6u, 7u, 8u, 9u, 10u, 11u, 12u, 13u, 14u, 15u}) {
+    const uint64_t block = static_cast<uint64_t>(*ggml_block_size(id));
+    const size_t bytes = 4 * static_cast<size_t>(*ggml_block_bytes(id));
+    s.tensors.emplace_back(fmt::format("t{}", id), std::vector<uint64_t>{2 * block, 2}, id,
+                           pattern(bytes, static_cast<uint8_t>(id)));
+  }
+  const GGUFFile f = open(build(s).bytes);
+  for (const auto& want : s.tensors) {
+    const GGUFTensor& t = f.tensor(want.name);
+    EXPECT_EQ(static_cast<uint32_t>(t.type), want.type);
+    EXPECT_EQ(t.elements(), static_cast<int64_t>(4 * *ggml_block_size(want.type)));
+    EXPECT_EQ(as_string(t.data), want.data) << ggml_type_name(t.type);
+  }
+}
+
 TEST_F(GGUF, TensorViewsOutliveTheFileObject) {
   std::shared_ptr<void> mapping;
   std::span<const uint8_t> data;
