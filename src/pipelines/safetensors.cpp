@@ -2,11 +2,7 @@
 // header is checked before any byte of tensor data is touched (see docs/weights.md for the checks).
 #include "kiln/pipelines/safetensors.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,6 +15,7 @@
 
 #include "graph/checked.h"
 #include "pipelines/json_input.h"
+#include "pipelines/mapped_file.h"
 
 namespace kiln::pipelines {
 namespace fs = std::filesystem;
@@ -54,44 +51,6 @@ std::string_view safetensors_dtype_name(DType dtype) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
-
-// The mmap of a whole file; the shared_ptr's deleter unmaps it.
-struct Mapping {
-  std::shared_ptr<void> base;
-  uint64_t size = 0;
-};
-
-Mapping map_file(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open: " + errno_text());
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const std::string err = errno_text();
-    ::close(fd);
-    fail(path, "cannot stat: " + err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < kHeaderLengthBytes) {
-    ::close(fd);
-    fail(path, fmt::format("file is {} bytes, shorter than the 8-byte header length", size));
-  }
-  // What is checked is the file as it is now: a file cut short since its header was written (a tensor
-  // ending past the file's end) is a LoadError here. A file truncated by someone else after it is
-  // mapped cannot be detected: touching a page past its new end raises SIGBUS, which kiln does not
-  // catch (no handler can make the missing bytes valid). Bytes rewritten in place while mapped are
-  // read as rewritten, until copy-on-write has given the process its own page.
-  // MAP_PRIVATE with PROT_WRITE is copy-on-write: the file (opened read-only) is never changed, and a
-  // kernel that writes into a weight gets a private page instead of a SIGSEGV.
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  const std::string err = errno_text();
-  ::close(fd);  // the mapping keeps the file open
-  if (p == MAP_FAILED) fail(path, "cannot mmap " + std::to_string(size) + " bytes: " + err);
-  return Mapping{std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); }), size};
-}
 
 // A JSON value that must be a non-negative integer that fits uint64.
 bool as_u64(const json& v, uint64_t* out) {
@@ -178,8 +137,10 @@ SafetensorsFile::Entry parse_entry(const fs::path& path, const std::string& name
 SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   SafetensorsFile file;
   file.path_ = path;
-  Mapping mapping = map_file(path);
-  const auto* bytes = static_cast<const uint8_t*>(mapping.base.get());
+  MappedFile mapping = map_file(path, "load_safetensors");
+  if (mapping.size < kHeaderLengthBytes)
+    fail(path, fmt::format("file is {} bytes, shorter than the 8-byte header length", mapping.size));
+  const uint8_t* bytes = mapping.bytes();
 
   uint64_t header_len = 0;  // little-endian on disk, whatever the host
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
@@ -277,7 +238,8 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
                                 path_.string(), name, entries_.size(), some));
   }
   const Entry& e = it->second;
-  // const_cast: Tensor's data is mutable, and the mapping is copy-on-write (see map_file).
+  // const_cast: Tensor's data is mutable, and the mapping is copy-on-write (see map_file in
+  // mapped_file.cpp).
   auto* p = const_cast<uint8_t*>(data_ + e.begin);
   if (reinterpret_cast<uintptr_t>(p) % dtype_size(e.dtype) == 0)
     return Tensor::view(mapping_, p, e.dtype, e.shape);
