@@ -1,0 +1,147 @@
+// A model from a GGUF file: kiln-tiny written as GGUF by tools/reference/hf_to_gguf.py (plain
+// Python, llama.cpp's converter conventions: names, the Q/K permutation, ggml's Q8_0 quantizer) must
+// be the same model as its safetensors: the same tensors after un-permuting, bit for bit in each
+// format, and the greedy ids of PyTorch's reference run.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kiln/errors.h"
+#include "kiln/graph/dtype.h"
+#include "kiln/graph/quantization.h"
+#include "kiln/pipelines/gguf.h"
+#include "kiln/pipelines/gguf_model.h"
+#include "kiln/pipelines/hf_config.h"
+#include "kiln/pipelines/safetensors.h"
+#include "kiln/pipelines/text_generation.h"
+#include "test_util.h"
+
+namespace kiln::pipelines {
+namespace {
+namespace fs = std::filesystem;
+
+const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_path();
+const fs::path kTiny = kRoot / "models" / "kiln-tiny";
+
+// kiln-tiny as a GGUF file of `type` (f32, f16, q8_0), written once per test program.
+fs::path tiny_gguf(const std::string& type) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-test-gguf-{}", ::getpid());
+  fs::create_directories(dir);
+  const fs::path out = dir / fmt::format("kiln-tiny-{}.gguf", type);
+  if (!fs::exists(out)) {
+    const std::string cmd = fmt::format("'{}' '{}' '{}' '{}' --type {}", KILN_TEST_PYTHON3,
+                                        (kRoot / "tools" / "reference" / "hf_to_gguf.py").string(), kTiny.string(),
+                                        out.string(), type);
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  return out;
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data());
+  return {p, p + t.nbytes()};
+}
+
+TEST(GGUFModel, KilnTinyConfigIsTheConfigJsonOne) {
+  const GGUFFile file = GGUFFile::open(tiny_gguf("f32"));
+  const ModelInfo from_gguf = gguf_model_info(file);
+  const ModelInfo from_dir = load_model_info(kTiny);
+  const nn::LlamaConfig &a = from_gguf.config, &b = from_dir.config;
+  EXPECT_EQ(from_gguf.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
+  EXPECT_EQ(a.resolved_head_dim(), b.resolved_head_dim());
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_FLOAT_EQ(a.rms_norm_eps, b.rms_norm_eps);  // GGUF keeps it as f32
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(from_gguf.bos_token_id, from_dir.bos_token_id);
+  EXPECT_EQ(from_gguf.eos_token_ids, from_dir.eos_token_ids);
+  EXPECT_EQ(gguf_weight_format(file), nn::WeightFormat::f32);
+  EXPECT_EQ(gguf_weight_format(GGUFFile::open(tiny_gguf("f16"))), nn::WeightFormat::f16);
+  EXPECT_EQ(gguf_weight_format(GGUFFile::open(tiny_gguf("q8_0"))), nn::WeightFormat::q8_0);
+}
+
+// Each GGUF tensor, un-permuted, against the safetensors one in the file's own format: f32 as is,
+// f16 rounded to nearest even, Q8_0 rows as kiln's quantizer writes them (ggml's algorithm, which the
+// Python writer implements separately), and f16 where a row is not whole Q8_0 blocks.
+TEST(GGUFModel, TensorsAreTheSafetensorsOnesBitForBitInEachFormat) {
+  const WeightsRegistry reference = load_safetensors(kTiny);
+  for (const std::string type : {"f32", "f16", "q8_0"}) {
+    SCOPED_TRACE(type);
+    const GGUFFile file = GGUFFile::open(tiny_gguf(type));
+    const ModelInfo info = gguf_model_info(file);
+    const WeightsRegistry weights = gguf_weights(file, info, gguf_weight_format(file));
+    EXPECT_EQ(weights.size(), reference.size() - (info.config.tie_word_embeddings && reference.contains("lm_head.weight")));
+    for (const auto& [name, tensor] : weights) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(reference.contains(name));
+      const Tensor& r = reference.at(name);
+      ASSERT_EQ(r.dtype(), DType::f32);
+      const std::vector<float> x = r.to_vector<float>();
+      const int64_t cols = r.shape().back();
+      std::vector<uint8_t> want;
+      if (type == "f32" || r.shape().size() == 1) {
+        want = bytes_of(r);
+        EXPECT_EQ(tensor.dtype(), DType::f32);
+      } else if (type == "f16" || cols % 32 != 0) {
+        EXPECT_EQ(tensor.dtype(), DType::f16);
+        for (float v : x) {
+          const uint16_t h = f32_to_f16(v);
+          want.push_back(static_cast<uint8_t>(h & 0xff));
+          want.push_back(static_cast<uint8_t>(h >> 8));
+        }
+      } else {
+        EXPECT_EQ(tensor.dtype(), DType::u8);
+        const int64_t rows = r.numel() / cols;
+        want.resize(static_cast<size_t>(rows * graph::q8_0_row_bytes(cols)));
+        for (int64_t i = 0; i < rows; ++i)
+          graph::quantize_q8_0(x.data() + i * cols, cols, want.data() + i * graph::q8_0_row_bytes(cols));
+      }
+      EXPECT_TRUE(bytes_of(tensor) == want);
+    }
+  }
+}
+
+// The strongest check of names, un-permuting and config together: PyTorch's greedy ids
+// (tests/data/kiln_tiny_greedy.json, as TextGeneration.KilnTinyGreedyMatchesPyTorchReference uses)
+// from the f32 GGUF file alone, its embedded vocabulary included.
+TEST(GGUFModel, KilnTinyFromGGUFAloneGivesPyTorchGreedyIds) {
+  const fs::path reference = kRoot / "tests" / "data" / "kiln_tiny_greedy.json";
+  auto pipe = TextGenerationPipeline::from_dir(tiny_gguf("f32"));
+  std::ifstream in(reference);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(pipe.eos_token_ids(), (std::vector<int64_t>{doc.at("eos_token_id").get<int64_t>()}));
+  const GenerationOptions greedy{.max_new_tokens = doc.at("max_new_tokens").get<int64_t>(), .temperature = 0.0};
+  ASSERT_FALSE(doc.at("cases").empty());
+  for (const auto& c : doc.at("cases")) {
+    const std::string prompt = c.at("prompt");
+    EXPECT_EQ(pipe.tokenizer()->encode(prompt), c.at("prompt_ids").get<std::vector<int64_t>>()) << prompt;
+    const GenerationResult r = pipe.generate(prompt, greedy);
+    EXPECT_EQ(r.ids, c.at("generated_ids").get<std::vector<int64_t>>()) << prompt;
+    EXPECT_EQ(prompt + r.text, c.at("text").get<std::string>()) << prompt;
+  }
+}
+
+// The Q8_0 file computes Q8_0 by default and gives the tokens of the safetensors model converted to
+// Q8_0 at load (the same bytes, so the same ids).
+TEST(GGUFModel, Q8_0FileGeneratesAsTheSafetensorsModelQuantizedAtLoad) {
+  EngineOptions q8{.weight_format = nn::WeightFormat::q8_0};
+  auto from_gguf = TextGenerationPipeline::from_dir(tiny_gguf("q8_0"), q8);
+  auto from_dir = TextGenerationPipeline::from_dir(kTiny, q8);
+  const GenerationOptions greedy{.max_new_tokens = 24, .temperature = 0.0};
+  for (const char* prompt : {"Once upon a time", "The little dog"})
+    EXPECT_EQ(from_gguf.generate(prompt, greedy).ids, from_dir.generate(prompt, greedy).ids) << prompt;
+}
+
+}  // namespace
+}  // namespace kiln::pipelines
