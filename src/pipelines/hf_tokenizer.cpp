@@ -1308,11 +1308,16 @@ class HfBpeTokenizer final : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file, const TokenizerConfig& config) {
-  const JsonReader in(file.string());
   // A vocabulary or added token repeated with another id would silently change which id a piece of
   // text gets: duplicate keys are refused. Sequence steps nest, and are loaded recursively, so the
   // depth limit also bounds that recursion.
   const json root = json_input::parse_file(file, fmt::format("tokenizer '{}'", file.string()));
+  return load_hf_tokenizer_json(root, file.string(), config);
+}
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const json& root, const std::string& name,
+                                                  const TokenizerConfig& config) {
+  const JsonReader in(name);
   if (!root.is_object()) in.fail(fmt::format("the file holds {}, expected a JSON object", root.type_name()));
   try {
     return std::make_unique<HfBpeTokenizer>(root, in, config);

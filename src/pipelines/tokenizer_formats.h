@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +37,10 @@ TokenizerConfig load_tokenizer_config(const std::filesystem::path& file);
 
 // Hugging Face tokenizer.json (model type BPE).
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file, const TokenizerConfig& config);
+// The same from a parsed tokenizer.json (or one built from another format's vocabulary, as GGUF's);
+// `name` is what the messages call it.
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const nlohmann::json& root, const std::string& name,
+                                                  const TokenizerConfig& config);
 // SentencePiece tokenizer.model, through libsentencepiece.
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& file,
                                                         const TokenizerConfig& config);
