@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <numeric>
 
@@ -716,6 +717,14 @@ const GGUFTensor& GGUFFile::tensor(std::string_view name) const {
   if (tensors_.size() > 5) some += ", ...";
   fail(path_, fmt::format("no tensor {} (the file has {} tensors{}{})", shown(name), tensors_.size(),
                           tensors_.empty() ? "" : ": ", some));
+}
+
+bool is_gguf_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
 }  // namespace kiln::pipelines

@@ -9,7 +9,6 @@
 #include <array>
 #include <charconv>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -136,14 +135,6 @@ constexpr KeyField kNumberKeys[] = {
 };
 
 }  // namespace
-
-bool is_gguf_file(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return false;
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
-}
 
 ModelInfo gguf_model_info(const GGUFFile& file) {
   const GGUFArch& arch = arch_of(file);

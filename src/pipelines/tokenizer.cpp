@@ -5,6 +5,8 @@
 #include <fstream>
 
 #include "kiln/errors.h"
+#include "kiln/pipelines/gguf.h"
+#include "pipelines/gguf_tokenizer.h"
 #include "pipelines/tokenizer_formats.h"
 #include "pipelines/tokenizer_unicode.h"
 
@@ -44,6 +46,8 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
         fmt::format("tokenizer: '{}' does not exist (expected a tokenizer.json, a "
                     "tokenizer.model or a directory holding one)",
                     path.string()));
+  if (is_gguf_file(path))  // the file's embedded vocabulary (docs/gguf.md)
+    return detail::load_gguf_tokenizer(detail::read_gguf_vocab(GGUFFile::open(path)), path.string());
   const auto config = config_of(path.parent_path().empty() ? "." : path.parent_path());
   if (path.extension() == ".json" || (path.extension() != ".model" && looks_like_json(path)))
     return detail::load_hf_tokenizer(path, config);

@@ -78,6 +78,9 @@ struct GGUFTensor {
   std::vector<int64_t> shape() const;
 };
 
+// True when `path` is a regular file that starts with GGUF's magic (it may still be a bad one).
+bool is_gguf_file(const std::filesystem::path& path);
+
 class GGUFFile {
  public:
   // mmaps the file and validates the header, all metadata and all tensor infos (LoadError on any

@@ -16,9 +16,6 @@
 
 namespace kiln::pipelines {
 
-// True when `path` is a regular file that starts with GGUF's magic (it may still be a bad one).
-bool is_gguf_file(const std::filesystem::path& path);
-
 // The config of the file's model. LoadError naming the file for a missing key, a key of the wrong
 // type or an architecture kiln does not run; ValueError naming the key for a value out of range.
 ModelInfo gguf_model_info(const GGUFFile& file);
