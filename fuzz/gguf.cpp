@@ -1,13 +1,18 @@
-// A GGUF file: open validates the header, every metadata value and every tensor info; then every
-// value is walked and read through every typed getter (refusing another type is fine), and every
-// tensor's first and last byte is read (ASan sees a read past the mapping). The bytes go through a
-// file so the real mmap path is the one fuzzed.
+// A GGUF file: open validates the header, every metadata value and every tensor info. Then each value
+// is walked, the getter that fits its type must accept it and one that does not must refuse it with a
+// LoadError (either failing is a finding), and every tensor's first and last byte is read (ASan sees a
+// read past the mapping). The bytes go through a file, so the real mmap path is the one fuzzed.
+#include <cstdio>
+#include <cstdlib>
+
 #include "fuzz_common.h"
 #include "kiln/pipelines/gguf.h"
 
 namespace {
 
+using kiln::pipelines::GGUFFile;
 using kiln::pipelines::GGUFValue;
+using kiln::pipelines::GGUFValueType;
 
 size_t walk(const GGUFValue& v) {
   size_t n = 1;
@@ -16,26 +21,86 @@ size_t walk(const GGUFValue& v) {
   return n;
 }
 
+template <class F>
+void must_accept(const std::string& key, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fuzz: the getter for key '%s' refused its own type: %s\n", key.c_str(), e.what());
+    std::abort();
+  }
+}
+
+template <class F>
+void must_refuse(const std::string& key, F&& f) {
+  try {
+    f();
+  } catch (const kiln::LoadError&) {
+    return;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fuzz: non-LoadError from a getter on key '%s': %s\n", key.c_str(), e.what());
+    std::abort();
+  }
+  std::fprintf(stderr, "fuzz: a getter of another type accepted key '%s'\n", key.c_str());
+  std::abort();
+}
+
+void check_getters(const GGUFFile& f, const std::string& key, const GGUFValue& v) {
+  switch (v.type) {
+    case GGUFValueType::u8:
+    case GGUFValueType::u16:
+    case GGUFValueType::u32:
+    case GGUFValueType::u64:
+      must_accept(key, [&] { (void)f.get_u64(key); });
+      must_refuse(key, [&] { (void)f.get_string(key); });
+      break;
+    case GGUFValueType::i8:
+    case GGUFValueType::i16:
+    case GGUFValueType::i32:
+    case GGUFValueType::i64:
+      must_accept(key, [&] { (void)f.get_i64(key); });
+      must_refuse(key, [&] { (void)f.get_f64(key); });
+      break;
+    case GGUFValueType::f32:
+    case GGUFValueType::f64:
+      must_accept(key, [&] { (void)f.get_f64(key); });
+      must_refuse(key, [&] { (void)f.get_u64(key); });
+      break;
+    case GGUFValueType::boolean:
+      must_accept(key, [&] { (void)f.get_bool(key); });
+      must_refuse(key, [&] { (void)f.get_i64(key); });
+      break;
+    case GGUFValueType::string:
+      must_accept(key, [&] { (void)f.get_string(key); });
+      must_refuse(key, [&] { (void)f.get_bool(key); });
+      break;
+    case GGUFValueType::array:
+      if (v.element_type == GGUFValueType::string) {
+        must_accept(key, [&] { (void)f.get_string_array(key); });
+      } else if (v.element_type == GGUFValueType::boolean || v.element_type == GGUFValueType::array) {
+        must_refuse(key, [&] { (void)f.get_f64_array(key); });
+      } else {
+        must_accept(key, [&] { (void)f.get_f64_array(key); });
+        kiln::fuzz::refusals_only([&] { (void)f.get_i64_array(key); });  // a u64 past INT64_MAX is refused
+      }
+      must_refuse(key, [&] { (void)f.get_string(key); });
+      break;
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using kiln::fuzz::refusals_only;
   const auto path = kiln::fuzz::write_file("model.gguf", kiln::fuzz::bytes(data, size));
   refusals_only([&] {
-    const auto file = kiln::pipelines::GGUFFile::open(path);
+    const auto file = GGUFFile::open(path);
     volatile size_t values = 0;
     for (const auto& [key, value] : file.metadata()) {
       values = values + walk(value);
-      refusals_only([&] { (void)file.get_u64(key); });
-      refusals_only([&] { (void)file.get_i64(key); });
-      refusals_only([&] { (void)file.get_f64(key); });
-      refusals_only([&] { (void)file.get_bool(key); });
-      refusals_only([&] { (void)file.get_string(key); });
-      refusals_only([&] { (void)file.get_string_array(key); });
-      refusals_only([&] { (void)file.get_f64_array(key); });
-      refusals_only([&] { (void)file.get_i64_array(key); });
+      check_getters(file, key, value);
     }
-    refusals_only([&] { (void)file.get_u64("absent.key"); });
+    must_refuse("absent.key", [&] { (void)file.get_u64("absent.key"); });
     for (const auto& t : file.tensors()) {
       const volatile uint8_t* p = t.data.data();
       const size_t n = t.data.size();
@@ -45,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)kiln::pipelines::ggml_type_name(t.type);
       (void)file.tensor(t.name);
     }
-    refusals_only([&] { (void)file.tensor("absent.tensor"); });
+    must_refuse("absent.tensor", [&] { (void)file.tensor("absent.tensor"); });
   });
   return 0;
 }
