@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quantized.h"
 #include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
@@ -165,13 +166,14 @@ HostTensor q8_weight(int64_t N, int64_t K, uint32_t seed, std::vector<double>& w
 }
 
 // The float reference, plus the activations' quantization: each x off by at most d_x / 2, d_x =
-// max |x| / 127 over its block of 32.
-std::pair<double, double> q8_reference(const HostTensor& x, const std::vector<double>& w, int64_t m, int64_t n) {
+// max |x| / 127 over its block of 32 (256 for the K-quants: quantized::activation_block).
+std::pair<double, double> q8_reference(const HostTensor& x, const std::vector<double>& w, int64_t m, int64_t n,
+                                       int64_t block = 32) {
   auto [sum, tolerance] = float_reference(x, w, m, n);
   const int64_t K = x.shape[1];
-  for (int64_t b = 0; b < K / 32; ++b) {
+  for (int64_t b = 0; b < K / block; ++b) {
     double amax = 0, wsum = 0;
-    for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
+    for (int64_t k = b * block; k < b * block + block; ++k) {
       amax = std::max(amax, std::abs(x.as_double(m * K + k)));
       wsum += std::abs(w[static_cast<size_t>(n * K + k)]);
     }
@@ -193,7 +195,9 @@ TEST(BatchInvariance, QmatmulRowsMatchTheRowAloneForEveryEncoding) {
         Product p{Op::qmatmul, {{"encoding", std::string(graph::encoding_name(e))}}, {}, {s.N}};
         p.weights.push_back(quantized_weight(e, s.N, s.K, seed++, w));
         expect_batch_invariant(p, x, "f32 x " + std::string(graph::encoding_name(e)), isa,
-                               [&](size_t, int64_t m, int64_t n) { return q8_reference(x, w, m, n); });
+                               [&](size_t, int64_t m, int64_t n) {
+                                 return q8_reference(x, w, m, n, quantized::activation_block(e));
+                               });
       }
     }
   }

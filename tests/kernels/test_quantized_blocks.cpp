@@ -4,9 +4,9 @@
 // graph::dequantize_row decodes them (itself checked bit for bit against the layouts in
 // tests/graph/test_quantization.cpp).
 //
-// Tolerances, as for Q8_0 (test_quantized.cpp): the activations are quantized per block of 32 with
-// d = max|x| / 127, so each product is off by at most d / 2 * |w|: the bound is
-// sum_blocks d_b / 2 * sum_i |w_i| (times 1.0001), plus f32 accumulation in any order,
+// Tolerances, as for Q8_0 (test_quantized.cpp): the activations are quantized per block of 32 (Q4_0)
+// or 256 (the K-quants) with d = max|x| / 127, so each product is off by at most d / 2 * |w|: the
+// bound is sum_blocks d_b / 2 * sum_i |w_i| (times 1.0001), plus f32 accumulation in any order,
 // K * 2^-23 * sum_k |x_k w_k|. Exactly the integer product when weights and activations are small
 // integers (the scales 1, every sum below 2^24).
 #include <gtest/gtest.h>
@@ -20,6 +20,7 @@
 
 #include "../test_util.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quantized.h"
 #include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
@@ -81,9 +82,10 @@ void expect_close(QuantizationEncoding e, const std::vector<float>& x, const Hos
     const std::vector<float> wr = decoded(e, w, n, K);
     for (int64_t m = 0; m < M; ++m) {
       double ref = 0, abs_sum = 0, act_bound = 0;
-      for (int64_t b = 0; b < K / 32; ++b) {
+      const int64_t block = quantized::activation_block(e);
+      for (int64_t b = 0; b < K / block; ++b) {
         double amax = 0, wsum = 0;
-        for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
+        for (int64_t k = b * block; k < b * block + block; ++k) {
           ref += double(x[m * K + k]) * wr[k];
           abs_sum += std::fabs(double(x[m * K + k]) * wr[k]);
           amax = std::max(amax, std::fabs(double(x[m * K + k])));

@@ -4,7 +4,8 @@
 // (decode): the int8 GEMV, reading the weights in place. More rows (prefill): the int8 GEMM with
 // packed weight panels where AVX512-VNNI is available; else the f32 GEMM of gemm.h
 // (BStorage::q8_0) or a portable loop on the dequantized activations d_x * q_x. The other encodings
-// (quantized.h's last section) run one int8 kernel for every M, reading the weights in place.
+// (quantized.h's last section) run one int8 kernel for every M, reading the weights in place; the
+// K-quants' activations are quantized per 256 instead of 32 (ggml's q8_K).
 #include "kernels/cpu/quantized.h"
 #include "kernels/cpu/scratch.h"
 
@@ -158,22 +159,57 @@ void sums_of_16(const uint8_t* q, int64_t elements, int16_t* sum16) {
   }
 }
 
-quantized::QGemvFn block_gemv(QuantizationEncoding e) {
-  static const bool avx2 = gemm::isa_supported(gemm::Isa::avx2);
-  const quantized::QGemvFn simd = avx2 && gemm::active_isa() != gemm::Isa::generic ? quantized::avx2_block_gemv(e) : nullptr;
-  return simd ? simd : quantized::portable_block_gemv(e);
+// The K-quants' activations (ggml's q8_K): quantize_rows' rule over blocks of 256, with sums per 32.
+// |v| <= 127, so adding 1.5 * 2^23 rounds it half to even as vcvtps2dq does, without a library call.
+void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum) {
+  for (int64_t b = 0; b < M * K / 256; ++b) {
+    const float* src = x + b * 256;
+    float amax = 0.0f;
+    for (int i = 0; i < 256; ++i) amax = std::fmax(amax, std::fabs(src[i]));
+    const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+    d[b] = amax / 127.0f;
+    for (int g = 0; g < 8; ++g) {
+      int32_t total = 0;
+      for (int i = 32 * g; i < 32 * g + 32; ++i) {
+        const float v = std::fmax(-127.0f, std::fmin(127.0f, src[i] * inv)) + 12582912.0f;
+        int32_t bits;
+        std::memcpy(&bits, &v, 4);
+        const int level = (bits & 0x007fffff) - 0x00400000;
+        total += level;
+        q[b * 256 + i] = static_cast<uint8_t>(level);
+      }
+      sum[b * 8 + g] = total;
+    }
+  }
 }
 
-// The activations of lhs [M, K] quantized into this thread's scratch: q_x + 128 for the Q8_0 GEMV,
-// else q_x with its block sums (and sums of 16 for Q6_K).
+// The GEMV of an encoding at the active ISA level, and whether it takes its activations offset
+// (Q8_0's VNNI and portable GEMVs) or not (everything else, with block sums).
+struct GemvChoice {
+  quantized::QGemvFn fn;
+  bool offset;
+};
+GemvChoice gemv_for(QuantizationEncoding e) {
+  if (e == QuantizationEncoding::q8_0 && use_vnni()) return {quantized::avx512_vnni_q8_0_gemv(), true};
+  static const bool avx2 = gemm::isa_supported(gemm::Isa::avx2);
+  if (avx2 && gemm::active_isa() != gemm::Isa::generic)
+    if (const quantized::QGemvFn simd = quantized::avx2_block_gemv(e)) return {simd, false};
+  if (e == QuantizationEncoding::q8_0) return {portable_gemv, true};
+  return {quantized::portable_block_gemv(e), false};
+}
+
+// The activations of lhs [M, K] quantized into this thread's scratch: q_x + 128 when `offset`, else
+// q_x with its block sums (and sums of 16 for Q6_K).
 Q8Activations quantize_lhs(const KernelContext& ctx, QuantizationEncoding e, const TensorView& lhs, int64_t M,
-                           int64_t K) {
+                           int64_t K, bool offset) {
   const float* x = lhs_rows(ctx, lhs, M * K);  // [M, K]
-  const bool q8_0 = e == QuantizationEncoding::q8_0;
   uint8_t* xq = grow(t_scratch.q, M * K);
   float* xd = grow(t_scratch.d, M * K / 32);
-  int32_t* xsum = q8_0 ? nullptr : grow(t_scratch.sum, M * K / 32);
-  quantize_rows(x, M, K, /*offset=*/q8_0, xq, xd, xsum);
+  int32_t* xsum = offset ? nullptr : grow(t_scratch.sum, M * K / 32);
+  if (quantized::activation_block(e) == 256)
+    quantize_rows_256(x, M, K, xq, xd, xsum);
+  else
+    quantize_rows(x, M, K, offset, xq, xd, xsum);
   int16_t* sum16 = nullptr;
   if (e == QuantizationEncoding::q6_k) sums_of_16(xq, M * K, sum16 = grow(t_scratch.sum16, M * K / 16));
   return Q8Activations{xq, xd, xsum, sum16, M, K};
@@ -187,10 +223,9 @@ void quantized::qmatmul_gemv_group(const KernelContext& ctx, QuantizationEncodin
   int64_t rows = 0;  // weight rows of all targets: the concatenated N
   for (const QGemvTarget& t : targets) rows += t.N;
   if (M == 0 || rows == 0) return;
-  const Q8Activations acts = quantize_lhs(ctx, encoding, lhs, M, K);
-  const quantized::QGemvFn fn = encoding != QuantizationEncoding::q8_0 ? block_gemv(encoding)
-                                : use_vnni()                          ? quantized::avx512_vnni_q8_0_gemv()
-                                                                      : portable_gemv;
+  const GemvChoice gemv = gemv_for(encoding);
+  const Q8Activations acts = quantize_lhs(ctx, encoding, lhs, M, K, gemv.offset);
+  const quantized::QGemvFn fn = gemv.fn;
   // A chunk must be worth waking a thread for: >= 32 KiB of weights times rows of x (~32K
   // multiply-adds, the f32 GEMM's threshold), so a small model's 288 x 288 projections still use
   // both cores; larger GEMVs are cut into gemm::kGemvPartsPerThread chunks per thread. A chunk of

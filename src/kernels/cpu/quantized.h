@@ -29,7 +29,7 @@ namespace kiln::kernels::quantized {
 // Activations [M, K] as Q8_0-style blocks (see above).
 struct Q8Activations {
   const uint8_t* x = nullptr;   // [M][K]: q_x, or q_x + 128 for the Q8_0 GEMV (stored as u8 either way)
-  const float* d = nullptr;     // [M][K / 32]: each block's scale
+  const float* d = nullptr;     // [M][K / 32]: each block's scale ([M][K / 256] for the K-quants)
   const int32_t* sum = nullptr; // [M][K / 32]: each block's sum of q_x (Q8_0 GEMM, the other encodings)
   const int16_t* sum16 = nullptr;  // [M][K / 16]: sums of q_x per 16 (Q6_K, whose scales cover 16)
   int64_t M = 0, K = 0;
@@ -83,17 +83,24 @@ std::optional<QGemvTarget> qmatmul_gemv_target(graph::QuantizationEncoding encod
                                                const TensorView& w, const TensorView& out);
 
 // ---- Q4_0, Q4_K, Q5_K, Q6_K -----------------------------------------------------------------------
-// The activations are quantized as for Q8_0 (blocks of 32, d_x, q_x not offset, with their sums;
-// sum16 for Q6_K), and every weight block's product with them is an exact int32 before the f32
-// scaling. Per activation block b (32 weights) of a row:
-//   Q4_0:  (d_w * d_x) * (dot(q, q_x) - 8 * sum(q_x))
-//   Q4_K, Q5_K (sub-block j of super-block s): d_x * ((d * sc_j) * dot(q, q_x) - (dmin * m_j) * sum(q_x))
-//   Q6_K:  (d * d_x) * sum over its two 16-halves h of sc_h * (dot_h(q, q_x) - 32 * sum_h(q_x))
+// The activations are quantized to int8 with the rule above (d_x = max|x| / 127, q_x =
+// round-half-even(x * 127 / max|x|)), not offset, over blocks of 32 for Q4_0 (as for Q8_0, and as
+// ggml's q4_0 dot) and of 256 for the K-quants (as ggml's q8_K), with sums of q_x per 32 (`sum`) and,
+// for Q6_K, per 16 (`sum16`). Every weight block's product with them is then an exact int32, and one
+// super-block needs a single f32 scaling per term:
+//   Q4_0 (block b):        (d_w * d_x) * (dot(q, q_x) - 8 * sum(q_x))
+//   Q4_K, Q5_K (block s):  (d * d_x) * sum_j sc_j dot_j(q, q_x) - (dmin * d_x) * sum_j m_j sum_j(q_x)
+//   Q6_K (block s):        (d * d_x) * sum over its 16 sub-blocks i of sc_i * (dot_i(q, q_x) - 32 sum_i(q_x))
 // summed in f32 over the row (the order differs between the portable and the SIMD kernels). The
 // same function serves every M (decode and prefill), so a row's result never depends on M.
+inline int64_t activation_block(graph::QuantizationEncoding e) {
+  return e == graph::QuantizationEncoding::q8_0 || e == graph::QuantizationEncoding::q4_0 ? 32 : 256;
+}
 QGemvFn portable_block_gemv(graph::QuantizationEncoding);  // q4_0, q4_k, q5_k, q6_k
 // The AVX2 kernels (maddubs: the unsigned quants times the signed activations); nullptr where not
-// compiled for x86-64 or the encoding has none. The caller checks the CPU (gemm::Isa::avx2).
+// compiled for x86-64. The caller checks the CPU (gemm::Isa::avx2). Also Q8_0's GEMV where there is
+// no AVX512-VNNI, with this section's activations (not offset): y = sum over blocks of
+// (d_w * d_x) * dot(q_w, q_x), the definition of Q8_0's GEMV in another order.
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding);
 
 }  // namespace kiln::kernels::quantized

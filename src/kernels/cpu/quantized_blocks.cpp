@@ -39,38 +39,40 @@ void gemv_q4_0(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int6
     }
 }
 
-// Q4_K, and Q5_K (kFive: the high bits of qh added, levels 0..31).
+// Q4_K, and Q5_K (kFive: the high bits of qh added, levels 0..31). Activations per 256 (x.d one
+// scale per super-block).
 template <bool kFive>
 void gemv_q4_k_q5_k(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
                     int64_t ldy) {
-  const int64_t blocks = x.K / 32, supers = x.K / graph::kKQuantBlockSize;
+  const int64_t supers = x.K / graph::kKQuantBlockSize;
   const int64_t bytes = kFive ? graph::kQ5_KBlockBytes : graph::kQ4_KBlockBytes;
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t m = 0; m < x.M; ++m) {
-      float sum = 0.0f;
+      float scaled = 0.0f, mins = 0.0f;
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* block = w + n * row_bytes + s * bytes;
-        const float d = load_f16(block), dmin = load_f16(block + 2);
         uint8_t sc[8], mn[8];
         graph::unpack_k_scales(block + 4, sc, mn);
         const uint8_t* qh = block + 16;
         const uint8_t* q = block + (kFive ? 48 : 16);
+        const int8_t* xq = activations(x, m) + s * 256;
+        int32_t dots = 0, min_sums = 0;  // sum_j sc_j dot_j and sum_j m_j sum_j(q_x): exact
         for (int j = 0; j < 8; ++j) {
-          const int64_t b = s * 8 + j;
-          const int8_t* xq = activations(x, m) + b * 32;
           int32_t dot = 0;
           for (int l = 0; l < 32; ++l) {
             const uint8_t byte = q[32 * (j / 2) + l];
             int level = j % 2 ? byte >> 4 : byte & 0xF;
             if (kFive) level |= ((qh[l] >> j) & 1) << 4;
-            dot += level * xq[l];
+            dot += level * xq[32 * j + l];
           }
-          const float F = d * static_cast<float>(sc[j]) * static_cast<float>(dot) -
-                          dmin * static_cast<float>(mn[j]) * static_cast<float>(x.sum[m * blocks + b]);
-          sum += x.d[m * blocks + b] * F;
+          dots += sc[j] * dot;
+          min_sums += mn[j] * x.sum[(m * supers + s) * 8 + j];
         }
+        const float dx = x.d[m * supers + s];
+        scaled += load_f16(block) * dx * static_cast<float>(dots);
+        mins += load_f16(block + 2) * dx * static_cast<float>(min_sums);
       }
-      y[m * ldy + n] = sum;
+      y[m * ldy + n] = scaled - mins;
     }
 }
 
@@ -85,21 +87,17 @@ int q6_k_level(const uint8_t* block, int i) {
 
 void gemv_q6_k(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
                int64_t ldy) {
-  const int64_t blocks = x.K / 32, supers = x.K / graph::kKQuantBlockSize;
+  const int64_t supers = x.K / graph::kKQuantBlockSize;
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t m = 0; m < x.M; ++m) {
       float sum = 0.0f;
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* block = w + n * row_bytes + s * graph::kQ6_KBlockBytes;
-        const float d = load_f16(block + 208);
         const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
-        for (int j = 0; j < 8; ++j) {
-          const int64_t b = s * 8 + j;
-          const int8_t* xq = activations(x, m) + b * 32;
-          int32_t dot = 0;  // |dot| <= 32 * 128 * 32 * 127
-          for (int l = 0; l < 32; ++l) dot += scales[2 * j + l / 16] * (q6_k_level(block, 32 * j + l) - 32) * xq[l];
-          sum += d * x.d[m * blocks + b] * static_cast<float>(dot);
-        }
+        const int8_t* xq = activations(x, m) + s * 256;
+        int32_t dot = 0;  // |dot| <= 256 * 128 * 32 * 127
+        for (int i = 0; i < 256; ++i) dot += scales[i / 16] * (q6_k_level(block, i) - 32) * xq[i];
+        sum += load_f16(block + 208) * x.d[m * supers + s] * static_cast<float>(dot);
       }
       y[m * ldy + n] = sum;
     }
