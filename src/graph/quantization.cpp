@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -231,23 +232,132 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
   return scale;
 }
 
+// The 8 sub-blocks of a Q4_K / Q5_K super-block fitted as quantize_row_q4_K_ref / q5_K_ref do:
+// weights av_x + |x| (av_x the sub-block's RMS), then make_qkx2_quants.
+void fit_k_sub_blocks_portable(const float* x, bool five_bits, uint8_t* L, float* scales, float* mins) {
+  uint8_t Laux[32];
+  float weights[32];
+  for (int j = 0; j < 8; ++j) {
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
+    scales[j] = five_bits ? make_qkx2_quants(32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15)
+                          : make_qkx2_quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.0f, 0.1f, 20);
+  }
+}
+
+#if defined(__x86_64__)
+// The same, the 8 sub-blocks in the 8 lanes: every lane runs make_qkx2_quants' f32 operations in
+// its order (compares and blends for its branches, no FMA: the target has none to contract into),
+// so the results are the portable ones bit for bit, 20x faster. (For NaN inputs the min / max
+// blends may differ from the portable branches; the result is some in-range quant either way.)
+__attribute__((target("avx2"))) __m256i nearest_int8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
+  return _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x00400000));
+}
+
+__attribute__((target("avx2"))) void fit_k_sub_blocks_avx2(const float* x, bool five_bits, uint8_t* L_out,
+                                                            float* scales, float* mins) {
+  const int nmax = five_bits ? 31 : 15, nstep = five_bits ? 15 : 20;
+  const float rmin = five_bits ? -0.5f : -1.0f, rdelta = 0.1f;
+  __m256 xs[32], ws[32];
+  __m256i L[32];
+  const __m256i lanes = _mm256_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224);  // sub-block j's element i
+  for (int i = 0; i < 32; ++i) xs[i] = _mm256_i32gather_ps(x + i, lanes, 4);
+  __m256 sum_x2 = _mm256_setzero_ps();
+  for (int i = 0; i < 32; ++i) sum_x2 = _mm256_add_ps(sum_x2, _mm256_mul_ps(xs[i], xs[i]));
+  const __m256 av_x = _mm256_sqrt_ps(_mm256_div_ps(sum_x2, _mm256_set1_ps(32.0f)));
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int i = 0; i < 32; ++i) ws[i] = _mm256_add_ps(av_x, _mm256_andnot_ps(sign, xs[i]));
+  // make_qkx2_quants
+  __m256 min = xs[0], max = xs[0], sum_w = ws[0], sum_x = _mm256_mul_ps(ws[0], xs[0]);
+  for (int i = 1; i < 32; ++i) {
+    min = _mm256_blendv_ps(min, xs[i], _mm256_cmp_ps(xs[i], min, _CMP_LT_OQ));
+    max = _mm256_blendv_ps(max, xs[i], _mm256_cmp_ps(xs[i], max, _CMP_GT_OQ));
+    sum_w = _mm256_add_ps(sum_w, ws[i]);
+    sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(ws[i], xs[i]));
+  }
+  const __m256 zero = _mm256_setzero_ps();
+  min = _mm256_blendv_ps(min, zero, _mm256_cmp_ps(min, zero, _CMP_GT_OQ));
+  const __m256 flat = _mm256_cmp_ps(max, min, _CMP_EQ_OQ);  // lanes that return early: L 0, scale 0
+  const __m256 flat_min = min;
+  const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(nmax);
+  __m256 iscale = _mm256_div_ps(_mm256_set1_ps(static_cast<float>(nmax)), _mm256_sub_ps(max, min));
+  __m256 scale = _mm256_div_ps(_mm256_set1_ps(1.0f), iscale);
+  __m256 best_error = zero;
+  for (int i = 0; i < 32; ++i) {
+    L[i] = _mm256_min_epi32(hi, _mm256_max_epi32(lo, nearest_int8(_mm256_mul_ps(iscale, _mm256_sub_ps(xs[i], min)))));
+    __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(L[i])), min), xs[i]);
+    diff = _mm256_mul_ps(diff, diff);
+    best_error = _mm256_add_ps(best_error, _mm256_mul_ps(ws[i], diff));
+  }
+  for (int is = 0; is <= nstep; ++is) {
+    // max - min with the min of the best trial so far, as make_qkx2_quants reads it.
+    iscale = _mm256_div_ps(_mm256_set1_ps(rmin + rdelta * static_cast<float>(is) + static_cast<float>(nmax)),
+                           _mm256_sub_ps(max, min));
+    __m256 sum_l = zero, sum_l2 = zero, sum_xl = zero;
+    __m256i aux[32];
+    for (int i = 0; i < 32; ++i) {
+      aux[i] = _mm256_min_epi32(hi, _mm256_max_epi32(lo, nearest_int8(_mm256_mul_ps(iscale, _mm256_sub_ps(xs[i], min)))));
+      const __m256 fl = _mm256_cvtepi32_ps(aux[i]), wl = _mm256_mul_ps(ws[i], fl);
+      sum_l = _mm256_add_ps(sum_l, wl);
+      sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, fl));
+      sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, xs[i]));
+    }
+    const __m256 D = _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_l2), _mm256_mul_ps(sum_l, sum_l));
+    __m256 this_scale = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_w, sum_xl), _mm256_mul_ps(sum_x, sum_l)), D);
+    __m256 this_min = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_l2, sum_x), _mm256_mul_ps(sum_l, sum_xl)), D);
+    const __m256 positive = _mm256_cmp_ps(this_min, zero, _CMP_GT_OQ);
+    this_min = _mm256_blendv_ps(this_min, zero, positive);
+    this_scale = _mm256_blendv_ps(this_scale, _mm256_div_ps(sum_xl, sum_l2), positive);
+    __m256 cur_error = zero;
+    for (int i = 0; i < 32; ++i) {
+      __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(this_scale, _mm256_cvtepi32_ps(aux[i])), this_min), xs[i]);
+      diff = _mm256_mul_ps(diff, diff);
+      cur_error = _mm256_add_ps(cur_error, _mm256_mul_ps(ws[i], diff));
+    }
+    const __m256 take = _mm256_and_ps(_mm256_cmp_ps(D, zero, _CMP_GT_OQ), _mm256_cmp_ps(cur_error, best_error, _CMP_LT_OQ));
+    const __m256i take_i = _mm256_castps_si256(take);
+    for (int i = 0; i < 32; ++i) L[i] = _mm256_blendv_epi8(L[i], aux[i], take_i);
+    best_error = _mm256_blendv_ps(best_error, cur_error, take);
+    scale = _mm256_blendv_ps(scale, this_scale, take);
+    min = _mm256_blendv_ps(min, this_min, take);
+  }
+  const __m256i flat_i = _mm256_castps_si256(flat);
+  _mm256_storeu_ps(scales, _mm256_blendv_ps(scale, zero, flat));
+  _mm256_storeu_ps(mins, _mm256_xor_ps(_mm256_blendv_ps(min, flat_min, flat), sign));  // the portable *the_min
+  alignas(32) int32_t lane[8];
+  for (int i = 0; i < 32; ++i) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lane), _mm256_andnot_si256(flat_i, L[i]));
+    for (int j = 0; j < 8; ++j) L_out[32 * j + i] = static_cast<uint8_t>(lane[j]);
+  }
+}
+#endif
+
+std::atomic<bool> g_portable_quantizers{false};
+
+void fit_k_sub_blocks(const float* x, bool five_bits, uint8_t* L, float* scales, float* mins) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && !g_portable_quantizers.load(std::memory_order_relaxed))
+    return fit_k_sub_blocks_avx2(x, five_bits, L, scales, mins);
+#endif
+  fit_k_sub_blocks_portable(x, five_bits, L, scales, mins);
+}
+
 // quantize_row_q4_K_ref (five_bits false: levels 0..15) and quantize_row_q5_K_ref (0..31).
 void quantize_q4_k_q5_k(const float* x, int64_t k, uint8_t* out, bool five_bits) {
   const int nmax = five_bits ? 31 : 15;
   const int64_t bytes = five_bits ? kQ5_KBlockBytes : kQ4_KBlockBytes;
-  uint8_t L[kKQuantBlockSize], Laux[32];
-  float weights[32], mins[8], scales[8];
+  uint8_t L[kKQuantBlockSize];
+  float mins[8], scales[8];
   for (int64_t b = 0; b < k / kKQuantBlockSize; ++b, x += kKQuantBlockSize) {
     uint8_t* block = out + b * bytes;
     uint8_t* packed = block + 4;  // the 12 scale / min bytes
     float max_scale = 0, max_min = 0;
+    fit_k_sub_blocks(x, five_bits, L, scales, mins);
     for (int j = 0; j < 8; ++j) {
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
-      const float av_x = std::sqrt(sum_x2 / 32);
-      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-      scales[j] = five_bits ? make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15)
-                            : make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.0f, 0.1f, 20);
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
     }
@@ -349,6 +459,80 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
   return scale;
 }
 
+#if defined(__x86_64__)
+// make_qx_quants(16, 32, ..., rmse_type 1) for 8 sub-blocks of 16 in the 8 lanes (sub-block j's
+// element i at x[16 j + i]), each lane in the portable function's order: the same bits (as
+// fit_k_sub_blocks_avx2).
+// make_qx_quants' levels (-32..31) of 16 lane vectors at iscale, and its sums of w x l and w l^2.
+__attribute__((target("avx2"))) void qx_levels(const __m256* xs, __m256 iscale, __m256i* out) {
+  const __m256i lo = _mm256_set1_epi32(-32), hi = _mm256_set1_epi32(31);
+  for (int i = 0; i < 16; ++i)
+    out[i] = _mm256_min_epi32(hi, _mm256_max_epi32(lo, nearest_int8(_mm256_mul_ps(iscale, xs[i]))));
+}
+__attribute__((target("avx2"))) void qx_sums(const __m256* xs, const __m256i* l, __m256& sumlx, __m256& suml2) {
+  sumlx = suml2 = _mm256_setzero_ps();
+  for (int i = 0; i < 16; ++i) {
+    const __m256 w = _mm256_mul_ps(xs[i], xs[i]), fl = _mm256_cvtepi32_ps(l[i]);
+    sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w, xs[i]), fl));
+    suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w, fl), fl));
+  }
+}
+
+__attribute__((target("avx2"))) void make_qx_quants_x8(const float* x, int8_t* L_out, float* scales) {
+  constexpr int nmax = 32;
+  __m256 xs[16];
+  __m256i L[16];
+  const __m256i lanes = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);
+  for (int i = 0; i < 16; ++i) xs[i] = _mm256_i32gather_ps(x + i, lanes, 4);
+  const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
+  __m256 max = zero, amax = zero;
+  for (int i = 0; i < 16; ++i) {
+    const __m256 ax = _mm256_andnot_ps(sign, xs[i]);
+    const __m256 larger = _mm256_cmp_ps(ax, amax, _CMP_GT_OQ);
+    amax = _mm256_blendv_ps(amax, ax, larger);
+    max = _mm256_blendv_ps(max, xs[i], larger);
+  }
+  const __m256 zeros = _mm256_cmp_ps(amax, _mm256_set1_ps(kGroupMaxEps), _CMP_LT_OQ);  // L 0, scale 0
+  const __m256i offset = _mm256_set1_epi32(nmax);
+  qx_levels(xs, _mm256_div_ps(_mm256_set1_ps(static_cast<float>(-nmax)), max), L);
+  __m256 sumlx, suml2;
+  qx_sums(xs, L, sumlx, suml2);
+  __m256 scale = _mm256_blendv_ps(_mm256_div_ps(sumlx, suml2), zero, _mm256_cmp_ps(suml2, zero, _CMP_EQ_OQ));
+  __m256 best = _mm256_mul_ps(scale, sumlx);
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    __m256i trial[16];
+    qx_levels(xs, _mm256_div_ps(_mm256_set1_ps(-(static_cast<float>(nmax) + 0.1f * static_cast<float>(is))), max), trial);
+    qx_sums(xs, trial, sumlx, suml2);
+    const __m256 take = _mm256_and_ps(_mm256_cmp_ps(suml2, zero, _CMP_GT_OQ),
+                                      _mm256_cmp_ps(_mm256_mul_ps(sumlx, sumlx), _mm256_mul_ps(best, suml2), _CMP_GT_OQ));
+    for (int i = 0; i < 16; ++i) L[i] = _mm256_blendv_epi8(L[i], trial[i], _mm256_castps_si256(take));
+    scale = _mm256_blendv_ps(scale, _mm256_div_ps(sumlx, suml2), take);
+    best = _mm256_blendv_ps(best, _mm256_mul_ps(scale, sumlx), take);
+  }
+  _mm256_storeu_ps(scales, _mm256_blendv_ps(scale, zero, zeros));
+  alignas(32) int32_t lane[8];
+  for (int i = 0; i < 16; ++i) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lane),
+                       _mm256_andnot_si256(_mm256_castps_si256(zeros), _mm256_add_epi32(L[i], offset)));
+    for (int j = 0; j < 8; ++j) L_out[16 * j + i] = static_cast<int8_t>(lane[j]);
+  }
+}
+#endif
+
+// The 16 sub-blocks of a Q6_K super-block fitted as quantize_row_q6_K_ref does.
+void fit_q6_k_sub_blocks(const float* x, int8_t* L, float* scales) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && !g_portable_quantizers.load(std::memory_order_relaxed)) {
+    make_qx_quants_x8(x, L, scales);
+    make_qx_quants_x8(x + 128, L + 128, scales + 8);
+    return;
+  }
+#endif
+  for (int ib = 0; ib < 16; ++ib) scales[ib] = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+}
+
 void quantize_q6_k(const float* x, int64_t k, uint8_t* out) {
   int8_t L[kKQuantBlockSize];
   float scales[16];
@@ -356,8 +540,8 @@ void quantize_q6_k(const float* x, int64_t k, uint8_t* out) {
     uint8_t* block = out + b * kQ6_KBlockBytes;
     auto* block_scales = reinterpret_cast<int8_t*>(block + 192);
     float max_scale = 0, max_abs_scale = 0;
+    fit_q6_k_sub_blocks(x, L, scales);
     for (int ib = 0; ib < 16; ++ib) {
-      scales[ib] = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
       if (std::fabs(scales[ib]) > max_abs_scale) {
         max_abs_scale = std::fabs(scales[ib]);
         max_scale = scales[ib];
@@ -479,6 +663,10 @@ void dequantize_q8_0(const uint8_t* row, int64_t k, float* out) {
     for (int64_t i = 0; i < kQ8_0BlockSize; ++i)
       out[b * kQ8_0BlockSize + i] = d * static_cast<float>(static_cast<int8_t>(block[2 + i]));
   }
+}
+
+void use_portable_quantizers_for_testing(bool portable) {
+  g_portable_quantizers.store(portable, std::memory_order_relaxed);
 }
 
 void unpack_k_scales(const uint8_t* q, uint8_t scales[8], uint8_t mins[8]) {

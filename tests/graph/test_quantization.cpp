@@ -362,6 +362,34 @@ TEST(QuantizeRow, KQuantsFindAnExactGrid) {
   EXPECT_EQ(dequantized(QuantizationEncoding::q6_k, row), x);
 }
 
+// The K-quants' SIMD quantizers (the sub-blocks in lanes, each in the portable order) give the
+// portable loops' bytes: normal and uniform rows at several scales, with sub-blocks that are all
+// zero, constant, of one sign, or a single spike.
+TEST(QuantizeRow, SimdAndPortableKQuantizersGiveTheSameBytes) {
+  std::mt19937 rng(11);
+  std::vector<std::vector<float>> rows;
+  for (float scale : {1e-6f, 0.02f, 1.0f, 300.0f}) {
+    rows.push_back(normal_floats(2048, static_cast<uint32_t>(rows.size()), scale));
+    std::uniform_real_distribution<float> uniform(-scale, scale);
+    std::vector<float> u(2048);
+    for (float& v : u) v = uniform(rng);
+    for (int i = 0; i < 16; ++i) u[i] = 0.0f;           // a Q6_K sub-block of zeros
+    for (int i = 256; i < 288; ++i) u[i] = 0.0f;        // a Q4_K sub-block of zeros
+    for (int i = 512; i < 544; ++i) u[i] = scale / 3;   // constant, positive
+    for (int i = 768; i < 800; ++i) u[i] = -scale / 3;  // constant, negative
+    for (int i = 1024; i < 1056; ++i) u[i] = std::fabs(u[i]);
+    for (int i = 1280; i < 1312; ++i) u[i] = i == 1290 ? scale : 0.0f;
+    rows.push_back(u);
+  }
+  for (QuantizationEncoding e : {QuantizationEncoding::q4_k, QuantizationEncoding::q5_k, QuantizationEncoding::q6_k})
+    for (size_t r = 0; r < rows.size(); ++r) {
+      graph::use_portable_quantizers_for_testing(true);
+      const std::vector<uint8_t> portable = quantized(e, rows[r]);
+      graph::use_portable_quantizers_for_testing(false);
+      EXPECT_EQ(quantized(e, rows[r]), portable) << name(e) << " row " << r;
+    }
+}
+
 TEST(QuantizeRow, RowSizeErrorsNameTheEncodingAndItsBlock) {
   kiln::testing::expect_error<ValueError>(
       [] { graph::quantized_row_bytes(QuantizationEncoding::q4_k, 288, "w1.weight"); },
