@@ -308,20 +308,29 @@ struct Q40 {
     const int64_t blocks_per_row = x.K / 32, first = m * blocks_per_row + 8 * g;
     const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + g * 256;
     __m256i dots[8];
-    alignas(32) float dx[8] = {};
-    alignas(32) int32_t sums[8] = {};
-    #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      if (j >= blocks) {  // past the row: nothing read
+    __m256 dx;
+    __m256i sums;
+    if (blocks == 8) {  // a whole group: straight loads
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)
+        dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], load256(xq + 32 * j)), _mm256_set1_epi16(1));
+      dx = _mm256_loadu_ps(x.d + first);
+      sums = load256(x.sum + first);
+    } else {  // a row's last, partial group: nothing read past the row
+      alignas(32) float d[8] = {};
+      alignas(32) int32_t s[8] = {};
+      for (int j = 0; j < 8; ++j) {
         dots[j] = _mm256_setzero_si256();
-        continue;
+        if (j >= blocks) continue;
+        dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], load256(xq + 32 * j)), _mm256_set1_epi16(1));
+        d[j] = x.d[first + j];
+        s[j] = x.sum[first + j];
       }
-      dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], load256(xq + 32 * j)), _mm256_set1_epi16(1));
-      dx[j] = x.d[first + j];
-      sums[j] = x.sum[first + j];
+      dx = _mm256_load_ps(d);
+      sums = _mm256_load_si256(reinterpret_cast<const __m256i*>(s));
     }
-    const __m256i dot = _mm256_sub_epi32(sum_lanes8(dots), _mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums)), 3));
-    acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_load_ps(dx)), _mm256_cvtepi32_ps(dot), acc.v);
+    const __m256i dot = _mm256_sub_epi32(sum_lanes8(dots), _mm256_slli_epi32(sums, 3));
+    acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(dot), acc.v);
   }
 };
 
@@ -358,18 +367,26 @@ struct Q80 {
     const int64_t first = m * (x.K / 32) + 8 * g;
     const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + g * 256;
     __m256i dots[8];
-    alignas(32) float dx[8] = {};
-    #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      if (j >= blocks) {
-        dots[j] = _mm256_setzero_si256();
-        continue;
+    __m256 dx;
+    if (blocks == 8) {  // a whole group: straight loads
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m256i signed_x = _mm256_sign_epi8(load256(xq + 32 * j), w[j]);
+        dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w[j], signed_x), _mm256_set1_epi16(1));
       }
-      const __m256i signed_x = _mm256_sign_epi8(load256(xq + 32 * j), w[j]);
-      dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w[j], signed_x), _mm256_set1_epi16(1));
-      dx[j] = x.d[first + j];
+      dx = _mm256_loadu_ps(x.d + first);
+    } else {  // a row's last, partial group: nothing read past the row
+      alignas(32) float d[8] = {};
+      for (int j = 0; j < 8; ++j) {
+        dots[j] = _mm256_setzero_si256();
+        if (j >= blocks) continue;
+        const __m256i signed_x = _mm256_sign_epi8(load256(xq + 32 * j), w[j]);
+        dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w[j], signed_x), _mm256_set1_epi16(1));
+        d[j] = x.d[first + j];
+      }
+      dx = _mm256_load_ps(d);
     }
-    acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_load_ps(dx)), _mm256_cvtepi32_ps(sum_lanes8(dots)), acc.v);
+    acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sum_lanes8(dots)), acc.v);
   }
 };
 
