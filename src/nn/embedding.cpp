@@ -24,15 +24,15 @@ graph::TensorValue Embedding::operator()(const graph::TensorValue& ids) const {
   if (ids.dtype() != DType::i32 && ids.dtype() != DType::i64)
     throw DTypeError(
         fmt::format("Embedding '{}': ids must be i32 or i64, got {}", path(), ids.tensor_type().to_string()));
-  graph::TensorValue rows = graph::ops::gather(table(), ids, 0);  // [..., dim] (q8_0: [..., row_bytes])
-  if (weight_format_ == std::optional(WeightFormat::q8_0))
-    rows = graph::ops::dequantize(graph::QuantizationEncoding::q8_0, rows);
+  graph::TensorValue rows = graph::ops::gather(table(), ids, 0);  // [..., dim] (quantized: [..., row_bytes])
+  if (const auto encoding = weight_format_ ? weight_format_encoding(*weight_format_) : std::nullopt)
+    rows = graph::ops::dequantize(*encoding, rows);
   return rows.dtype() == dtype_ ? rows : graph::ops::cast(rows, dtype_);
 }
 
 graph::TensorValue Embedding::attend(const graph::TensorValue& x) const {
-  if (weight_format_ == std::optional(WeightFormat::q8_0))
-    return graph::ops::qmatmul(graph::QuantizationEncoding::q8_0, x, table());  // [..., vocab]
+  if (const auto encoding = weight_format_ ? weight_format_encoding(*weight_format_) : std::nullopt)
+    return graph::ops::qmatmul(*encoding, x, table());                 // [..., vocab]
   return graph::ops::matmul(x, graph::ops::transpose(table(), 0, 1));           // [..., vocab]
 }
 

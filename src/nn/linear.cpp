@@ -23,8 +23,8 @@ Linear::Linear(int64_t in_dim, int64_t out_dim, DType dtype, bool has_bias, Devi
 graph::TensorValue Linear::operator()(const graph::TensorValue& x) const {
   expect_last_dim("Linear", path(), x, in_dim_);
   graph::TensorValue y;
-  if (weight_format_ == std::optional(WeightFormat::q8_0))
-    y = ops::qmatmul(graph::QuantizationEncoding::q8_0, x, weight(weight_));  // [..., out]
+  if (const auto encoding = weight_format_ ? weight_format_encoding(*weight_format_) : std::nullopt)
+    y = ops::qmatmul(*encoding, x, weight(weight_));  // [..., out]
   else  // [out, in] -> [in, out]; the compiler folds this transpose into the matmul.
     y = ops::matmul(x, ops::transpose(weight(weight_), 0, 1));  // [..., out]
   if (bias_) y = y + weight(*bias_);

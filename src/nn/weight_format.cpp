@@ -13,14 +13,20 @@ std::string_view weight_format_name(WeightFormat f) {
     case WeightFormat::f16: return "f16";
     case WeightFormat::bf16: return "bf16";
     case WeightFormat::q8_0: return "q8_0";
+    case WeightFormat::q4_0: return "q4_0";
+    case WeightFormat::q4_k: return "q4_k";
+    case WeightFormat::q5_k: return "q5_k";
+    case WeightFormat::q6_k: return "q6_k";
   }
   return "?";
 }
 
 WeightFormat parse_weight_format(std::string_view text) {
-  for (WeightFormat f : {WeightFormat::f32, WeightFormat::f16, WeightFormat::bf16, WeightFormat::q8_0})
+  for (WeightFormat f : {WeightFormat::f32, WeightFormat::f16, WeightFormat::bf16, WeightFormat::q8_0,
+                         WeightFormat::q4_0, WeightFormat::q4_k, WeightFormat::q5_k, WeightFormat::q6_k})
     if (text == weight_format_name(f)) return f;
-  throw ValueError(fmt::format("unknown weight format '{}' (expected f32, f16, bf16 or q8_0)", text));
+  throw ValueError(fmt::format(
+      "unknown weight format '{}' (expected f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k)", text));
 }
 
 std::optional<DType> weight_format_dtype(WeightFormat f) {
@@ -28,9 +34,19 @@ std::optional<DType> weight_format_dtype(WeightFormat f) {
     case WeightFormat::f32: return DType::f32;
     case WeightFormat::f16: return DType::f16;
     case WeightFormat::bf16: return DType::bf16;
-    case WeightFormat::q8_0: return std::nullopt;
+    default: return std::nullopt;
   }
-  return std::nullopt;
+}
+
+std::optional<graph::QuantizationEncoding> weight_format_encoding(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::q8_0: return graph::QuantizationEncoding::q8_0;
+    case WeightFormat::q4_0: return graph::QuantizationEncoding::q4_0;
+    case WeightFormat::q4_k: return graph::QuantizationEncoding::q4_k;
+    case WeightFormat::q5_k: return graph::QuantizationEncoding::q5_k;
+    case WeightFormat::q6_k: return graph::QuantizationEncoding::q6_k;
+    default: return std::nullopt;
+  }
 }
 
 WeightFormat weight_format_of(DType d) {
@@ -45,7 +61,7 @@ WeightFormat weight_format_of(DType d) {
 
 graph::TensorType weight_type(WeightFormat format, int64_t rows, int64_t cols, DeviceRef device, std::string_view what) {
   if (auto d = weight_format_dtype(format)) return graph::TensorType{*d, {rows, cols}, device};
-  const int64_t row_bytes = graph::quantized_row_bytes(graph::QuantizationEncoding::q8_0, cols, what);
+  const int64_t row_bytes = graph::quantized_row_bytes(*weight_format_encoding(format), cols, what);
   return graph::TensorType{DType::u8, {rows, row_bytes}, device};
 }
 
@@ -61,8 +77,9 @@ std::optional<WeightFormat> resolve_weight_format(std::string_view layer, DType 
 }
 
 std::optional<WeightFormat> model_weight_format(std::optional<WeightFormat> model_format, int64_t cols) {
-  if (model_format == std::optional(WeightFormat::q8_0) && cols % 32 != 0) return WeightFormat::f16;
-  return model_format;
+  const auto encoding = model_format ? weight_format_encoding(*model_format) : std::nullopt;
+  if (!encoding || cols % graph::block_size(*encoding) == 0) return model_format;
+  return cols % graph::kQ8_0BlockSize == 0 ? WeightFormat::q8_0 : WeightFormat::f16;
 }
 
 }  // namespace kiln::nn

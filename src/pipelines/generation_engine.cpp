@@ -161,7 +161,8 @@ WeightsRegistry prepare_weights(const nn::LlamaConfig& config, const nn::Module&
     if (name.ends_with("rotary_emb.inv_freq")) continue;
     used.emplace(name, tensor);
   }
-  return convert_weights(used, model.raw_state_dict(), threads);
+  return convert_weights(used, model.raw_state_dict(), threads,
+                         config.weight_format ? nn::weight_format_encoding(*config.weight_format) : std::nullopt);
 }
 
 void report(const EngineOptions& options, std::string_view stage, int index, int total) {

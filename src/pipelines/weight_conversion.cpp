@@ -54,7 +54,26 @@ std::string describe(const Tensor& t) {
   return s + "]";
 }
 
-Tensor convert_one(const std::string& name, const Tensor& source, const graph::Weight& decl, int threads) {
+// The encoding a u8 declaration of rows `row_bytes` long asks for rows of `cols` weights (see the header).
+std::optional<graph::QuantizationEncoding> encoding_for(int64_t cols, int64_t row_bytes,
+                                                        std::optional<graph::QuantizationEncoding> preferred,
+                                                        std::string& fits) {
+  const auto fit = [&](graph::QuantizationEncoding e) {
+    return cols % graph::block_size(e) == 0 && cols / graph::block_size(e) * graph::block_bytes(e) == row_bytes;
+  };
+  if (preferred && fit(*preferred)) return preferred;
+  std::optional<graph::QuantizationEncoding> found;
+  for (graph::QuantizationEncoding e : graph::kAllEncodings) {
+    if (!fit(e)) continue;
+    fits += fmt::format("{}{}", fits.empty() ? "" : " or ", graph::encoding_name(e));
+    if (found) return std::nullopt;  // ambiguous
+    found = e;
+  }
+  return found;
+}
+
+Tensor convert_one(const std::string& name, const Tensor& source, const graph::Weight& decl, int threads,
+                   std::optional<graph::QuantizationEncoding> preferred) {
   const std::vector<int64_t> want = decl.shape.static_dims();
   if (source.dtype() == decl.dtype && source.shape() == want) return source;
   const auto fail = [&](std::string_view why) {
@@ -74,16 +93,24 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
     return out;
   }
   if (decl.dtype != DType::u8 || want.size() != 2 || source.rank() != 2 || source.shape()[0] != want[0])
-    throw fail("not a conversion between f32/f16/bf16 or to Q8_0 rows");
-  const int64_t rows = want[0], cols = source.shape()[1];
-  const int64_t row_bytes = graph::quantized_row_bytes(graph::QuantizationEncoding::q8_0, cols, name);
-  if (row_bytes != want[1]) throw fail(fmt::format("q8_0 rows of {} weights are {} bytes", cols, row_bytes));
+    throw fail("not a conversion between f32/f16/bf16 or to quantized rows");
+  const int64_t rows = want[0], cols = source.shape()[1], row_bytes = want[1];
+  std::string fits;
+  const std::optional<graph::QuantizationEncoding> encoding = encoding_for(cols, row_bytes, preferred, fits);
+  if (!encoding) {
+    if (fits.empty()) {
+      // Every encoding's blocks are 32 weights or a multiple: say so first, naming the weight.
+      const int64_t q8_0 = graph::quantized_row_bytes(graph::QuantizationEncoding::q8_0, cols, name);
+      throw fail(fmt::format("no encoding has rows of {} weights in {} bytes (q8_0's are {})", cols, row_bytes, q8_0));
+    }
+    throw fail(fmt::format("rows of {} weights in {} bytes are {}: pass the encoding", cols, row_bytes, fits));
+  }
   Tensor out = Tensor::empty(DType::u8, want);
   parallel_rows(rows, std::max<int64_t>(1, kMinElements / cols), threads, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = begin; r < end; ++r) {
       convert_floats(src.data(), src.dtype(), row.data(), DType::f32, r * cols, (r + 1) * cols, r * cols);
-      graph::quantize_q8_0(row.data(), cols, static_cast<uint8_t*>(out.data()) + r * row_bytes);
+      graph::quantize_row(*encoding, row.data(), cols, static_cast<uint8_t*>(out.data()) + r * row_bytes);
     }
   });
   return out;
@@ -92,7 +119,7 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
 }  // namespace
 
 WeightsRegistry convert_weights(const WeightsRegistry& checkpoint, const std::map<std::string, graph::Weight>& declared,
-                                int threads) {
+                                int threads, std::optional<graph::QuantizationEncoding> encoding) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   WeightsRegistry out = checkpoint;
   for (const auto& [name, decl] : declared) {
@@ -100,7 +127,7 @@ WeightsRegistry convert_weights(const WeightsRegistry& checkpoint, const std::ma
     if (it == checkpoint.end())
       throw ValueError(fmt::format("convert_weights: the checkpoint has no weight '{}' (graph declares {})", name,
                                    decl.type().to_string()));
-    out[name] = convert_one(name, it->second, decl, threads);
+    out[name] = convert_one(name, it->second, decl, threads, encoding);
   }
   return out;
 }

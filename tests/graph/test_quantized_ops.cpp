@@ -65,7 +65,7 @@ TEST(Dequantize, GatheredQ8_0RowsBecomeF32RowsOfK) {
 TEST(Quantization, EncodingNamesRoundTripAndUnknownNamesAreValueErrors) {
   EXPECT_EQ(encoding_name(q8_0), "q8_0");
   EXPECT_EQ(parse_encoding("q8_0"), q8_0);
-  expect_error<ValueError>([] { parse_encoding("q4_k"); }, {"q4_k", "q8_0"});
+  expect_error<ValueError>([] { parse_encoding("q3_k"); }, {"q3_k", "q8_0", "q4_k"});
   EXPECT_EQ(q8_0_row_bytes(64), 68);
 }
 

@@ -1,7 +1,7 @@
 // Batch invariance of the decode products (gemm::kSmallM): for M = 1..8 rows of f32 activations,
-// matmul against f32 / f16 / bf16 weights (both rhs layouts), qmatmul against Q8_0 weights and
-// grouped_matmul give each row bitwise the result that row gets alone (M = 1), whatever the other
-// rows and M are, on every ISA level this CPU supports and on 1 or 2 threads: the continuous-batching
+// matmul against f32 / f16 / bf16 weights (both rhs layouts), qmatmul against weights of every
+// quantized encoding and grouped_matmul give each row bitwise the result that row gets alone (M = 1),
+// whatever the other rows and M are, on every ISA level this CPU supports and on 1 or 2 threads: the continuous-batching
 // engine gives a request the same tokens alone or in a batch of steps up to 8 rows (docs/batching.md;
 // above 8 rows the blocked GEMM rounds in another order). The results alone are
 // checked against a double-precision loop (the tolerance of test_gemm.cpp; for Q8_0 also the
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quantized.h"
 #include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
@@ -145,29 +146,34 @@ TEST(BatchInvariance, MatmulRowsMatchTheRowAloneForEveryWeightDtype) {
   }
 }
 
-// Q8_0 weights [N, row bytes] from random values; `w` gets the decoded weights [N][K].
-HostTensor q8_weight(int64_t N, int64_t K, uint32_t seed, std::vector<double>& w) {
+// Quantized weights [N, row bytes] from random values; `w` gets the decoded weights [N][K].
+HostTensor quantized_weight(graph::QuantizationEncoding e, int64_t N, int64_t K, uint32_t seed, std::vector<double>& w) {
   const std::vector<double> values = kernel_test::pseudo_random(N * K, seed);
   std::vector<float> f(values.begin(), values.end()), row(static_cast<size_t>(K));
-  HostTensor t(DType::u8, {N, graph::q8_0_row_bytes(K)});
+  const int64_t row_bytes = graph::quantized_row_bytes(e, K);
+  HostTensor t(DType::u8, {N, row_bytes});
   w.clear();
   for (int64_t n = 0; n < N; ++n) {
-    uint8_t* dst = t.bytes.data() + n * graph::q8_0_row_bytes(K);
-    graph::quantize_q8_0(f.data() + n * K, K, dst);
-    graph::dequantize_q8_0(dst, K, row.data());
+    uint8_t* dst = t.bytes.data() + n * row_bytes;
+    graph::quantize_row(e, f.data() + n * K, K, dst);
+    graph::dequantize_row(e, dst, K, row.data());
     w.insert(w.end(), row.begin(), row.end());
   }
   return t;
 }
+HostTensor q8_weight(int64_t N, int64_t K, uint32_t seed, std::vector<double>& w) {
+  return quantized_weight(graph::QuantizationEncoding::q8_0, N, K, seed, w);
+}
 
 // The float reference, plus the activations' quantization: each x off by at most d_x / 2, d_x =
-// max |x| / 127 over its block of 32.
-std::pair<double, double> q8_reference(const HostTensor& x, const std::vector<double>& w, int64_t m, int64_t n) {
+// max |x| / 127 over its block of 32 (256 for the K-quants: quantized::activation_block).
+std::pair<double, double> q8_reference(const HostTensor& x, const std::vector<double>& w, int64_t m, int64_t n,
+                                       int64_t block = 32) {
   auto [sum, tolerance] = float_reference(x, w, m, n);
   const int64_t K = x.shape[1];
-  for (int64_t b = 0; b < K / 32; ++b) {
+  for (int64_t b = 0; b < K / block; ++b) {
     double amax = 0, wsum = 0;
-    for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
+    for (int64_t k = b * block; k < b * block + block; ++k) {
       amax = std::max(amax, std::abs(x.as_double(m * K + k)));
       wsum += std::abs(w[static_cast<size_t>(n * K + k)]);
     }
@@ -176,16 +182,23 @@ std::pair<double, double> q8_reference(const HostTensor& x, const std::vector<do
   return {sum, tolerance};
 }
 
-TEST(BatchInvariance, QmatmulRowsMatchTheRowAlone) {
+TEST(BatchInvariance, QmatmulRowsMatchTheRowAloneForEveryEncoding) {
   uint32_t seed = 40;
   for (Isa isa : supported_isas()) {
     ForcedIsa forced(isa);
-    for (const Shape& s : {Shape{1120, 70}, Shape{288, 45}}) {
-      const HostTensor x = activations(s.K, seed++);
-      std::vector<double> w;
-      Product p{Op::qmatmul, {{"encoding", std::string("q8_0")}}, {}, {s.N}};
-      p.weights.push_back(q8_weight(s.N, s.K, seed++, w));
-      expect_batch_invariant(p, x, "f32 x q8_0", isa, [&](size_t, int64_t m, int64_t n) { return q8_reference(x, w, m, n); });
+    for (graph::QuantizationEncoding e : graph::kAllEncodings) {
+      // K-quants: whole super-blocks of 256 (1280: 5 of them); the others also an odd block count.
+      const bool k_quant = graph::block_size(e) == graph::kKQuantBlockSize;
+      for (const Shape& s : k_quant ? std::vector<Shape>{{1280, 70}, {256, 45}} : std::vector<Shape>{{1120, 70}, {288, 45}}) {
+        const HostTensor x = activations(s.K, seed++);
+        std::vector<double> w;
+        Product p{Op::qmatmul, {{"encoding", std::string(graph::encoding_name(e))}}, {}, {s.N}};
+        p.weights.push_back(quantized_weight(e, s.N, s.K, seed++, w));
+        expect_batch_invariant(p, x, "f32 x " + std::string(graph::encoding_name(e)), isa,
+                               [&](size_t, int64_t m, int64_t n) {
+                                 return q8_reference(x, w, m, n, quantized::activation_block(e));
+                               });
+      }
     }
   }
 }
@@ -220,6 +233,31 @@ TEST(BatchInvariance, GroupedMatmulRowsMatchTheRowAlone) {
       expect_batch_invariant(group, x, what, isa, [&](size_t i, int64_t m, int64_t n) {
         return std::pair<double, double>{single[i][static_cast<size_t>(m)].at<float>(n), 0.0};
       });
+    }
+  }
+}
+
+// The same for grouped qmatmuls of every encoding (K = 1280: whole super-blocks).
+TEST(BatchInvariance, GroupedQmatmulRowsMatchTheRowAloneForEveryEncoding) {
+  uint32_t seed = 90;
+  const int64_t K = 1280;
+  const std::vector<int64_t> widths{70, 40, 40};
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    const HostTensor x = activations(K, seed++);
+    for (graph::QuantizationEncoding e : graph::kAllEncodings) {
+      std::vector<std::vector<double>> w(widths.size());
+      Product group{Op::grouped_matmul, {{"encoding", std::string(graph::encoding_name(e))}}, {}, widths};
+      for (size_t i = 0; i < widths.size(); ++i) group.weights.push_back(quantized_weight(e, widths[i], K, seed++, w[i]));
+      std::vector<std::vector<HostTensor>> single(widths.size());
+      for (size_t i = 0; i < widths.size(); ++i) {
+        const Product one{Op::qmatmul, group.attrs, {group.weights[i]}, {widths[i]}};
+        for (int64_t m = 0; m < kRows; ++m) single[i].push_back(one.run(x, m, 1, nullptr)[0]);
+      }
+      expect_batch_invariant(group, x, "grouped f32 x " + std::string(graph::encoding_name(e)), isa,
+                             [&](size_t i, int64_t m, int64_t n) {
+                               return std::pair<double, double>{single[i][static_cast<size_t>(m)].at<float>(n), 0.0};
+                             });
     }
   }
 }

@@ -1,6 +1,7 @@
-// Weight formats in the Llama reference configs (tests/data/llama_reference_*.json): the same hashed
-// checkpoint run with f32 weights and with bf16, f16 or Q8_0 weights (converted here, by the test's
-// own loops), activations f32 throughout. The logits must stay within the documented tolerance of
+// Weight formats in the Llama reference configs (tests/data/llama_reference_*.json), and in a random
+// Llama shape whose rows split into the K-quants' 256-blocks: the same hashed checkpoint run with f32
+// weights and with bf16, f16 or quantized weights (converted here, by the test's own loops, with
+// graph::quantize_row), activations f32 throughout. The logits must stay within the documented tolerance of
 // the f32 logits, relative to max |logit| (docs/quantization.md: measured errors and margins), and
 // greedy tokens must agree. Also: a Linear / Embedding declares its weight in its format.
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -57,8 +59,24 @@ nn::LlamaConfig load_config(const std::string& name) {
   return r;
 }
 
-// The hashed f32 checkpoint, converted to what `model` declares: the test's own casts and Q8_0 rows.
-WeightsRegistry converted_weights(const nn::Transformer& model) {
+// A Llama shape (random, not a real model's) whose every row splits into 256-blocks, so q4_k, q5_k
+// and q6_k quantize every matrix (in the reference configs, 64 and 160 wide, they fall back to q8_0).
+nn::LlamaConfig k_quant_config() {
+  nn::LlamaConfig r = load_config("llama3_tied");
+  r.vocab_size = 512;
+  r.hidden_size = 256;
+  r.intermediate_size = 768;
+  r.num_attention_heads = 4;  // head_dim 64: o_proj's rows are 256 too
+  r.num_key_value_heads = 2;
+  return r;
+}
+
+// The hashed f32 checkpoint, converted to what `model` declares: the test's own casts and quantized
+// rows (a u8 weight in the config's format, or in the format model_weight_format falls back to).
+WeightsRegistry converted_weights(const nn::LlamaConfig& config, const nn::Transformer& model) {
+  nn::LlamaConfig f32_config = config;
+  f32_config.weight_format = std::nullopt;
+  const auto f32_decls = nn::Transformer(f32_config, kCacheLen).raw_state_dict();
   WeightsRegistry weights;
   for (const auto& [name, w] : model.raw_state_dict()) {
     const std::vector<int64_t> shape = w.shape.static_dims();
@@ -66,11 +84,13 @@ WeightsRegistry converted_weights(const nn::Transformer& model) {
       weights.emplace(name, nn::hashed_weights::make(name, shape));
       continue;
     }
-    if (w.dtype == DType::u8) {  // [rows, cols / 32 * 34]
-      const int64_t rows = shape[0], cols = shape[1] / 34 * 32;
+    if (w.dtype == DType::u8) {  // [rows, row bytes of cols]
+      const int64_t rows = shape[0], cols = f32_decls.at(name).shape.static_dims()[1];
+      const graph::QuantizationEncoding e = *nn::weight_format_encoding(*nn::model_weight_format(config.weight_format, cols));
+      EXPECT_EQ(graph::quantized_row_bytes(e, cols), shape[1]) << name;
       const std::vector<float> f = nn::hashed_weights::make(name, {rows, cols}).to_vector<float>();
       std::vector<uint8_t> q(static_cast<size_t>(rows * shape[1]));
-      for (int64_t r = 0; r < rows; ++r) graph::quantize_q8_0(f.data() + r * cols, cols, q.data() + r * shape[1]);
+      for (int64_t r = 0; r < rows; ++r) graph::quantize_row(e, f.data() + r * cols, cols, q.data() + r * shape[1]);
       weights.emplace(name, Tensor::from_vector(q, shape));
       continue;
     }
@@ -88,7 +108,7 @@ WeightsRegistry converted_weights(const nn::Transformer& model) {
   return weights;
 }
 
-engine::Model load_model(nn::Transformer& model) {
+engine::Model load_model(const nn::LlamaConfig& config, nn::Transformer& model) {
   const nn::TypeTree tree = *model.input_tree();
   graph::Graph g("llama", tree.flatten());
   {
@@ -96,7 +116,7 @@ engine::Model load_model(nn::Transformer& model) {
     g.output(model.forward({tree.unflatten(g.inputs())}).flatten());
   }
   engine::InferenceSession session({DeviceRef::CPU()});
-  return session.load(g, converted_weights(model));
+  return session.load(g, converted_weights(config, model));
 }
 
 // Logits [rows][vocab] of the prompt as a 12-token prefill then two single-token decode steps: more
@@ -104,7 +124,7 @@ engine::Model load_model(nn::Transformer& model) {
 // Q8_0), one row the decode GEMVs.
 std::vector<std::vector<float>> prefill_then_decode(const nn::LlamaConfig& config) {
   nn::Transformer model(config, kCacheLen);
-  engine::Model compiled = load_model(model);
+  engine::Model compiled = load_model(config, model);
   const std::vector<int64_t> shape{config.num_hidden_layers, kCacheLen, config.num_key_value_heads,
                                    config.resolved_head_dim()};
   Tensor k = Tensor::zeros(DType::f32, shape), v = Tensor::zeros(DType::f32, shape);
@@ -125,13 +145,16 @@ struct Case {
   std::string config;
   WeightFormat format;
   double tolerance;  // max |logit - f32 logit| / max |f32 logit|
+  // Greedy tokens agree on every row; else only where the f32 top-1 leads the top-2 by more than
+  // twice the row's largest logit error (random weights give near-ties that 4 bits reorder).
+  bool greedy_everywhere = true;
 };
 
 class WeightFormats : public ::testing::TestWithParam<Case> {};
 
 TEST_P(WeightFormats, LogitsStayWithinToleranceOfF32AndGreedyTokensAgree) {
   const Case& c = GetParam();
-  nn::LlamaConfig config = load_config(c.config);
+  nn::LlamaConfig config = c.config == "k_quant_shape" ? k_quant_config() : load_config(c.config);
   const auto f32 = prefill_then_decode(config);
   config.weight_format = c.format;
   const auto narrow = prefill_then_decode(config);
@@ -139,13 +162,22 @@ TEST_P(WeightFormats, LogitsStayWithinToleranceOfF32AndGreedyTokensAgree) {
   double max_abs = 0, worst = 0;
   for (const auto& row : f32)
     for (float v : row) max_abs = std::max(max_abs, double(std::fabs(v)));
+  int checked = 0, agreed = 0;
   for (size_t r = 0; r < f32.size(); ++r) {
-    for (size_t i = 0; i < f32[r].size(); ++i) worst = std::max(worst, double(std::fabs(narrow[r][i] - f32[r][i])));
+    double row_error = 0;
+    for (size_t i = 0; i < f32[r].size(); ++i) row_error = std::max(row_error, double(std::fabs(narrow[r][i] - f32[r][i])));
+    worst = std::max(worst, row_error);
     const auto argmax = [](const std::vector<float>& v) { return std::max_element(v.begin(), v.end()) - v.begin(); };
+    std::vector<float> sorted = f32[r];
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    agreed += argmax(narrow[r]) == argmax(f32[r]);
+    if (!c.greedy_everywhere && sorted[0] - sorted[1] <= 2 * row_error) continue;
+    ++checked;
     EXPECT_EQ(argmax(narrow[r]), argmax(f32[r])) << "greedy token of row " << r;
   }
   std::cout << "[ measured ] " << c.config << " " << nn::weight_format_name(c.format) << ": max |dlogit| / max |logit| = "
-            << worst / max_abs << "\n";
+            << worst / max_abs << ", greedy tokens agree on " << agreed << " of " << f32.size() << " rows (" << checked
+            << " checked)\n";
   EXPECT_LE(worst / max_abs, c.tolerance);
   EXPECT_GT(worst, 0.0) << "the weights were not actually narrowed";
 }
@@ -156,7 +188,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qkv_bias", WeightFormat::bf16, 1e-2}, Case{"llama3_tied", WeightFormat::f16, 1e-3},
                       Case{"untied", WeightFormat::f16, 1e-3}, Case{"qkv_bias", WeightFormat::f16, 1e-3},
                       Case{"llama3_tied", WeightFormat::q8_0, 3e-2}, Case{"untied", WeightFormat::q8_0, 3e-2},
-                      Case{"qkv_bias", WeightFormat::q8_0, 3e-2}),
+                      Case{"qkv_bias", WeightFormat::q8_0, 3e-2}, Case{"llama3_tied", WeightFormat::q4_0, 0.25, false},
+                      Case{"untied", WeightFormat::q4_0, 0.25, false}, Case{"qkv_bias", WeightFormat::q4_0, 0.25, false},
+                      Case{"k_quant_shape", WeightFormat::q8_0, 0.045, false},
+                      Case{"k_quant_shape", WeightFormat::q4_0, 0.6, false},
+                      Case{"k_quant_shape", WeightFormat::q4_k, 0.4, false},
+                      Case{"k_quant_shape", WeightFormat::q5_k, 0.25, false},
+                      Case{"k_quant_shape", WeightFormat::q6_k, 0.12, false}),
     [](const auto& info) {
       return info.param.config + "_" + std::string(nn::weight_format_name(info.param.format));
     });
@@ -186,6 +224,28 @@ TEST(WeightFormat, MlpAndAttentionPassTheirFormatToTheirProjections) {
   EXPECT_EQ(nn::model_weight_format(WeightFormat::q8_0, 64), std::optional(WeightFormat::q8_0));
   EXPECT_EQ(nn::model_weight_format(WeightFormat::q8_0, 48), std::optional(WeightFormat::f16));
   EXPECT_EQ(nn::model_weight_format(std::nullopt, 48), std::nullopt);
+}
+
+// The K-quants fall back per tensor as llama.cpp's quantizer does: q8_0 where the rows split into
+// 32-blocks but not 256-blocks, f16 where they do not split at all; q4_0 as q8_0.
+TEST(WeightFormat, KQuantsFallBackToQ8_0ThenF16WhereRowsDoNotSplit) {
+  for (WeightFormat k : {WeightFormat::q4_k, WeightFormat::q5_k, WeightFormat::q6_k}) {
+    EXPECT_EQ(nn::model_weight_format(k, 512), std::optional(k));
+    EXPECT_EQ(nn::model_weight_format(k, 160), std::optional(WeightFormat::q8_0));
+    EXPECT_EQ(nn::model_weight_format(k, 344), std::optional(WeightFormat::f16));
+  }
+  EXPECT_EQ(nn::model_weight_format(WeightFormat::q4_0, 160), std::optional(WeightFormat::q4_0));
+  EXPECT_EQ(nn::model_weight_format(WeightFormat::q4_0, 344), std::optional(WeightFormat::f16));
+  nn::MLP mlp(256, 160, nn::MLPActivation::swiglu, DType::f32, false, DeviceRef::CPU(), WeightFormat::q4_k);
+  const auto sd = mlp.raw_state_dict();
+  EXPECT_EQ(sd.at("gate_proj.weight").type(), (graph::TensorType{DType::u8, {160, 144}}));  // q4_k rows of 256
+  EXPECT_EQ(sd.at("down_proj.weight").type(), (graph::TensorType{DType::u8, {256, 170}}));  // q8_0 rows of 160
+  nn::Embedding table(10, 512, DType::f32, DeviceRef::CPU(), WeightFormat::q6_k);
+  EXPECT_EQ(table.raw_state_dict().at("weight").type(), (graph::TensorType{DType::u8, {10, 420}}));
+  for (WeightFormat f : {WeightFormat::q4_0, WeightFormat::q4_k, WeightFormat::q5_k, WeightFormat::q6_k}) {
+    EXPECT_EQ(nn::parse_weight_format(nn::weight_format_name(f)), f);
+    EXPECT_EQ(nn::weight_format_dtype(f), std::nullopt);
+  }
 }
 
 // No scope carries the format from one construction to the next: two Transformers of different
@@ -224,7 +284,9 @@ TEST(WeightFormat, BadCombinationsAreValueErrors) {
   kiln::testing::expect_error<ValueError>(
       [] { nn::Linear(64, 8, DType::bf16, false, DeviceRef::CPU(), WeightFormat::q8_0); },
       {"Linear", "q8_0", "f32 activations", "bf16"});
-  kiln::testing::expect_error<ValueError>([] { nn::parse_weight_format("q4_0"); }, {"q4_0", "bf16", "q8_0"});
+  kiln::testing::expect_error<ValueError>([] { nn::parse_weight_format("q3_k"); }, {"q3_k", "bf16", "q8_0", "q6_k"});
+  kiln::testing::expect_error<ValueError>(
+      [] { nn::Linear(288, 8, DType::f32, false, DeviceRef::CPU(), WeightFormat::q4_k); }, {"multiple of 256", "288"});
   nn::LlamaConfig config;
   config.dtype = DType::bf16;
   config.weight_format = WeightFormat::q8_0;

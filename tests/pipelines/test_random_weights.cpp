@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "kiln/errors.h"
@@ -130,6 +131,28 @@ TEST(RandomWeights, PipelineRunsEveryWeightFormatAndAgreesWithF32Greedily) {
   ASSERT_EQ(reference.size(), 4u);
   for (nn::WeightFormat format : {nn::WeightFormat::f16, nn::WeightFormat::bf16, nn::WeightFormat::q8_0})
     EXPECT_EQ(ids(format).front(), reference.front()) << nn::weight_format_name(format);
+}
+
+// The K-quants and Q4_0 through the pipeline: weights quantized at load in the requested encoding
+// (rows of 256, so nothing falls back), and generation runs. Their logit errors (docs/quantization.md)
+// can reorder near-tied top tokens of random weights, so tokens are not compared with f32's.
+TEST(RandomWeights, FourAndSixBitFormatsQuantizeAtLoadAndGenerate) {
+  nn::LlamaConfig c = small_config();
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  const WeightsRegistry weights = random_weights(c, 3, DType::f32);
+  GenerationOptions greedy{.max_new_tokens = 4, .temperature = 0, .stop_at_eos = false};
+  const auto reference = TextGenerationPipeline::from_config(c, weights, nullptr, {}, {.weight_format = nn::WeightFormat::f32})
+                             .generate_ids({1, 5, 9}, greedy)
+                             .ids;
+  for (nn::WeightFormat format : {nn::WeightFormat::q4_0, nn::WeightFormat::q4_k, nn::WeightFormat::q5_k,
+                                  nn::WeightFormat::q6_k}) {
+    auto pipe = TextGenerationPipeline::from_config(c, weights, nullptr, {}, {.weight_format = format});
+    const std::vector<int64_t> ids = pipe.generate_ids({1, 5, 9}, greedy).ids;
+    EXPECT_EQ(ids.size(), 4u) << nn::weight_format_name(format);
+    std::printf("%s: first token %s f32's\n", std::string(nn::weight_format_name(format)).c_str(),
+                ids.front() == reference.front() ? "equals" : "differs from");
+  }
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace kiln::nn {
 class Embedding : public Module {
  public:
   // Weight: "weight" [vocab_size, dim], stored in `weight_format` as Linear's (linear.h); rows come
-  // out in `dtype` (f16/bf16 rows widened, q8_0 rows dequantized after the gather).
+  // out in `dtype` (f16/bf16 rows widened, quantized rows dequantized after the gather).
   Embedding(int64_t vocab_size, int64_t dim, DType dtype = DType::f32, DeviceRef device = DeviceRef::CPU(),
             std::optional<WeightFormat> weight_format = std::nullopt);
 
@@ -24,7 +24,7 @@ class Embedding : public Module {
   Values forward(const std::vector<Values>& args) override;
 
   // The table as a value of the graph being built (a tied lm_head multiplies by it): as stored, so
-  // u8 [vocab_size, dim / 32 * 34] for q8_0.
+  // u8 [vocab_size, row_bytes] when quantized (dim / 32 * 34 for q8_0).
   graph::TensorValue table() const { return weight(weight_); }
   // x [..., dim] times the table's transpose -> [..., vocab_size] (a tied lm_head), in any format.
   graph::TensorValue attend(const graph::TensorValue& x) const;

@@ -15,8 +15,8 @@ class Linear : public Module {
  public:
   // Weights: "weight" [out_dim, in_dim] and, with has_bias, "bias" [out_dim] (in `dtype`). The
   // weight is stored in `weight_format` (weight_format.h); without one, in `dtype`. A format other
-  // than `dtype`'s needs f32 activations (ValueError otherwise), and q8_0 an in_dim that is a
-  // multiple of 32.
+  // than `dtype`'s needs f32 activations (ValueError otherwise), and a quantized one an in_dim that
+  // is a multiple of its block size (32; 256 for q4_k, q5_k, q6_k).
   Linear(int64_t in_dim, int64_t out_dim, DType dtype = DType::f32, bool has_bias = false,
          DeviceRef device = DeviceRef::CPU(), std::optional<WeightFormat> weight_format = std::nullopt);
 

@@ -1,7 +1,7 @@
 // How a layer stores a weight matrix, independently of its activations' dtype: f32, f16 or bf16
-// elements (multiplied by f32 activations without widening the tensor first), or Q8_0 blocks (a u8
-// [rows, cols / 32 * 34] tensor in GGUF's block layout, kiln/graph/quantization.h). Weight names stay
-// Hugging Face's; docs/quantization.md has the accuracy of each format.
+// elements (multiplied by f32 activations without widening the tensor first), or GGUF's quantized
+// blocks q8_0, q4_0, q4_k, q5_k, q6_k (a u8 [rows, row_bytes] tensor, kiln/graph/quantization.h).
+// Weight names stay Hugging Face's; docs/quantization.md has the accuracy of each format.
 //
 //   auto proj = std::make_shared<nn::Linear>(4096, 4096, DType::f32, false, DeviceRef::CPU(), nn::WeightFormat::q8_0);
 #pragma once
@@ -10,19 +10,23 @@
 #include <optional>
 #include <string_view>
 
+#include "kiln/graph/quantization.h"
 #include "kiln/graph/types.h"
 
 namespace kiln::nn {
 
-enum class WeightFormat : uint8_t { f32, f16, bf16, q8_0 };
+enum class WeightFormat : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k };
 
-std::string_view weight_format_name(WeightFormat);      // "f32", "f16", "bf16", "q8_0"
+std::string_view weight_format_name(WeightFormat);      // "f32", "f16", "bf16", "q8_0", "q4_k", ...
 WeightFormat parse_weight_format(std::string_view);     // ValueError naming the text and the choices
-std::optional<DType> weight_format_dtype(WeightFormat);  // the element dtype; nullopt for q8_0
+std::optional<DType> weight_format_dtype(WeightFormat);  // the element dtype; nullopt when quantized
+// The block encoding of a quantized format; nullopt for f32 / f16 / bf16.
+std::optional<graph::QuantizationEncoding> weight_format_encoding(WeightFormat);
 WeightFormat weight_format_of(DType);                    // f32/f16/bf16; ValueError for other dtypes
 
-// The declared dtype and shape of a [rows, cols] weight stored in `format`; for q8_0, u8
-// [rows, cols / 32 * 34], and a ValueError naming `what` when cols is not a multiple of 32.
+// The declared dtype and shape of a [rows, cols] weight stored in `format`; quantized, u8
+// [rows, quantized_row_bytes(encoding, cols)], and a ValueError naming `what` when cols is not a
+// multiple of the block size (32, or 256 for the K-quants).
 graph::TensorType weight_type(WeightFormat format, int64_t rows, int64_t cols, DeviceRef device,
                               std::string_view what);
 
@@ -34,8 +38,11 @@ std::optional<WeightFormat> resolve_weight_format(std::string_view layer, DType 
 
 // The format a model-wide choice (LlamaConfig::weight_format, the `weight_format` of MLP and
 // AttentionWithRope) gives one of its weight matrices, whose rows have `cols` elements:
-// `model_format`, except that q8_0 gives f16 where cols is not a multiple of 32 (as llama.cpp's
-// quantizer falls back per tensor). Asking one Linear for q8_0 directly stays an error there.
+// `model_format`, except where cols is not a multiple of its block size, as llama.cpp's quantizer
+// falls back per tensor: q4_k, q5_k and q6_k give q8_0 (llama.cpp: q5_0, q5_1, q8_0; kiln has
+// q8_0 of these, which is at least as precise) where cols is a multiple of 32, and every quantized
+// format gives f16 where it is not. Asking one Linear for a format its in_dim does not fit stays an
+// error there.
 std::optional<WeightFormat> model_weight_format(std::optional<WeightFormat> model_format, int64_t cols);
 
 }  // namespace kiln::nn

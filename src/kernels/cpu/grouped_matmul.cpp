@@ -3,7 +3,7 @@
 // matmul(lhs, rhs_i) (qmatmul with `encoding`) gives on its own.
 //
 // Decode (lhs of at most gemm::kSmallM rows, every rhs on the GEMV path): one parallel job over the
-// weight rows of all rhs (gemm::run_group, quantized::q8_0_gemv_group), so a step costs one pool
+// weight rows of all rhs (gemm::run_group, quantized::qmatmul_gemv_group), so a step costs one pool
 // round trip instead of n, and the small k/v GEMVs no longer ramp up their memory streams alone.
 // Anything else (prefill, f64, integers, a batched lhs that does not fold into rows, bad operands):
 // the matmul or qmatmul kernel once per rhs, each built with the step (so with the state it derives
@@ -42,7 +42,10 @@ class GroupedMatmulKernel final : public Kernel {
  public:
   // Each rhs gets the kernel matmul (qmatmul, with `encoding`) builds for it as a step of its own.
   explicit GroupedMatmulKernel(const KernelInit& init)
-      : quantized_(init.has_attr("encoding")), transpose_b_(!quantized_ && matmul_transpose_b(init)) {
+      : quantized_(init.has_attr("encoding")),
+        transpose_b_(!quantized_ && matmul_transpose_b(init)),
+        encoding_(quantized_ ? graph::parse_encoding(init.attr<std::string>("encoding"))
+                             : graph::QuantizationEncoding::q8_0) {
     for (size_t i = 1; i < init.inputs.size(); ++i) {
       const TensorView operands[2] = {init.inputs[0], init.inputs[i]};
       const bool fixed[2] = {init.is_fixed(0), init.is_fixed(i)};
@@ -81,17 +84,18 @@ class GroupedMatmulKernel final : public Kernel {
     return gemm::run_group(ctx, problems);
   }
 
-  // Decode with Q8_0 weights: the activations quantized once, every weight's rows in one job.
+  // Decode with quantized weights: the activations quantized once, every weight's rows in one job.
   bool run_quantized_group(const KernelContext& ctx, std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) const {
-    std::vector<quantized::Q8_0GemvTarget> targets;
+    std::vector<quantized::QGemvTarget> targets;
     for (size_t i = 1; i < inputs.size(); ++i) {
-      std::optional<quantized::Q8_0GemvTarget> target;
-      naming_rhs(i - 1, [&] { target = quantized::qmatmul_gemv_target(inputs[0], inputs[i], outputs[i - 1]); });
+      std::optional<quantized::QGemvTarget> target;
+      naming_rhs(i - 1,
+                 [&] { target = quantized::qmatmul_gemv_target(encoding_, inputs[0], inputs[i], outputs[i - 1]); });
       if (!target) return false;
       targets.push_back(*target);
     }
-    quantized::q8_0_gemv_group(ctx, inputs[0], targets);
+    quantized::qmatmul_gemv_group(ctx, encoding_, inputs[0], targets);
     return true;
   }
 
@@ -106,6 +110,7 @@ class GroupedMatmulKernel final : public Kernel {
 
   bool quantized_;    // qmatmul products (the `encoding` attribute), else matmul
   bool transpose_b_;  // matmul's
+  graph::QuantizationEncoding encoding_;  // qmatmul's
   std::vector<std::unique_ptr<const Kernel>> parts_;  // by rhs
 };
 

@@ -1,9 +1,11 @@
-// qmatmul (f32 activations x Q8_0 weight rows) and dequantize. The activations are quantized once
-// per call to int8 blocks (quantized.h) on every path, so each result has one definition:
-// y = sum over blocks of (d_x * d_w) * int32 dot(q_x, q_w), up to f32 rounding. Few rows (decode):
-// the int8 GEMV, reading the weights in place. More rows (prefill): the int8 GEMM with packed weight
-// panels where AVX512-VNNI is available; else the f32 GEMM of gemm.h (BStorage::q8_0) or a portable
-// loop on the dequantized activations d_x * q_x.
+// qmatmul (f32 activations x quantized weight rows) and dequantize. The activations are quantized
+// once per call to int8 blocks (quantized.h) on every path, so each result has one definition:
+// for Q8_0, y = sum over blocks of (d_x * d_w) * int32 dot(q_x, q_w), up to f32 rounding. Few rows
+// (decode): the int8 GEMV, reading the weights in place. More rows (prefill): the int8 GEMM with
+// packed weight panels where AVX512-VNNI is available; else the f32 GEMM of gemm.h
+// (BStorage::q8_0) or a portable loop on the dequantized activations d_x * q_x. The other encodings
+// (quantized.h's last section) run one int8 kernel for every M, reading the weights in place; the
+// K-quants' activations are quantized per 256 instead of 32 (ggml's q8_K).
 #include "kernels/cpu/quantized.h"
 #include "kernels/cpu/scratch.h"
 
@@ -73,6 +75,7 @@ struct Scratch {
   std::vector<uint8_t> q;     // [M][K] quantized activations
   std::vector<float> d;       // [M][K / 32]
   std::vector<int32_t> sum;   // [M][K / 32]
+  std::vector<int16_t> sum16; // [M][K / 16] (Q6_K)
   AlignedScratch<uint8_t> panel;  // the GEMM's packed weight panel
 };
 thread_local Scratch t_scratch;
@@ -136,8 +139,8 @@ const void* contiguous(const KernelContext& ctx, const TensorView& v, std::vecto
   return copy.data();
 }
 
-// The encoding attribute, checked at build: q8_0 is the only one, so the kernels keep nothing of it.
-void check_encoding(const KernelInit& init) { graph::parse_encoding(init.attr<std::string>("encoding")); }
+// The encoding attribute, read (and checked) at build.
+QuantizationEncoding encoding_of(const KernelInit& init) { return graph::parse_encoding(init.attr<std::string>("encoding")); }
 
 // The f32 lhs as `elements` contiguous values: its own memory, or a copy in this thread's scratch.
 const float* lhs_rows(const KernelContext& ctx, const TensorView& a, int64_t elements) {
@@ -147,29 +150,93 @@ const float* lhs_rows(const KernelContext& ctx, const TensorView& a, int64_t ele
   return copy;
 }
 
-}  // namespace
+// Sums of q_x per 16 (Q6_K's sub-blocks) from the quantized activations [M][K].
+void sums_of_16(const uint8_t* q, int64_t elements, int16_t* sum16) {
+  for (int64_t g = 0; g < elements / 16; ++g) {
+    int total = 0;
+    for (int i = 0; i < 16; ++i) total += static_cast<int8_t>(q[g * 16 + i]);
+    sum16[g] = static_cast<int16_t>(total);  // |total| <= 16 * 127
+  }
+}
 
-void quantized::q8_0_gemv_group(const KernelContext& ctx, const TensorView& lhs, std::span<const Q8_0GemvTarget> targets) {
-  const int64_t K = lhs.shape.back(), M = K == 0 ? 0 : lhs.numel() / K;
-  int64_t rows = 0;  // weight rows of all targets: the concatenated N
-  for (const Q8_0GemvTarget& t : targets) rows += t.N;
-  if (M == 0 || rows == 0) return;
+// The K-quants' activations (ggml's q8_K): quantize_rows' rule over blocks of 256, with sums per 32.
+// |v| <= 127, so adding 1.5 * 2^23 rounds it half to even as vcvtps2dq does, without a library call.
+void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum) {
+  for (int64_t b = 0; b < M * K / 256; ++b) {
+    const float* src = x + b * 256;
+    float amax = 0.0f;
+    for (int i = 0; i < 256; ++i) amax = std::fmax(amax, std::fabs(src[i]));
+    const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+    d[b] = amax / 127.0f;
+    for (int g = 0; g < 8; ++g) {
+      int32_t total = 0;
+      for (int i = 32 * g; i < 32 * g + 32; ++i) {
+        const float v = std::fmax(-127.0f, std::fmin(127.0f, src[i] * inv)) + 12582912.0f;
+        int32_t bits;
+        std::memcpy(&bits, &v, 4);
+        const int level = (bits & 0x007fffff) - 0x00400000;
+        total += level;
+        q[b * 256 + i] = static_cast<uint8_t>(level);
+      }
+      sum[b * 8 + g] = total;
+    }
+  }
+}
+
+// The GEMV of an encoding at the active ISA level, and whether it takes its activations offset
+// (Q8_0's VNNI and portable GEMVs) or not (everything else, with block sums).
+struct GemvChoice {
+  quantized::QGemvFn fn;
+  bool offset;
+};
+GemvChoice gemv_for(QuantizationEncoding e) {
+  if (e == QuantizationEncoding::q8_0 && use_vnni()) return {quantized::avx512_vnni_q8_0_gemv(), true};
+  static const bool avx2 = gemm::isa_supported(gemm::Isa::avx2);
+  if (avx2 && gemm::active_isa() != gemm::Isa::generic)
+    if (const quantized::QGemvFn simd = quantized::avx2_block_gemv(e)) return {simd, false};
+  if (e == QuantizationEncoding::q8_0) return {portable_gemv, true};
+  return {quantized::portable_block_gemv(e), false};
+}
+
+// The activations of lhs [M, K] quantized into this thread's scratch: q_x + 128 when `offset`, else
+// q_x with its block sums (and sums of 16 for Q6_K).
+Q8Activations quantize_lhs(const KernelContext& ctx, QuantizationEncoding e, const TensorView& lhs, int64_t M,
+                           int64_t K, bool offset) {
   const float* x = lhs_rows(ctx, lhs, M * K);  // [M, K]
   uint8_t* xq = grow(t_scratch.q, M * K);
   float* xd = grow(t_scratch.d, M * K / 32);
-  quantize_rows(x, M, K, /*offset=*/true, xq, xd, nullptr);
-  const Q8Activations acts{xq, xd, nullptr, M, K};
-  const quantized::Q8_0GemvFn fn = use_vnni() ? quantized::avx512_vnni_q8_0_gemv() : portable_gemv;
-  // A chunk must be worth waking a thread for: >= 32 KiB of weights (~32K multiply-adds, the f32
-  // GEMM's threshold), so a small model's 288 x 288 projections still use both cores; larger GEMVs
-  // are cut into gemm::kGemvPartsPerThread chunks per thread. A chunk of the concatenated rows may
-  // span targets: each row's sum is the same however the rows are cut.
+  int32_t* xsum = offset ? nullptr : grow(t_scratch.sum, M * K / 32);
+  if (quantized::activation_block(e) == 256)
+    quantize_rows_256(x, M, K, xq, xd, xsum);
+  else
+    quantize_rows(x, M, K, offset, xq, xd, xsum);
+  int16_t* sum16 = nullptr;
+  if (e == QuantizationEncoding::q6_k) sums_of_16(xq, M * K, sum16 = grow(t_scratch.sum16, M * K / 16));
+  return Q8Activations{xq, xd, xsum, sum16, M, K};
+}
+
+}  // namespace
+
+void quantized::qmatmul_gemv_group(const KernelContext& ctx, QuantizationEncoding encoding, const TensorView& lhs,
+                                   std::span<const QGemvTarget> targets) {
+  const int64_t K = lhs.shape.back(), M = K == 0 ? 0 : lhs.numel() / K;
+  int64_t rows = 0;  // weight rows of all targets: the concatenated N
+  for (const QGemvTarget& t : targets) rows += t.N;
+  if (M == 0 || rows == 0) return;
+  const GemvChoice gemv = gemv_for(encoding);
+  const Q8Activations acts = quantize_lhs(ctx, encoding, lhs, M, K, gemv.offset);
+  const quantized::QGemvFn fn = gemv.fn;
+  // A chunk must be worth waking a thread for: >= 32 KiB of weights times rows of x (~32K
+  // multiply-adds, the f32 GEMM's threshold), so a small model's 288 x 288 projections still use
+  // both cores; larger GEMVs are cut into gemm::kGemvPartsPerThread chunks per thread. A chunk of
+  // the concatenated rows may span targets: each row's sum is the same however the rows are cut.
   const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
-  const int64_t row_bytes = graph::q8_0_row_bytes(K);
-  parallel_for(ctx, rows, std::max<int64_t>({1, 32768 / row_bytes, rows / (gemm::kGemvPartsPerThread * threads)}),
+  const int64_t row_bytes = graph::quantized_row_bytes(encoding, K);
+  parallel_for(ctx, rows,
+               std::max<int64_t>({1, 32768 / (row_bytes * M), rows / (gemm::kGemvPartsPerThread * threads)}),
                [&](int64_t begin, int64_t end) {
                  int64_t first = 0;  // the target's first row in the concatenation
-                 for (const Q8_0GemvTarget& t : targets) {
+                 for (const QGemvTarget& t : targets) {
                    const int64_t n0 = std::max(begin, first) - first, n1 = std::min(end, first + t.N) - first;
                    if (n0 < n1) fn(acts, t.w, t.row_stride, n0, n1, t.y, t.N);
                    first += t.N;
@@ -184,14 +251,16 @@ struct QmatmulShape {
 };
 
 // qmatmul's operands checked: lhs f32 [..., K], rhs u8 [N, row_bytes of K], result f32 [..., N].
-QmatmulShape check_qmatmul(const TensorView& a, const TensorView& w, const TensorView& out) {
+QmatmulShape check_qmatmul(QuantizationEncoding e, const TensorView& a, const TensorView& w, const TensorView& out) {
   const auto operands = [&] { return " (lhs " + describe(a) + ", rhs " + describe(w) + ")"; };
   if (a.dtype != DType::f32 || w.dtype != DType::u8 || out.dtype != DType::f32)
     throw DTypeError("qmatmul: expected lhs f32, rhs u8 and an f32 result" + operands());
   if (a.shape.empty() || w.shape.size() != 2) throw ShapeError("qmatmul: bad operand ranks" + operands());
   const int64_t K = a.shape.back(), N = w.shape[0], row_bytes = w.shape[1];
-  if (graph::quantized_row_bytes(QuantizationEncoding::q8_0, K, "qmatmul: lhs inner dim") != row_bytes)
-    throw ShapeError("qmatmul: rhs rows must be " + std::to_string(graph::q8_0_row_bytes(K)) + " bytes" + operands());
+  const int64_t want = graph::quantized_row_bytes(e, K, "qmatmul: lhs inner dim");
+  if (want != row_bytes)
+    throw ShapeError("qmatmul: rhs rows must be " + std::to_string(want) + " bytes (" + std::string(encoding_name(e)) +
+                     ")" + operands());
   if (w.strides[1] != 1) throw ValueError("qmatmul: rhs rows must be contiguous" + operands());
   const int64_t M = K == 0 ? 0 : a.numel() / K;
   if (!out.is_contiguous() || out.shape.back() != N || out.numel() != M * N)
@@ -201,11 +270,11 @@ QmatmulShape check_qmatmul(const TensorView& a, const TensorView& w, const Tenso
 
 }  // namespace
 
-std::optional<quantized::Q8_0GemvTarget> quantized::qmatmul_gemv_target(const TensorView& a, const TensorView& w,
-                                                                          const TensorView& out) {
-  const QmatmulShape s = check_qmatmul(a, w, out);
+std::optional<quantized::QGemvTarget> quantized::qmatmul_gemv_target(QuantizationEncoding e, const TensorView& a,
+                                                                      const TensorView& w, const TensorView& out) {
+  const QmatmulShape s = check_qmatmul(e, a, w, out);
   if (s.M > gemm::kSmallM) return std::nullopt;
-  return Q8_0GemvTarget{w.as<uint8_t>(), w.strides[0], s.N, out.as<float>()};
+  return QGemvTarget{w.as<uint8_t>(), w.strides[0], s.N, out.as<float>()};
 }
 
 namespace {
@@ -233,16 +302,17 @@ class QmatmulKernel final : public Kernel {
     return panels_->panels.data();
   }
 
+  QuantizationEncoding encoding_;
   std::optional<PackedQ8Panels> panels_;
 };
 
 // A fixed weight's GEMM panels, where the VNNI GEMM runs and some launch can have more than kSmallM
 // rows (decode's GEMV reads the rows in place). The panels cost the weight's size once more (36
 // bytes per 32 weights); packing per call was a fifth of a stories110M q8_0 prefill's GEMM time.
-QmatmulKernel::QmatmulKernel(const KernelInit& init) {
-  check_encoding(init);
+QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(init)) {
   const quantized::Q8_0PackFn pack = quantized::avx512_vnni_q8_0_pack();
-  if (init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni()) return;
+  if (encoding_ != QuantizationEncoding::q8_0 || init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni())
+    return;
   const TensorView &a = init.inputs[0], &w = init.inputs[1];  // a's shape is empty when symbolic
   if (a.dtype != DType::f32 || w.dtype != DType::u8 || w.shape.size() != 2 || w.strides[1] != 1 || w.shape[0] == 0 ||
       w.shape[1] == 0 || w.shape[1] % graph::kQ8_0BlockBytes != 0)
@@ -267,13 +337,13 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
   if (inputs.size() != 2 || outputs.size() != 1)
     throw ValueError("qmatmul: expected 2 operands and 1 result");
   const TensorView &a = inputs[0], &w = inputs[1], &out = outputs[0];
-  const auto [M, K, N] = check_qmatmul(a, w, out);
+  const auto [M, K, N] = check_qmatmul(encoding_, a, w, out);
   const uint8_t* wq = w.as<uint8_t>();
   const int64_t w_row = w.strides[0];
   float* y = out.as<float>();  // [M, N]
-  if (M <= gemm::kSmallM) {
-    const quantized::Q8_0GemvTarget target{wq, w_row, N, y};
-    quantized::q8_0_gemv_group(ctx, a, std::span(&target, 1));
+  if (M <= gemm::kSmallM || encoding_ != QuantizationEncoding::q8_0) {
+    const quantized::QGemvTarget target{wq, w_row, N, y};
+    quantized::qmatmul_gemv_group(ctx, encoding_, a, std::span(&target, 1));
     return;
   }
   if (N == 0) return;
@@ -283,7 +353,7 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
   float* xd = grow(t_scratch.d, M * K / 32);
   int32_t* xsum = grow(t_scratch.sum, M * K / 32);
   quantize_rows(x, M, K, /*offset=*/false, xq, xd, xsum);
-  const Q8Activations acts{xq, xd, xsum, M, K};
+  const Q8Activations acts{xq, xd, xsum, nullptr, M, K};
 
   if (vnni) {
     const quantized::Q8_0GemmFn fn = quantized::avx512_vnni_q8_0_gemm();
@@ -303,27 +373,38 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
   if (!gemm::run(ctx, p)) portable_gemm(ctx, xhat, M, K, wq, w_row, N, y);
 }
 
-void dequantize_kernel(const KernelContext& ctx, std::span<const TensorView> inputs,
+void dequantize_kernel(const KernelContext& ctx, QuantizationEncoding e, std::span<const TensorView> inputs,
                        std::span<const TensorView> outputs) {
   if (inputs.size() != 1 || outputs.size() != 1) throw ValueError("dequantize: expected 1 operand and 1 result");
   const TensorView &in = inputs[0], &out = outputs[0];
   if (in.dtype != DType::u8 || out.dtype != DType::f32 || in.shape.empty())
     throw DTypeError("dequantize: expected u8 rows and an f32 result, got " + describe(in) + " -> " + describe(out));
   const int64_t row_bytes = in.shape.back();
-  const int64_t K = graph::quantized_row_elements(QuantizationEncoding::q8_0, row_bytes, "dequantize: input");
+  const int64_t K = graph::quantized_row_elements(e, row_bytes, "dequantize: input");
   if (!out.is_contiguous() || out.shape.back() != K || out.numel() / K != in.numel() / row_bytes)
     throw ShapeError("dequantize: result " + describe(out) + " does not match input " + describe(in));
   std::vector<uint8_t> copy;
   const uint8_t* rows = static_cast<const uint8_t*>(contiguous(ctx, in, copy));
   float* y = out.as<float>();
   parallel_for(ctx, in.numel() / row_bytes, std::max<int64_t>(1, kElementwiseGrain / K), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) graph::dequantize_q8_0(rows + r * row_bytes, K, y + r * K);
+    for (int64_t r = begin; r < end; ++r) graph::dequantize_row(e, rows + r * row_bytes, K, y + r * K);
   });
 }
 
+class DequantizeKernel final : public Kernel {
+ public:
+  explicit DequantizeKernel(const KernelInit& init) : encoding_(encoding_of(init)) {}
+  void run(const KernelContext& ctx, std::span<const TensorView> inputs,
+           std::span<const TensorView> outputs) const override {
+    dequantize_kernel(ctx, encoding_, inputs, outputs);
+  }
+
+ private:
+  QuantizationEncoding encoding_;
+};
+
 std::unique_ptr<const Kernel> make_dequantize_kernel(const KernelInit& init) {
-  check_encoding(init);
-  return stateless<dequantize_kernel>(init);
+  return std::make_unique<DequantizeKernel>(init);
 }
 
 }  // namespace

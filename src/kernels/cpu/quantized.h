@@ -1,5 +1,6 @@
-// Private: the Q8_0 GEMV and GEMM behind the qmatmul kernel (quantized.cpp), one implementation per
-// x86 ISA level chosen at run time as gemm.h's are, plus a portable one.
+// Private: the GEMVs and GEMMs behind the qmatmul kernel (quantized.cpp), one implementation per
+// x86 ISA level chosen at run time as gemm.h's are, plus a portable one. Q8_0 as below; the other
+// encodings (Q4_0, Q4_K, Q5_K, Q6_K: quantized_blocks.cpp, quantized_avx2.cpp) at the end.
 //
 // The activations are quantized once per call to int8 blocks of 32 (the weights' block size), as
 // ggml's q8_0 x q8_0 dot does: d_x = max|x| / 127 (f32), q_x = round-half-even(x * 127 / max|x|).
@@ -21,14 +22,16 @@
 #include <span>
 
 #include "kernels/kernel.h"
+#include "kiln/graph/quantization.h"
 
 namespace kiln::kernels::quantized {
 
 // Activations [M, K] as Q8_0-style blocks (see above).
 struct Q8Activations {
-  const uint8_t* x = nullptr;   // [M][K]: q_x, or q_x + 128 for the GEMV (stored as u8 either way)
-  const float* d = nullptr;     // [M][K / 32]: each block's scale
-  const int32_t* sum = nullptr; // [M][K / 32]: each block's sum of q_x (GEMM only)
+  const uint8_t* x = nullptr;   // [M][K]: q_x, or q_x + 128 for the Q8_0 GEMV (stored as u8 either way)
+  const float* d = nullptr;     // [M][K / 32]: each block's scale ([M][K / 256] for the K-quants)
+  const int32_t* sum = nullptr; // [M][K / 32]: each block's sum of q_x (Q8_0 GEMM, the other encodings)
+  const int16_t* sum16 = nullptr;  // [M][K / 16]: sums of q_x per 16 (Q6_K, whose scales cover 16)
   int64_t M = 0, K = 0;
 };
 
@@ -37,15 +40,16 @@ struct Q8Activations {
 using QuantizeRowsFn = void (*)(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d,
                                 int32_t* sum);
 
-// y[m * ldy + n] for weight rows n in [n0, n1) of w (Q8_0 rows `row_bytes` apart); x offset by +128.
-using Q8_0GemvFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+// y[m * ldy + n] for weight rows n in [n0, n1) of w (encoded rows `row_bytes` apart). Q8_0: x offset
+// by +128, M <= gemm::kSmallM.
+using QGemvFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                             float* y, int64_t ldy);
 
 // The GEMM's packing unit, and the scratch one call needs: kGemmRows rows x K as int8 + f32 scales.
 inline constexpr int64_t kGemmRows = 32;
 inline int64_t gemm_panel_bytes(int64_t K) { return K / 32 * kGemmRows * (32 + 4); }
 
-// Same contract as Q8_0GemvFn for any M, x not offset (with sums); n0 a multiple of kGemmRows.
+// Same contract as QGemvFn for any M, x not offset (with sums); n0 a multiple of kGemmRows.
 // `packed`: all of w's panels (Q8_0PackFn's layout) packed ahead, or nullptr: each panel is then
 // packed into `panel` (gemm_panel_bytes(K) bytes, 64-byte aligned) on the way. Same bits either way.
 using Q8_0GemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
@@ -55,27 +59,49 @@ using Q8_0GemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t ro
 using Q8_0PackFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels);
 
 // nullptr where not compiled in; the caller checks the CPU (avx512f/bw/vl + avx512vnni).
-Q8_0GemvFn avx512_vnni_q8_0_gemv();
+QGemvFn avx512_vnni_q8_0_gemv();
 Q8_0GemmFn avx512_vnni_q8_0_gemm();
 Q8_0PackFn avx512_vnni_q8_0_pack();
 QuantizeRowsFn avx512_quantize_rows();
 
-// One Q8_0 weight of a GEMV: rows [0, N) of `w`, `row_stride` bytes apart, into y [M][N].
-struct Q8_0GemvTarget {
+// One quantized weight of a GEMV: rows [0, N) of `w`, `row_stride` bytes apart, into y [M][N].
+struct QGemvTarget {
   const uint8_t* w = nullptr;
   int64_t row_stride = 0;
   int64_t N = 0;
   float* y = nullptr;
 };
 // qmatmul's decode path (lhs [..., K] f32, any strides, of M <= gemm::kSmallM rows): the activations
-// quantized once, then the rows of every target (all of row length K) cut into chunks as ONE parallel
-// job, so grouped_matmul's q, k and v cost one pool round trip. Each result has the bits qmatmul
-// gives for its target alone.
-void q8_0_gemv_group(const KernelContext& ctx, const TensorView& lhs, std::span<const Q8_0GemvTarget> targets);
-// qmatmul(lhs, w) -> out checked as qmatmul checks it (its errors; the encoding is checked when the
-// kernel is built); its GEMV target when lhs has at most gemm::kSmallM rows, nullopt when qmatmul
-// runs its GEMM instead.
-std::optional<Q8_0GemvTarget> qmatmul_gemv_target(const TensorView& lhs, const TensorView& w, const TensorView& out);
+// quantized once, then the rows of every target (all of row length K, all in `encoding`) cut into
+// chunks as ONE parallel job, so grouped_matmul's q, k and v cost one pool round trip. Each result
+// has the bits qmatmul gives for its target alone.
+void qmatmul_gemv_group(const KernelContext& ctx, graph::QuantizationEncoding encoding, const TensorView& lhs,
+                        std::span<const QGemvTarget> targets);
+// qmatmul(lhs, w) -> out checked as qmatmul checks it (its errors); its GEMV target when lhs has at
+// most gemm::kSmallM rows, nullopt when qmatmul runs its GEMM instead.
+std::optional<QGemvTarget> qmatmul_gemv_target(graph::QuantizationEncoding encoding, const TensorView& lhs,
+                                               const TensorView& w, const TensorView& out);
+
+// ---- Q4_0, Q4_K, Q5_K, Q6_K -----------------------------------------------------------------------
+// The activations are quantized to int8 with the rule above (d_x = max|x| / 127, q_x =
+// round-half-even(x * 127 / max|x|)), not offset, over blocks of 32 for Q4_0 (as for Q8_0, and as
+// ggml's q4_0 dot) and of 256 for the K-quants (as ggml's q8_K), with sums of q_x per 32 (`sum`) and,
+// for Q6_K, per 16 (`sum16`). Every weight block's product with them is then an exact int32, and one
+// super-block needs a single f32 scaling per term:
+//   Q4_0 (block b):        (d_w * d_x) * (dot(q, q_x) - 8 * sum(q_x))
+//   Q4_K, Q5_K (block s):  (d * d_x) * sum_j sc_j dot_j(q, q_x) - (dmin * d_x) * sum_j m_j sum_j(q_x)
+//   Q6_K (block s):        (d * d_x) * sum over its 16 sub-blocks i of sc_i * (dot_i(q, q_x) - 32 sum_i(q_x))
+// summed in f32 over the row (the order differs between the portable and the SIMD kernels). The
+// same function serves every M (decode and prefill), so a row's result never depends on M.
+inline int64_t activation_block(graph::QuantizationEncoding e) {
+  return e == graph::QuantizationEncoding::q8_0 || e == graph::QuantizationEncoding::q4_0 ? 32 : 256;
+}
+QGemvFn portable_block_gemv(graph::QuantizationEncoding);  // q4_0, q4_k, q5_k, q6_k
+// The AVX2 kernels (maddubs: the unsigned quants times the signed activations); nullptr where not
+// compiled for x86-64. The caller checks the CPU (gemm::Isa::avx2). Also Q8_0's GEMV where there is
+// no AVX512-VNNI, with this section's activations (not offset): y = sum over blocks of
+// (d_w * d_x) * dot(q_w, q_x), the definition of Q8_0's GEMV in another order.
+QGemvFn avx2_block_gemv(graph::QuantizationEncoding);
 
 }  // namespace kiln::kernels::quantized
 

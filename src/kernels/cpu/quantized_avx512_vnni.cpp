@@ -358,14 +358,14 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
 #endif
 
 namespace kiln::kernels::quantized {
-Q8_0GemvFn avx512_vnni_q8_0_gemv() { return gemv; }
+QGemvFn avx512_vnni_q8_0_gemv() { return gemv; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return gemm; }
 Q8_0PackFn avx512_vnni_q8_0_pack() { return pack; }
 QuantizeRowsFn avx512_quantize_rows() { return quantize_rows; }
 }  // namespace kiln::kernels::quantized
 #else
 namespace kiln::kernels::quantized {
-Q8_0GemvFn avx512_vnni_q8_0_gemv() { return nullptr; }
+QGemvFn avx512_vnni_q8_0_gemv() { return nullptr; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return nullptr; }
 Q8_0PackFn avx512_vnni_q8_0_pack() { return nullptr; }
 QuantizeRowsFn avx512_quantize_rows() { return nullptr; }

@@ -1,0 +1,474 @@
+// The AVX2 GEMVs of Q4_0, Q4_K, Q5_K and Q6_K (quantized.h's last section), and of Q8_0 for CPUs
+// without AVX512-VNNI: the quants, unpacked to unsigned bytes in registers, times the signed int8
+// activations with vpmaddubsw (pairs summed to int16, exactly: at most 2 * 63 * 127), then vpmaddwd
+// to int32. Each weight row is read in place once per 8 activation rows; a group of 256 weights (a
+// super-block, or 8 blocks of 32) is decoded once and multiplied into each row's accumulator.
+// * K-quants (activations per 256): vpmaddwd applies the sub-block scales as it widens, so the whole
+//   super-block sums in int32 and one FMA scales it.
+// * Q4_0, Q8_0 (activations and weights per 32): the 8 block dots reduce to one vector whose lane j
+//   is block j's, scaled with the 8 (d_w * d_x) at once.
+// Standard headers first, then the target pragma (see gemm.h for why).
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/quantized.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#ifdef __clang__  // clang has no GCC target pragma; this is its equivalent
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+namespace kiln::kernels::quantized {
+namespace {
+
+using graph::QuantizationEncoding;
+
+constexpr int64_t kRowsPerPass = 8;  // activation rows sharing one decode of a weight group
+
+// The loops over a group's 8 blocks (or 4 pairs, 2 halves) are unrolled (`#pragma GCC unroll`), so
+// the decoded weights stay in registers and the shuffle controls are constants: -O2 alone kept them
+// in memory and built the controls with vpinsrb, 3x slower.
+
+inline float load_f16(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return _cvtsh_ss(bits);
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Eight int32 vectors -> one whose lane j is the sum of v[j]'s eight lanes.
+inline __m256i sum_lanes8(const __m256i v[8]) {
+  const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+  const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+  const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+  // h0123 holds blocks 0..3's low-half sums in its low 128 bits and their high-half sums above.
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+// One f32 accumulator per activation row (y = its lanes' sum).
+// (Constructors written out: an implicit one would be compiled without the target pragma.)
+struct RowAcc {
+  __m256 v;
+  RowAcc() : v(_mm256_setzero_ps()) {}
+  float total() const { return hsum(v); }
+};
+
+// ---- K-quants: activations per 256 (x.d one scale per super-block) -------------------------------
+
+// Q4_K / Q5_K: (d * d_x) * sum_j sc_j dot_j - (dmin * d_x) * sum_j m_j sum_j.
+template <bool kFive> struct Q4KQ5K {
+  static constexpr int64_t kBytes = kFive ? graph::kQ5_KBlockBytes : graph::kQ4_KBlockBytes;
+  static constexpr bool kPartialGroups = false;
+  static constexpr bool kFused = true;
+  struct Acc {
+    __m256 v, mins;
+    Acc() : v(_mm256_setzero_ps()), mins(_mm256_setzero_ps()) {}
+    float total() const { return hsum(v) - hsum(mins); }
+  };
+  __m256i w[8];       // sub-block j's levels as bytes
+  __m256i scale[8];   // sc_j in every int16 lane
+  __m256i mins;       // m_j in int32 lane j
+  float d = 0, dmin = 0;
+
+  // Bit j of each qh byte moved to bit 4 (16-bit shifts: bit 4 of each byte comes from its own byte).
+  template <int J> static __m256i high_bit(__m256i qh) {
+    const __m256i b = J < 4 ? _mm256_slli_epi16(qh, 4 - J) : J > 4 ? _mm256_srli_epi16(qh, J - 4) : qh;
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+  }
+
+  void decode(const uint8_t* block) {
+    const uint32_t w0 = load_u32(block + 4), w1 = load_u32(block + 8), w2 = load_u32(block + 12);
+    // quantization.h's layout of the 12 bytes, four sub-blocks per 32-bit word.
+    const uint32_t sc03 = w0 & 0x3f3f3f3fu, m03 = w1 & 0x3f3f3f3fu;
+    const uint32_t sc47 = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    const __m256i sc16 = _mm256_broadcastsi128_si256(
+        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc03), static_cast<int>(sc47), 0, 0)));
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {  // word j of each 128-bit lane, everywhere
+      const char lo = static_cast<char>(2 * j), hi = static_cast<char>(2 * j + 1);
+      scale[j] = _mm256_shuffle_epi8(sc16, _mm256_setr_epi8(lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
+                                                             lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi));
+    }
+    mins = _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(m03), static_cast<int>(m47), 0, 0));
+    d = load_f16(block);
+    dmin = load_f16(block + 2);
+    const uint8_t* q = block + (kFive ? 48 : 16);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    #pragma GCC unroll 8
+    for (int p = 0; p < 4; ++p) {
+      const __m256i raw = load256(q + 32 * p);
+      w[2 * p] = _mm256_and_si256(raw, low);
+      w[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+    }
+    if constexpr (kFive) {
+      const __m256i qh = load256(block + 16);
+      w[0] = _mm256_or_si256(w[0], high_bit<0>(qh));
+      w[1] = _mm256_or_si256(w[1], high_bit<1>(qh));
+      w[2] = _mm256_or_si256(w[2], high_bit<2>(qh));
+      w[3] = _mm256_or_si256(w[3], high_bit<3>(qh));
+      w[4] = _mm256_or_si256(w[4], high_bit<4>(qh));
+      w[5] = _mm256_or_si256(w[5], high_bit<5>(qh));
+      w[6] = _mm256_or_si256(w[6], high_bit<6>(qh));
+      w[7] = _mm256_or_si256(w[7], high_bit<7>(qh));
+    }
+  }
+
+  void update(Acc& acc, const Q8Activations& x, int64_t m, int64_t s) const {
+    const int64_t supers = x.K / 256;
+    const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + s * 256;
+    __m256i dots = _mm256_setzero_si256();  // lane sums: sum_j sc_j dot_j, exactly
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      dots = _mm256_add_epi32(dots, _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], load256(xq + 32 * j)), scale[j]));
+    // m_j * sum_j: the sums (|sum| <= 32 * 127) in the low int16 of each int32 lane, m_j's high half 0.
+    const __m256i min_sums = _mm256_madd_epi16(mins, load256(x.sum + (m * supers + s) * 8));
+    const float dx = x.d[m * supers + s];
+    acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(dots), acc.v);
+    acc.mins = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(min_sums), acc.mins);
+  }
+
+  // decode then update for one activation row, a pair of sub-blocks at a time so nothing spills
+  // (decode's 16 vectors do not fit the 16 registers beside update's). The same int32 sums and f32
+  // operations, so the same bits.
+  static void fused(Acc& acc, const uint8_t* block, const Q8Activations& x, int64_t m, int64_t s) {
+    const uint32_t w0 = load_u32(block + 4), w1 = load_u32(block + 8), w2 = load_u32(block + 12);
+    const uint32_t sc03 = w0 & 0x3f3f3f3fu, m03 = w1 & 0x3f3f3f3fu;
+    const uint32_t sc47 = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    const __m256i sc16 = _mm256_broadcastsi128_si256(
+        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc03), static_cast<int>(sc47), 0, 0)));
+    const __m256i mn = _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(m03), static_cast<int>(m47), 0, 0));
+    const uint8_t* q = block + (kFive ? 48 : 16);
+    const int64_t supers = x.K / 256;
+    const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + s * 256;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    [[maybe_unused]] const __m256i qh = kFive ? load256(block + 16) : _mm256_setzero_si256();
+    __m256i dots = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m256i raw = load256(q + 32 * p);
+      __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+      if constexpr (kFive) {  // bits 2p and 2p + 1 of qh to bit 4
+        const __m256i bit4 = _mm256_set1_epi8(0x10);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(p < 2 ? _mm256_slli_epi16(qh, 4 - 2 * p) : _mm256_srli_epi16(qh, 2 * p - 4), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(p < 2 ? _mm256_slli_epi16(qh, 3 - 2 * p) : _mm256_srli_epi16(qh, 2 * p - 3), bit4));
+      }
+      const char a = static_cast<char>(4 * p), a1 = static_cast<char>(4 * p + 1);
+      const char b = static_cast<char>(4 * p + 2), b1 = static_cast<char>(4 * p + 3);
+      const __m256i sa = _mm256_shuffle_epi8(sc16, _mm256_setr_epi8(a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1,
+                                                                     a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1));
+      const __m256i sb = _mm256_shuffle_epi8(sc16, _mm256_setr_epi8(b, b1, b, b1, b, b1, b, b1, b, b1, b, b1, b, b1, b, b1,
+                                                                     b, b1, b, b1, b, b1, b, b1, b, b1, b, b1, b, b1, b, b1));
+      dots = _mm256_add_epi32(dots, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(xq + 64 * p)), sa));
+      dots = _mm256_add_epi32(dots, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(xq + 64 * p + 32)), sb));
+    }
+    const __m256i min_sums = _mm256_madd_epi16(mn, load256(x.sum + (m * supers + s) * 8));
+    const float dx = x.d[m * supers + s];
+    acc.v = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(block) * dx), _mm256_cvtepi32_ps(dots), acc.v);
+    acc.mins = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(block + 2) * dx), _mm256_cvtepi32_ps(min_sums), acc.mins);
+  }
+};
+
+// Q6_K: (d * d_x) * sum over the 16 sub-blocks i of sc_i * (dot_i - 32 * sum_i).
+struct Q6K {
+  static constexpr int64_t kBytes = graph::kQ6_KBlockBytes;
+  static constexpr bool kPartialGroups = false;
+  static constexpr bool kFused = true;
+  using Acc = RowAcc;
+  __m256i w[8];       // 32-weight block j's levels (0..63) as bytes
+  __m256i scale[8];   // block j: int16 lanes 0-7 its first 16's scale, 8-15 its second's
+  __m256i scale16;    // the 16 scales as int16
+  float d = 0;
+
+  void decode(const uint8_t* block) {
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
+    scale16 = _mm256_cvtepi8_epi16(sc);
+    const __m256i first = _mm256_permute2x128_si256(scale16, scale16, 0x00);   // scales 0-7, twice
+    const __m256i second = _mm256_permute2x128_si256(scale16, scale16, 0x11);  // scales 8-15, twice
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {  // words 2j and 2j + 1 (of their 128-bit half) in the low and high lanes
+      const char a = static_cast<char>(4 * j % 16), b = static_cast<char>((4 * j + 2) % 16);
+      const char a1 = static_cast<char>(a + 1), b1 = static_cast<char>(b + 1);
+      scale[j] = _mm256_shuffle_epi8(j < 4 ? first : second,
+                                     _mm256_setr_epi8(a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, b, b1, b, b1,
+                                                      b, b1, b, b1, b, b1, b, b1, b, b1, b, b1));
+    }
+    d = load_f16(block + 208);
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    #pragma GCC unroll 8
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = block + 64 * half;
+      const __m256i l0 = load256(ql), l1 = load256(ql + 32), qh = load256(block + 128 + 32 * half);
+      // quantization.h's layout: blocks 4h .. 4h + 3 take bits 0-1, 2-3, 4-5, 6-7 of qh as bits 4-5.
+      w[4 * half] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two));
+      w[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two));
+      w[4 * half + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(qh, two));
+      w[4 * half + 3] =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(qh, 2), two));
+    }
+  }
+
+  void update(Acc& acc, const Q8Activations& x, int64_t m, int64_t s) const {
+    const int64_t supers = x.K / 256;
+    const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + s * 256;
+    __m256i dots = _mm256_setzero_si256();  // |lane| <= 2 * 2 * 63 * 127 * 128 per block
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      dots = _mm256_add_epi32(dots, _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], load256(xq + 32 * j)), scale[j]));
+    // sum_i sc_i * sum_i(q_x): the 32 * sum the -32 of the levels takes away.
+    const __m256i offsets = _mm256_madd_epi16(scale16, load256(x.sum16 + (m * supers + s) * 16));
+    dots = _mm256_sub_epi32(dots, _mm256_slli_epi32(offsets, 5));
+    acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[m * supers + s]), _mm256_cvtepi32_ps(dots), acc.v);
+  }
+
+  // decode then update for one activation row, a quarter at a time (as Q4KQ5K::fused): the same bits.
+  static void fused(Acc& acc, const uint8_t* block, const Q8Activations& x, int64_t m, int64_t s) {
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+    const int64_t supers = x.K / 256;
+    const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + s * 256;
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    __m256i dots = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = block + 64 * half;
+      const __m256i l0 = load256(ql), l1 = load256(ql + 32), qh = load256(block + 128 + 32 * half);
+      const __m256i src = half == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00) : _mm256_permute2x128_si256(sc16, sc16, 0x11);
+      const __m256i w[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two)),
+          _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(qh, two)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(qh, 2), two))};
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        const char a = static_cast<char>(4 * t), a1 = static_cast<char>(4 * t + 1);
+        const char b = static_cast<char>(4 * t + 2), b1 = static_cast<char>(4 * t + 3);
+        const __m256i scale = _mm256_shuffle_epi8(src, _mm256_setr_epi8(a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a,
+                                                                         a1, b, b1, b, b1, b, b1, b, b1, b, b1, b, b1, b, b1, b, b1));
+        const __m256i p16 = _mm256_maddubs_epi16(w[t], load256(xq + 128 * half + 32 * t));
+        dots = _mm256_add_epi32(dots, _mm256_madd_epi16(p16, scale));
+      }
+    }
+    const __m256i offsets = _mm256_madd_epi16(sc16, load256(x.sum16 + (m * supers + s) * 16));
+    dots = _mm256_sub_epi32(dots, _mm256_slli_epi32(offsets, 5));
+    acc.v = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(block + 208) * x.d[m * supers + s]), _mm256_cvtepi32_ps(dots), acc.v);
+  }
+};
+
+// ---- Q4_0, Q8_0: activations and weights per 32 ---------------------------------------------------
+
+// Q4_0: 8 blocks per group (fewer in a row's last); lane j accumulates (d_w,j * d_x,j) * (dot_j - 8 sum_j).
+struct Q40 {
+  static constexpr int64_t kBytes = 8 * graph::kQ4_0BlockBytes;
+  static constexpr bool kPartialGroups = true;
+  static constexpr bool kFused = false;
+  using Acc = RowAcc;
+  __m256i w[8];
+  __m256 dw;
+  int blocks = 8;
+
+  void decode(const uint8_t* group) {
+    alignas(16) uint16_t d[8] = {};
+    const __m128i low = _mm_set1_epi8(0x0F);
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      if (j >= blocks) {
+        w[j] = _mm256_setzero_si256();
+        continue;
+      }
+      const uint8_t* b = group + j * graph::kQ4_0BlockBytes;
+      std::memcpy(&d[j], b, 2);
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+      w[j] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+    }
+    dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
+  }
+
+  void update(Acc& acc, const Q8Activations& x, int64_t m, int64_t g) const {
+    const int64_t blocks_per_row = x.K / 32, first = m * blocks_per_row + 8 * g;
+    const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + g * 256;
+    __m256i dots[8];
+    __m256 dx;
+    __m256i sums;
+    if (blocks == 8) {  // a whole group: straight loads
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)
+        dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], load256(xq + 32 * j)), _mm256_set1_epi16(1));
+      dx = _mm256_loadu_ps(x.d + first);
+      sums = load256(x.sum + first);
+    } else {  // a row's last, partial group: nothing read past the row
+      alignas(32) float d[8] = {};
+      alignas(32) int32_t s[8] = {};
+      for (int j = 0; j < 8; ++j) {
+        dots[j] = _mm256_setzero_si256();
+        if (j >= blocks) continue;
+        dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], load256(xq + 32 * j)), _mm256_set1_epi16(1));
+        d[j] = x.d[first + j];
+        s[j] = x.sum[first + j];
+      }
+      dx = _mm256_load_ps(d);
+      sums = _mm256_load_si256(reinterpret_cast<const __m256i*>(s));
+    }
+    const __m256i dot = _mm256_sub_epi32(sum_lanes8(dots), _mm256_slli_epi32(sums, 3));
+    acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(dot), acc.v);
+  }
+};
+
+// Q8_0 (activations not offset: the VNNI kernels' q_x + 128 would overflow vpmaddubsw's int16 pair
+// sums): |w| times q_x with w's sign, so the unsigned operand is |w| <= 127 and a pair sums to at most
+// 2 * 127 * 127. Lane j accumulates (d_w,j * d_x,j) * dot_j.
+struct Q80 {
+  static constexpr int64_t kBytes = 8 * graph::kQ8_0BlockBytes;
+  static constexpr bool kPartialGroups = true;
+  static constexpr bool kFused = false;
+  using Acc = RowAcc;
+  __m256i w[8];      // the quants as signed bytes (their signs)
+  __m256i abs_w[8];  // and their magnitudes
+  __m256 dw;
+  int blocks = 8;
+
+  void decode(const uint8_t* group) {
+    alignas(16) uint16_t d[8] = {};
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      if (j >= blocks) {
+        w[j] = abs_w[j] = _mm256_setzero_si256();
+        continue;
+      }
+      const uint8_t* b = group + j * graph::kQ8_0BlockBytes;
+      std::memcpy(&d[j], b, 2);
+      w[j] = load256(b + 2);
+      abs_w[j] = _mm256_abs_epi8(w[j]);
+    }
+    dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
+  }
+
+  void update(Acc& acc, const Q8Activations& x, int64_t m, int64_t g) const {
+    const int64_t first = m * (x.K / 32) + 8 * g;
+    const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + g * 256;
+    __m256i dots[8];
+    __m256 dx;
+    if (blocks == 8) {  // a whole group: straight loads
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m256i signed_x = _mm256_sign_epi8(load256(xq + 32 * j), w[j]);
+        dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w[j], signed_x), _mm256_set1_epi16(1));
+      }
+      dx = _mm256_loadu_ps(x.d + first);
+    } else {  // a row's last, partial group: nothing read past the row
+      alignas(32) float d[8] = {};
+      for (int j = 0; j < 8; ++j) {
+        dots[j] = _mm256_setzero_si256();
+        if (j >= blocks) continue;
+        const __m256i signed_x = _mm256_sign_epi8(load256(xq + 32 * j), w[j]);
+        dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w[j], signed_x), _mm256_set1_epi16(1));
+        d[j] = x.d[first + j];
+      }
+      dx = _mm256_load_ps(d);
+    }
+    acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sum_lanes8(dots)), acc.v);
+  }
+};
+
+// Rows [n0, n1) of w: for each weight row, activation rows kRowsPerPass at a time; each group of
+// 256 weights decoded once per pass and multiplied into every row's accumulator. A row's arithmetic
+// is the same whatever M is.
+template <class Format>
+void gemv(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const int64_t blocks = x.K / 32, groups = (blocks + 7) / 8;
+  if constexpr (Format::kFused)
+    if (x.M == 1) {
+      // One activation row: kStreams weight rows at once, the i-th of kStreams equal parts of the
+      // range, so the hardware prefetchers follow several sequential streams (as the VNNI Q8_0 GEMV
+      // does, quantized_avx512_vnni.cpp); one stream left DRAM reads at half the rate.
+      constexpr int kStreams = 4;
+      const int64_t part = (n1 - n0) / kStreams;
+      for (int64_t i = 0; i < part; ++i) {
+        typename Format::Acc acc[kStreams];
+        const uint8_t* rows[kStreams];
+#pragma GCC unroll 4
+        for (int r = 0; r < kStreams; ++r) rows[r] = w + (n0 + r * part + i) * row_bytes;
+        for (int64_t g = 0; g < groups; ++g)
+#pragma GCC unroll 4
+          for (int r = 0; r < kStreams; ++r) {
+            __builtin_prefetch(rows[r] + g * Format::kBytes + 1024);
+            Format::fused(acc[r], rows[r] + g * Format::kBytes, x, 0, g);
+          }
+        for (int r = 0; r < kStreams; ++r) y[n0 + r * part + i] = acc[r].total();
+      }
+      n0 += kStreams * part;  // the rest, fewer than kStreams rows, below
+    }
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t m0 = 0; m0 < x.M; m0 += kRowsPerPass) {
+      const int64_t rows = x.M - m0 < kRowsPerPass ? x.M - m0 : kRowsPerPass;
+      typename Format::Acc acc[kRowsPerPass];
+      if constexpr (Format::kFused)
+        if (rows == 1) {  // decode's usual case
+          for (int64_t g = 0; g < groups; ++g) {
+            __builtin_prefetch(row + g * Format::kBytes + 1024);
+            Format::fused(acc[0], row + g * Format::kBytes, x, m0, g);
+          }
+          y[m0 * ldy + n] = acc[0].total();
+          continue;
+        }
+      Format f;
+      for (int64_t g = 0; g < groups; ++g) {
+        if constexpr (Format::kPartialGroups) f.blocks = static_cast<int>(blocks - 8 * g < 8 ? blocks - 8 * g : 8);
+        __builtin_prefetch(row + g * Format::kBytes + 1024);
+        f.decode(row + g * Format::kBytes);
+        for (int64_t r = 0; r < rows; ++r) f.update(acc[r], x, m0 + r, g);
+      }
+      for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * ldy + n] = acc[r].total();
+    }
+  }
+}
+
+// Instantiated here, under the target pragma.
+QGemvFn pick(QuantizationEncoding e) {
+  switch (e) {
+    case QuantizationEncoding::q4_0: return gemv<Q40>;
+    case QuantizationEncoding::q4_k: return gemv<Q4KQ5K<false>>;
+    case QuantizationEncoding::q5_k: return gemv<Q4KQ5K<true>>;
+    case QuantizationEncoding::q6_k: return gemv<Q6K>;
+    case QuantizationEncoding::q8_0: return gemv<Q80>;
+  }
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace kiln::kernels::quantized
+#ifdef __clang__
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace kiln::kernels::quantized {
+QGemvFn avx2_block_gemv(graph::QuantizationEncoding e) { return pick(e); }
+}  // namespace kiln::kernels::quantized
+#else
+namespace kiln::kernels::quantized {
+QGemvFn avx2_block_gemv(graph::QuantizationEncoding) { return nullptr; }
+}  // namespace kiln::kernels::quantized
+#endif

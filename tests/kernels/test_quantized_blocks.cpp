@@ -1,0 +1,220 @@
+// qmatmul and dequantize for Q4_0, Q4_K, Q5_K and Q6_K weights (quantized.h's last section), on every
+// ISA level this CPU supports (the portable kernels, and the AVX2 ones where the CPU has AVX2; there
+// are no AVX-512 variants of these), against double-precision loops over the weights as
+// graph::dequantize_row decodes them (itself checked bit for bit against the layouts in
+// tests/graph/test_quantization.cpp).
+//
+// Tolerances, as for Q8_0 (test_quantized.cpp): the activations are quantized per block of 32 (Q4_0)
+// or 256 (the K-quants) with d = max|x| / 127, so each product is off by at most d / 2 * |w|: the
+// bound is sum_blocks d_b / 2 * sum_i |w_i| (times 1.0001), plus f32 accumulation in any order,
+// K * 2^-23 * sum_k |x_k w_k|. Exactly the integer product when weights and activations are small
+// integers (the scales 1, every sum below 2^24).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quantized.h"
+#include "kernels/forced_isa.h"
+#include "kernels/kernel_test_util.h"
+#include "kernels/threaded_parallel.h"
+#include "kiln/graph/quantization.h"
+
+namespace kiln::kernels {
+namespace {
+
+using gemm::Isa;
+using graph::Op;
+using graph::QuantizationEncoding;
+using kernel_test::ForcedIsa;
+using kernel_test::HostTensor;
+using kernel_test::run_kernel;
+using kernel_test::supported_isas;
+using kernel_test::ThreadedParallel;
+
+constexpr QuantizationEncoding kEncodings[] = {QuantizationEncoding::q4_0, QuantizationEncoding::q4_k,
+                                               QuantizationEncoding::q5_k, QuantizationEncoding::q6_k};
+
+graph::Attrs attrs(QuantizationEncoding e) { return {{"encoding", std::string(graph::encoding_name(e))}}; }
+std::string name(QuantizationEncoding e) { return std::string(graph::encoding_name(e)); }
+
+std::vector<float> random_floats(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+HostTensor quantized_weights(QuantizationEncoding e, int64_t n, int64_t k, uint32_t seed) {
+  const std::vector<float> w = random_floats(n * k, seed);
+  const int64_t row_bytes = graph::quantized_row_bytes(e, k);
+  HostTensor t(DType::u8, {n, row_bytes});
+  for (int64_t r = 0; r < n; ++r) graph::quantize_row(e, w.data() + r * k, k, t.bytes.data() + r * row_bytes);
+  return t;
+}
+
+std::vector<float> decoded(QuantizationEncoding e, const HostTensor& w, int64_t n, int64_t k) {
+  std::vector<float> out(static_cast<size_t>(k));
+  graph::dequantize_row(e, w.bytes.data() + n * w.shape[1], k, out.data());
+  return out;
+}
+
+HostTensor qmatmul(QuantizationEncoding e, const std::vector<float>& x, const HostTensor& w, int64_t M, int64_t K,
+                   int threads = 1) {
+  HostTensor xt = kernel_test::tensor<float>({M, K}, x);
+  HostTensor y(DType::f32, {M, w.shape[0]});
+  ThreadedParallel pool(threads);
+  run_kernel(Op::qmatmul, attrs(e), {xt.view(), w.view()}, {y.view()}, threads > 1 ? &pool : nullptr);
+  return y;
+}
+
+void expect_close(QuantizationEncoding e, const std::vector<float>& x, const HostTensor& w, const HostTensor& y,
+                  int64_t M, int64_t K, const std::string& what) {
+  const int64_t N = w.shape[0];
+  for (int64_t n = 0; n < N; ++n) {
+    const std::vector<float> wr = decoded(e, w, n, K);
+    for (int64_t m = 0; m < M; ++m) {
+      double ref = 0, abs_sum = 0, act_bound = 0;
+      const int64_t block = quantized::activation_block(e);
+      for (int64_t b = 0; b < K / block; ++b) {
+        double amax = 0, wsum = 0;
+        for (int64_t k = b * block; k < b * block + block; ++k) {
+          ref += double(x[m * K + k]) * wr[k];
+          abs_sum += std::fabs(double(x[m * K + k]) * wr[k]);
+          amax = std::max(amax, std::fabs(double(x[m * K + k])));
+          wsum += std::fabs(wr[k]);
+        }
+        act_bound += amax / 127 / 2 * wsum * 1.0001;
+      }
+      const double tol = K * std::ldexp(abs_sum, -23) + act_bound + 1e-6;
+      ASSERT_NEAR(y.at<float>(m * N + n), ref, tol) << what << " m " << m << " n " << n;
+    }
+  }
+}
+
+TEST(QMatmulBlocks, MatchesDecodedWeightsWithinActivationRoundingOnEveryIsa) {
+  struct Case {
+    int64_t M, K, N;
+  };
+  // K: one super-block, two, and 17 (4096 + 256); M: decode (1, 3) and prefill (17, one row past two
+  // passes of 8); N not a multiple of anything. Q4_0 also at K = 32 and 288 (a partial group of 8 blocks).
+  const Case k_cases[] = {{1, 256, 37}, {3, 512, 65}, {17, 4352, 9}, {1, 4352, 33}, {3, 256, 1}, {17, 512, 20}};
+  const Case q4_0_cases[] = {{1, 32, 5}, {3, 288, 37}, {17, 96, 9}};
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (QuantizationEncoding e : kEncodings) {
+      std::vector<Case> cases(std::begin(k_cases), std::end(k_cases));
+      if (e == QuantizationEncoding::q4_0) cases.insert(cases.end(), std::begin(q4_0_cases), std::end(q4_0_cases));
+      for (const Case& c : cases) {
+        const std::vector<float> x = random_floats(c.M * c.K, static_cast<uint32_t>(c.M * 131 + c.K));
+        const HostTensor w = quantized_weights(e, c.N, c.K, static_cast<uint32_t>(c.N + 3));
+        expect_close(e, x, w, qmatmul(e, x, w, c.M, c.K), c.M, c.K,
+                     name(e) + " " + gemm::isa_name(isa) + " M " + std::to_string(c.M) + " K " + std::to_string(c.K));
+      }
+    }
+  }
+}
+
+// Weights whose every scale is a small integer (d = dmin = 1, 6-bit scales and mins below 8, Q6_K's
+// int8 scales in [-7, 7]) and integer activations with max |x| = 127 per block (d_x = 1): the result is
+// the exact integer product, whatever the path. A sign, offset (-8, -32, the mins) or scale slip shows.
+TEST(QMatmulBlocks, IntegerBlocksGiveTheExactIntegerProductOnEveryIsa) {
+  const int64_t K = 512, N = 19;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> value(-127, 127);
+  const auto put_one = [](uint8_t* p) { p[0] = 0x00, p[1] = 0x3C; };  // f16 1.0
+  for (QuantizationEncoding e : kEncodings) {
+    const int64_t row_bytes = graph::quantized_row_bytes(e, K), bytes = graph::block_bytes(e);
+    HostTensor w(DType::u8, {N, row_bytes});
+    for (uint8_t& b : w.bytes) b = static_cast<uint8_t>(rng());
+    for (int64_t off = 0; off < N * row_bytes; off += bytes) {
+      uint8_t* block = w.bytes.data() + off;
+      if (e == QuantizationEncoding::q6_k) {
+        put_one(block + 208);
+        for (int j = 0; j < 16; ++j) block[192 + j] = static_cast<uint8_t>(static_cast<int>(rng() % 15) - 7);
+      } else {
+        put_one(block);
+        if (e != QuantizationEncoding::q4_0) {
+          put_one(block + 2);
+          for (int j = 0; j < 8; ++j) block[4 + j] &= 0x07;     // 6-bit values < 8, high bits 0
+          for (int j = 8; j < 12; ++j) block[4 + j] &= 0x77;
+        }
+      }
+    }
+    for (int64_t M : {1, 5, 17}) {
+      std::vector<float> x(static_cast<size_t>(M * K));
+      for (float& v : x) v = static_cast<float>(value(rng));
+      for (int64_t i = 0; i < M * K; i += 32) x[static_cast<size_t>(i + rng() % 32)] = rng() % 2 ? 127.0f : -127.0f;
+      for (Isa isa : supported_isas()) {
+        ForcedIsa forced(isa);
+        const HostTensor y = qmatmul(e, x, w, M, K);
+        for (int64_t n = 0; n < N; ++n) {
+          const std::vector<float> wr = decoded(e, w, n, K);
+          for (int64_t m = 0; m < M; ++m) {
+            int64_t ref = 0;
+            for (int64_t k = 0; k < K; ++k)
+              ref += static_cast<int64_t>(x[m * K + k]) * static_cast<int64_t>(wr[static_cast<size_t>(k)]);
+            ASSERT_LT(std::abs(ref), int64_t{1} << 24);
+            ASSERT_EQ(y.at<float>(m * N + n), static_cast<float>(ref))
+                << name(e) << " " << gemm::isa_name(isa) << " M " << M << " m " << m << " n " << n;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(QMatmulBlocks, OneAndTwoThreadsGiveIdenticalBitsOnEveryIsa) {
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (QuantizationEncoding e : kEncodings)
+      for (const auto& [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 512, 301}, {3, 4352, 77}, {17, 256, 99}}) {
+        const std::vector<float> x = random_floats(M * K, 31);
+        const HostTensor w = quantized_weights(e, N, K, 32);
+        EXPECT_EQ(qmatmul(e, x, w, M, K, 1).bytes, qmatmul(e, x, w, M, K, 2).bytes)
+            << name(e) << " " << gemm::isa_name(isa) << " M " << M;
+      }
+  }
+}
+
+TEST(QMatmulBlocks, Avx2KernelsRanOnThisCpu) {
+  if (!gemm::isa_supported(Isa::avx2)) GTEST_SKIP() << "this CPU has no AVX2: only the portable kernels were tested";
+  SUCCEED() << "the tests above ran the AVX2 kernels (and the portable ones, forced)";
+}
+
+TEST(DequantizeBlocks, DecodesGatheredRowsOfAnyLeadingShape) {
+  for (QuantizationEncoding e : kEncodings) {
+    const int64_t K = 512, rb = graph::quantized_row_bytes(e, K);
+    const HostTensor w = quantized_weights(e, 6, K, 9);
+    HostTensor in = w;
+    in.shape = {2, 3, rb};
+    HostTensor y(DType::f32, {2, 3, K});
+    ThreadedParallel two(2);
+    run_kernel(Op::dequantize, attrs(e), {in.view()}, {y.view()}, &two);
+    for (int64_t r = 0; r < 6; ++r) {
+      const std::vector<float> want = decoded(e, w, r, K);
+      for (int64_t k = 0; k < K; ++k) ASSERT_EQ(y.at<float>(r * K + k), want[static_cast<size_t>(k)]) << name(e) << " " << r;
+    }
+  }
+}
+
+TEST(QMatmulBlocks, BadShapesAreErrorsNamingTheEncoding) {
+  HostTensor x(DType::f32, {2, 288}), w(DType::u8, {4, 162}), y(DType::f32, {2, 4});
+  testing::expect_error<ValueError>(
+      [&] { run_kernel(Op::qmatmul, attrs(QuantizationEncoding::q4_k), {x.view(), w.view()}, {y.view()}); },
+      {"qmatmul: lhs inner dim", "q4_k", "multiple of 256", "288"});
+  HostTensor x2(DType::f32, {2, 256}), w2(DType::u8, {4, 144});
+  testing::expect_error<ShapeError>(
+      [&] { run_kernel(Op::qmatmul, attrs(QuantizationEncoding::q6_k), {x2.view(), w2.view()}, {y.view()}); },
+      {"210 bytes", "q6_k", "u8[4, 144]"});
+}
+
+}  // namespace
+}  // namespace kiln::kernels
