@@ -134,6 +134,18 @@ constexpr KeyField kNumberKeys[] = {
     {"rope.freq_base", "rope_theta"},
 };
 
+// kiln's encoding of a ggml block type: the same blocks, byte for byte; nullopt for the others.
+std::optional<graph::QuantizationEncoding> encoding_of(GGMLType type) {
+  switch (type) {
+    case GGMLType::q8_0: return graph::QuantizationEncoding::q8_0;
+    case GGMLType::q4_0: return graph::QuantizationEncoding::q4_0;
+    case GGMLType::q4_k: return graph::QuantizationEncoding::q4_k;
+    case GGMLType::q5_k: return graph::QuantizationEncoding::q5_k;
+    case GGMLType::q6_k: return graph::QuantizationEncoding::q6_k;
+    default: return std::nullopt;
+  }
+}
+
 }  // namespace
 
 ModelInfo gguf_model_info(const GGUFFile& file) {
@@ -206,7 +218,7 @@ ModelInfo gguf_model_info(const GGUFFile& file) {
 }
 
 nn::WeightFormat gguf_weight_format(const GGUFFile& file) {
-  // The type of most matrix elements; K- and legacy quants run as Q8_0 until kiln computes them directly.
+  // The type of most matrix elements (a Q4_K_M file's Q4_K); types kiln does not compute run as Q8_0.
   std::map<GGMLType, int64_t> elements;
   for (const GGUFTensor& t : file.tensors())
     if (t.dims.size() == 2) elements[t.type] += t.elements();
@@ -217,6 +229,10 @@ nn::WeightFormat gguf_weight_format(const GGUFFile& file) {
     case GGMLType::f32: return nn::WeightFormat::f32;
     case GGMLType::f16: return nn::WeightFormat::f16;
     case GGMLType::bf16: return nn::WeightFormat::bf16;
+    case GGMLType::q4_0: return nn::WeightFormat::q4_0;
+    case GGMLType::q4_k: return nn::WeightFormat::q4_k;
+    case GGMLType::q5_k: return nn::WeightFormat::q5_k;
+    case GGMLType::q6_k: return nn::WeightFormat::q6_k;
     default: return nn::WeightFormat::q8_0;
   }
 }
@@ -246,32 +262,36 @@ Tensor dequantize(const GGUFFile& file, const GGUFTensor& t) {
         y[i] = bf16_to_f32(h);
       }
       break;
-    case GGMLType::q8_0: {
+    default: {
+      const std::optional<graph::QuantizationEncoding> encoding = encoding_of(t.type);
+      if (!encoding)
+        fail(file, fmt::format("tensor '{}' is {}, which kiln does not compute yet (supported: F32, F16, BF16, Q8_0, "
+                               "Q4_0, Q4_K, Q5_K, Q6_K)",
+                               t.name, ggml_type_name(t.type)));
       const int64_t cols = t.dims[0];
       const int64_t rows = n / cols;
-      const int64_t row_bytes = graph::q8_0_row_bytes(cols);
-      for (int64_t r = 0; r < rows; ++r) graph::dequantize_q8_0(x + r * row_bytes, cols, y + r * cols);
-      break;
+      const int64_t row_bytes = graph::quantized_row_bytes(*encoding, cols, t.name);
+      for (int64_t r = 0; r < rows; ++r) graph::dequantize_row(*encoding, x + r * row_bytes, cols, y + r * cols);
     }
-    default:
-      fail(file, fmt::format("tensor '{}' is {}, which kiln does not compute yet (supported: F32, F16, BF16, Q8_0)",
-                             t.name, ggml_type_name(t.type)));
   }
   return out;
 }
 
-// The tensor as stored, zero-copy: f32/f16/bf16 elements, or Q8_0 rows as u8 [rows, row_bytes].
+// The tensor as stored, zero-copy: f32/f16/bf16 elements, or quantized rows as u8 [rows, row_bytes]
+// (kiln's encodings are GGUF's blocks).
 Tensor view(const GGUFFile& file, const GGUFTensor& t) {
   auto* p = const_cast<uint8_t*>(t.data.data());  // the mapping is copy-on-write, as safetensors'
   switch (t.type) {
     case GGMLType::f32: return Tensor::view(file.mapping(), p, DType::f32, t.shape());
     case GGMLType::f16: return Tensor::view(file.mapping(), p, DType::f16, t.shape());
     case GGMLType::bf16: return Tensor::view(file.mapping(), p, DType::bf16, t.shape());
-    case GGMLType::q8_0: {
+    default: {
+      const std::optional<graph::QuantizationEncoding> encoding = encoding_of(t.type);
+      if (!encoding) return dequantize(file, t);
       const int64_t cols = t.dims[0];
-      return Tensor::view(file.mapping(), p, DType::u8, {t.elements() / cols, graph::q8_0_row_bytes(cols)});
+      return Tensor::view(file.mapping(), p, DType::u8,
+                          {t.elements() / cols, graph::quantized_row_bytes(*encoding, cols, t.name)});
     }
-    default: return dequantize(file, t);
   }
 }
 
@@ -320,9 +340,13 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
       fail(file, fmt::format("tensor '{}' is not part of a {} model with this metadata (kiln would ignore "
                              "what it does)",
                              t.name, arch.gguf));
-    // Q8_0 stays as it is where the model computes Q8_0; anything else becomes f32 for convert_weights.
+    // A block-quantized matrix stays as it is where the model computes it in that very encoding (the
+    // format, or its per-matrix fallback); anything else becomes f32 for convert_weights to convert.
+    const std::optional<graph::QuantizationEncoding> encoding = encoding_of(t.type);
+    const std::optional<nn::WeightFormat> declared =
+        t.dims.size() == 2 ? nn::model_weight_format(format, t.dims[0]) : std::nullopt;
     const bool keep = t.type == GGMLType::f32 || t.type == GGMLType::f16 || t.type == GGMLType::bf16 ||
-                      (t.type == GGMLType::q8_0 && format == nn::WeightFormat::q8_0);
+                      (encoding && declared && nn::weight_format_encoding(*declared) == encoding);
     Tensor tensor = keep ? view(file, t) : dequantize(file, t);
     if (arch.permuted_qk && t.dims.size() == 2) {
       if (name->ends_with("self_attn.q_proj.weight")) tensor = unpermute_rows(tensor, c.num_attention_heads);

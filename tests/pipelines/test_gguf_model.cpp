@@ -69,6 +69,7 @@ TEST(GGUFModel, KilnTinyConfigIsTheConfigJsonOne) {
   EXPECT_EQ(gguf_weight_format(file), nn::WeightFormat::f32);
   EXPECT_EQ(gguf_weight_format(GGUFFile::open(tiny_gguf("f16"))), nn::WeightFormat::f16);
   EXPECT_EQ(gguf_weight_format(GGUFFile::open(tiny_gguf("q8_0"))), nn::WeightFormat::q8_0);
+  EXPECT_EQ(gguf_weight_format(GGUFFile::open(tiny_gguf("q4_0"))), nn::WeightFormat::q4_0);
 }
 
 // Each GGUF tensor, un-permuted, against the safetensors one in the file's own format: f32 as is,
@@ -76,7 +77,7 @@ TEST(GGUFModel, KilnTinyConfigIsTheConfigJsonOne) {
 // Python writer implements separately), and f16 where a row is not whole Q8_0 blocks.
 TEST(GGUFModel, TensorsAreTheSafetensorsOnesBitForBitInEachFormat) {
   const WeightsRegistry reference = load_safetensors(kTiny);
-  for (const std::string type : {"f32", "f16", "q8_0"}) {
+  for (const std::string type : {"f32", "f16", "q8_0", "q4_0"}) {
     SCOPED_TRACE(type);
     const GGUFFile file = GGUFFile::open(tiny_gguf(type));
     const ModelInfo info = gguf_model_info(file);
@@ -102,10 +103,12 @@ TEST(GGUFModel, TensorsAreTheSafetensorsOnesBitForBitInEachFormat) {
         }
       } else {
         EXPECT_EQ(tensor.dtype(), DType::u8);
+        const auto encoding = type == "q8_0" ? graph::QuantizationEncoding::q8_0 : graph::QuantizationEncoding::q4_0;
         const int64_t rows = r.numel() / cols;
-        want.resize(static_cast<size_t>(rows * graph::q8_0_row_bytes(cols)));
+        const int64_t row_bytes = graph::quantized_row_bytes(encoding, cols);
+        want.resize(static_cast<size_t>(rows * row_bytes));
         for (int64_t i = 0; i < rows; ++i)
-          graph::quantize_q8_0(x.data() + i * cols, cols, want.data() + i * graph::q8_0_row_bytes(cols));
+          graph::quantize_row(encoding, x.data() + i * cols, cols, want.data() + i * row_bytes);
       }
       EXPECT_TRUE(bytes_of(tensor) == want);
     }
@@ -132,15 +135,41 @@ TEST(GGUFModel, KilnTinyFromGGUFAloneGivesPyTorchGreedyIds) {
   }
 }
 
-// The Q8_0 file computes Q8_0 by default and gives the tokens of the safetensors model converted to
-// Q8_0 at load (the same bytes, so the same ids).
-TEST(GGUFModel, Q8_0FileGeneratesAsTheSafetensorsModelQuantizedAtLoad) {
-  EngineOptions q8{.weight_format = nn::WeightFormat::q8_0};
-  auto from_gguf = TextGenerationPipeline::from_dir(tiny_gguf("q8_0"), q8);
-  auto from_dir = TextGenerationPipeline::from_dir(kTiny, q8);
-  const GenerationOptions greedy{.max_new_tokens = 24, .temperature = 0.0};
-  for (const char* prompt : {"Once upon a time", "The little dog"})
-    EXPECT_EQ(from_gguf.generate(prompt, greedy).ids, from_dir.generate(prompt, greedy).ids) << prompt;
+// A quantized file computes its own format by default (no option given) and gives the tokens of the
+// safetensors model quantized to that format at load (the same bytes, so the same ids).
+TEST(GGUFModel, QuantizedFilesGenerateAsTheSafetensorsModelQuantizedAtLoad) {
+  for (const auto& [type, format] : {std::pair{"q8_0", nn::WeightFormat::q8_0}, std::pair{"q4_0", nn::WeightFormat::q4_0}}) {
+    SCOPED_TRACE(type);
+    auto from_gguf = TextGenerationPipeline::from_dir(tiny_gguf(type));
+    auto from_dir = TextGenerationPipeline::from_dir(kTiny, {.weight_format = format});
+    const GenerationOptions greedy{.max_new_tokens = 24, .temperature = 0.0};
+    for (const char* prompt : {"Once upon a time", "The little dog"})
+      EXPECT_EQ(from_gguf.generate(prompt, greedy).ids, from_dir.generate(prompt, greedy).ids) << prompt;
+  }
+}
+
+// What the file cannot be is refused before any graph is built, naming the key or the tensor.
+TEST(GGUFModel, RefusalsNameTheKeyOrTheTensor) {
+  const fs::path dir = tiny_gguf("f32").parent_path();
+  const auto rewrite = [&](const std::string& name, const std::string& from, const std::string& to) {
+    // Same-length edits of a key's or tensor's bytes keep every offset valid.
+    EXPECT_EQ(from.size(), to.size());
+    std::ifstream in(tiny_gguf("f32"), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = bytes.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    bytes.replace(at, from.size(), to);
+    const fs::path out = dir / name;
+    std::ofstream(out, std::ios::binary) << bytes;
+    return out;
+  };
+  kiln::testing::expect_error<LoadError>(
+      [&] { TextGenerationPipeline::from_dir(rewrite("gpt2.gguf", std::string("\x05\0\0\0\0\0\0\0llama", 13),
+                                                     std::string("\x05\0\0\0\0\0\0\0gpt2x", 13))); },
+      std::vector<std::string>{"general.architecture is 'gpt2x'", "supported: llama, qwen2, qwen3"});
+  kiln::testing::expect_error<LoadError>(
+      [&] { TextGenerationPipeline::from_dir(rewrite("no-ffn.gguf", "blk.3.ffn_up.weight", "blk.3.ffn_xx.weight")); },
+      std::vector<std::string>{"no tensor 'blk.3.ffn_up.weight'"});
 }
 
 }  // namespace

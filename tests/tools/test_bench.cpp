@@ -337,7 +337,7 @@ TEST(BenchCommand, BadArgumentsNameTheChoices) {
       [] {
         run_bench({"--model", "stories15M", "--dtype", "f8"});
       },
-      {"'f8'", "f32, f16, bf16 or q8_0"});
+      {"'f8'", "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k"});
   expect_error<ValueError>(
       [] {
         run_bench({"gemm", "--dtype", "f16"});

@@ -1,11 +1,11 @@
 """Write a Hugging Face Llama directory (config.json, model.safetensors, tokenizer.json) as one GGUF v3
 file, the way llama.cpp's convert_hf_to_gguf.py does: its metadata keys, its tensor names, the Q/K row
-permutation that turns Hugging Face's rotate-half RoPE into llama.cpp's interleaved one, Q8_0 blocks
-as ggml quantizes them, and the byte-level BPE tokenizer as a "gpt2" vocabulary with merges.
+permutation that turns Hugging Face's rotate-half RoPE into llama.cpp's interleaved one, Q8_0 and Q4_0
+blocks as ggml quantizes them, and the byte-level BPE tokenizer as a "gpt2" vocabulary with merges.
 
 The test oracle for kiln's GGUF loader: written independently of kiln, in plain Python (no numpy), so
 that a model read from the GGUF file must give the logits of the same model read from safetensors.
-Usage: python3 tools/reference/hf_to_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|q8_0]
+Usage: python3 tools/reference/hf_to_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|q8_0|q4_0]
 """
 import argparse
 import json
@@ -20,7 +20,7 @@ ALIGNMENT = 32
 # gguf_type ids
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
 # ggml_type ids
-GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0 = 0, 1, 2, 8
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
 
 
@@ -84,6 +84,23 @@ def quantize_q8_0(values, cols):
     return bytes(out)
 
 
+def quantize_q4_0(values, cols):
+    """ggml's quantize_row_q4_0_ref: per 32 weights, d = (the value of largest magnitude) / -8,
+    q = min(15, (int8)(x * (1/d) + 8.5)); byte j holds weights j (low nibble) and j + 16."""
+    out = bytearray()
+    for b in range(0, len(values), 32):
+        block = values[b:b + 32]
+        amax, vmax = 0.0, 0.0
+        for v in block:
+            if abs(v) > amax:
+                amax, vmax = abs(v), v
+        d = f32(vmax / -8.0)
+        inv = f32(1.0 / d) if d else 0.0
+        q = [min(15, int(f32(f32(v * inv) + 8.5))) for v in block]  # the cast truncates; x + 8.5 > 0
+        out += struct.pack("<e", d) + bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+    return bytes(out)
+
+
 class Writer:
     def __init__(self):
         self.kv = bytearray()
@@ -133,7 +150,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
     ap.add_argument("out")
-    ap.add_argument("--type", choices=["f32", "f16", "q8_0"], default="f32")
+    ap.add_argument("--type", choices=["f32", "f16", "q8_0", "q4_0"], default="f32")
     args = ap.parse_args()
     cfg = json.load(open(os.path.join(args.model_dir, "config.json")))
     if cfg.get("architectures", ["LlamaForCausalLM"])[0] != "LlamaForCausalLM":
@@ -147,7 +164,7 @@ def main():
     w.add("general.architecture", STRING, "llama")
     w.add("general.name", STRING, os.path.basename(os.path.normpath(args.model_dir)))
     w.add("general.alignment", U32, ALIGNMENT)
-    w.add("general.file_type", U32, {"f32": 0, "f16": 1, "q8_0": 7}[args.type])
+    w.add("general.file_type", U32, {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}[args.type])
     w.add("llama.context_length", U32, cfg["max_position_embeddings"])
     w.add("llama.embedding_length", U32, cfg["hidden_size"])
     w.add("llama.block_count", U32, cfg["num_hidden_layers"])
@@ -194,8 +211,10 @@ def main():
             w.add_tensor(name, shape, GGML_F32, values.tobytes())
         elif args.type == "f16" or shape[-1] % 32:
             w.add_tensor(name, shape, GGML_F16, struct.pack(f"<{len(values)}e", *values))
-        else:
+        elif args.type == "q8_0":
             w.add_tensor(name, shape, GGML_Q8_0, quantize_q8_0(values, shape[-1]))
+        else:
+            w.add_tensor(name, shape, GGML_Q4_0, quantize_q4_0(values, shape[-1]))
 
     put("token_embd.weight", "model.embed_tokens.weight")
     for i in range(cfg["num_hidden_layers"]):

@@ -21,13 +21,15 @@ namespace kiln::pipelines {
 ModelInfo gguf_model_info(const GGUFFile& file);
 
 // The weight format kiln computes the file's matrices in by default: that of most of their
-// elements for F32, F16 and BF16; Q8_0 for Q8_0 and for every other quantized type (which kiln
-// dequantizes and requantizes to Q8_0 at load).
+// elements (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: a Q4_K_M file's is Q4_K); Q8_0 for the
+// quantized types kiln does not compute (dequantized and requantized at load).
 nn::WeightFormat gguf_weight_format(const GGUFFile& file);
 
 // Every tensor under its Hugging Face name, checked first against what `info` implies (names and
-// shapes; LoadError naming the GGUF tensor). F32, F16 and BF16 tensors, and Q8_0 ones when `format`
-// is q8_0, are zero-copy views of the mapping; the rest are dequantized to f32 for convert_weights.
+// shapes; LoadError naming the GGUF tensor). F32, F16 and BF16 tensors, and block-quantized ones
+// that the model computes in their own encoding (`format`, or its fallback for the matrix's row
+// length: nn::model_weight_format), are zero-copy views of the mapping; the rest are dequantized to
+// f32 for convert_weights to convert (a Q4_K_M file's Q6_K matrices, under format q4_k, to Q4_K).
 // Llama's q/k rows are un-permuted (llama.cpp's converter interleaves them for its RoPE).
 WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::WeightFormat format);
 
