@@ -73,6 +73,13 @@ TEST(BenchWeights, Q8_0StoresThirtyFourBytesPerThirtyTwoWeights) {
   EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::bf16), 2.0);
 }
 
+TEST(BenchWeights, GgufBlocksStoreTheirBytesPerWeight) {
+  EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::q4_0), 18.0 / 32);
+  EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::q4_k), 144.0 / 256);
+  EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::q5_k), 176.0 / 256);
+  EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::q6_k), 210.0 / 256);
+}
+
 TEST(BenchModel, UnknownModelListsTheKnownNames) {
   expect_error<ValueError>([] { resolve_model_config("stories1B"); },
                            {"'stories1B'", "stories15M", "stories110M", "llama-1B"});
@@ -337,7 +344,7 @@ TEST(BenchCommand, BadArgumentsNameTheChoices) {
       [] {
         run_bench({"--model", "stories15M", "--dtype", "f8"});
       },
-      {"'f8'", "f32, f16, bf16 or q8_0"});
+      {"'f8'", "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k"});
   expect_error<ValueError>(
       [] {
         run_bench({"gemm", "--dtype", "f16"});

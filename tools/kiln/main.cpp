@@ -4,7 +4,7 @@
 //                                           compile it, bind seeded random weights and inputs, run it,
 //                                           print the outputs
 //   kiln generate [--model DIR|NAME] --prompt TEXT [--max-new-tokens N --temperature T --top-k K
-//                 --top-p P --seed S --max-seq-len L --threads N --ignore-eos --dtype f32|f16|bf16|q8_0]
+//                 --top-p P --seed S --max-seq-len L --threads N --ignore-eos --dtype f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k]
 //                                           generate text (stdout: the new text only; stderr: progress
 //                                           and stats). NAME: a random-weight shape (stories15M,
 //                                           stories110M) run on --prompt-tokens N ids, printing ids
@@ -451,7 +451,7 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--max-seq-len", gen.max_seq_len,
                       "KV cache length (default: min(max_position_embeddings, 2048))");
   gen_cmd->add_option("--threads", gen.threads, "engine threads (default: one per core)");
-  gen_cmd->add_option("--dtype", gen.dtype, "weight format: f32, f16, bf16 or q8_0 (converted at load)")
+  gen_cmd->add_option("--dtype", gen.dtype, "weight format: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k (converted at load)")
       ->capture_default_str();
   gen_cmd->add_option("--kv-cache-gb", gen.kv_cache_gb,
                       "KV cache budget in GiB (default: what 64 sequences of max-seq-len need, at most a quarter "
@@ -482,7 +482,7 @@ int main(int argc, char** argv) {
                    "model directory, or a random-weight shape (stories15M, stories110M, llama-1B: token-id prompts)")
       ->capture_default_str();
   serve_cmd->add_option("--model-name", serve_args.model_name, "the model's name in the API (default: --model's)");
-  serve_cmd->add_option("--dtype", serve_args.dtype, "weight format: f32, f16, bf16 or q8_0")->capture_default_str();
+  serve_cmd->add_option("--dtype", serve_args.dtype, "weight format: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k")->capture_default_str();
   serve_cmd->add_option("--host", serve_args.host, "address to listen on")->capture_default_str();
   serve_cmd->add_option("--port", serve_args.port, "port (0: any free one)")->capture_default_str();
   serve_cmd->add_option("--threads", serve_args.threads, "engine threads (default: one per core)");
@@ -518,7 +518,7 @@ int main(int argc, char** argv) {
   chat_cmd->add_option("--top-k", chat_args.options.sampling.top_k, "0: off")->capture_default_str();
   chat_cmd->add_option("--top-p", chat_args.options.sampling.top_p, "1: off")->capture_default_str();
   chat_cmd->add_option("--seed", chat_args.options.sampling.seed, "sampling seed")->capture_default_str();
-  chat_cmd->add_option("--dtype", chat_args.dtype, "weight format: f32, f16, bf16 or q8_0")->capture_default_str();
+  chat_cmd->add_option("--dtype", chat_args.dtype, "weight format: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k")->capture_default_str();
   chat_cmd->add_option("--threads", chat_args.threads, "threads (default: one per core)");
   chat_cmd->add_option("--max-seq-len", chat_args.max_seq_len, "the context: conversation + reply");
 
