@@ -1,5 +1,5 @@
 // Decode GEMV per weight dtype: x f32 [M, K] times a weight [N, K] stored f32, bf16, f16 (matmul with
-// transpose_b) or Q8_0 (qmatmul), as weight bytes streamed per second, beside a plain streaming read
+// transpose_b) or quantized (qmatmul: q8_0, q4_0, q4_k, q5_k, q6_k), as weight bytes streamed per second, beside a plain streaming read
 // of the same footprint in the same run (the roofline). Each benchmark cycles through copies of its
 // weight totalling >= 1 GiB, so the weights come from DRAM, not the (300 MiB on the Xeon measured) L3.
 // BM_gemm_*: prefill-sized products (M = 128) as GFLOP/s (2 M N K per call).
@@ -32,14 +32,17 @@ std::vector<float> random_floats(int64_t n, uint32_t seed) {
   return v;
 }
 
-// One weight [N, K] in `format` ("f32", "bf16", "f16", "q8_0") as bytes.
+bool quantized(const std::string& format) { return format[0] == 'q'; }
+
+// One weight [N, K] in `format` ("f32", "bf16", "f16", or an encoding: "q8_0", "q4_k", ...) as bytes.
 std::vector<uint8_t> weight_bytes(const std::string& format, int64_t N, int64_t K) {
   const std::vector<float> w = random_floats(N * K, 2);
   std::vector<uint8_t> out;
-  if (format == "q8_0") {
-    const int64_t rb = kiln::graph::q8_0_row_bytes(K);
+  if (quantized(format)) {
+    const kiln::graph::QuantizationEncoding e = kiln::graph::parse_encoding(format);
+    const int64_t rb = kiln::graph::quantized_row_bytes(e, K);
     out.resize(static_cast<size_t>(N * rb));
-    for (int64_t n = 0; n < N; ++n) kiln::graph::quantize_q8_0(w.data() + n * K, K, out.data() + n * rb);
+    for (int64_t n = 0; n < N; ++n) kiln::graph::quantize_row(e, w.data() + n * K, K, out.data() + n * rb);
   } else if (format == "f32") {
     out.resize(w.size() * 4);
     std::memcpy(out.data(), w.data(), out.size());
@@ -60,15 +63,15 @@ void gemv(benchmark::State& state, const std::string& format) {
   std::vector<uint8_t> weights(one.size() * copies);
   for (size_t c = 0; c < copies; ++c) std::memcpy(weights.data() + c * one.size(), one.data(), one.size());
   std::vector<float> x = random_floats(M * K, 1), y(static_cast<size_t>(M * N));
-  const bool q8 = format == "q8_0";
-  const DType wd = q8 ? DType::u8 : kiln::parse_dtype(format);
+  const bool q = quantized(format);
+  const DType wd = q ? DType::u8 : kiln::parse_dtype(format);
   kiln::graph::Attrs attrs;
-  if (q8)
-    attrs["encoding"] = std::string("q8_0");
+  if (q)
+    attrs["encoding"] = format;
   else
     attrs["transpose_b"] = int64_t{1};
-  const kiln::graph::Op op = q8 ? kiln::graph::Op::qmatmul : kiln::graph::Op::matmul;
-  const int64_t cols = q8 ? kiln::graph::q8_0_row_bytes(K) : K;
+  const kiln::graph::Op op = q ? kiln::graph::Op::qmatmul : kiln::graph::Op::matmul;
+  const int64_t cols = q ? kiln::graph::quantized_row_bytes(kiln::graph::parse_encoding(format), K) : K;
   std::vector<TensorView> inputs{TensorView{x.data(), DType::f32, {M, K}, {K, 1}},
                                  TensorView{weights.data(), wd, {N, cols}, {cols, 1}}};
   // Built with nothing fixed: the weight copies rotate, so nothing is packed at build.
@@ -92,6 +95,10 @@ void BM_f32(benchmark::State& s) { gemv(s, "f32"); }
 void BM_bf16(benchmark::State& s) { gemv(s, "bf16"); }
 void BM_f16(benchmark::State& s) { gemv(s, "f16"); }
 void BM_q8_0(benchmark::State& s) { gemv(s, "q8_0"); }
+void BM_q4_0(benchmark::State& s) { gemv(s, "q4_0"); }
+void BM_q4_k(benchmark::State& s) { gemv(s, "q4_k"); }
+void BM_q5_k(benchmark::State& s) { gemv(s, "q5_k"); }
+void BM_q6_k(benchmark::State& s) { gemv(s, "q6_k"); }
 
 // The roofline: each thread reads its share of a chunk (16 MiB per iteration, cycling through 1 GiB)
 // as 4 interleaved streams (as the GEMVs read 2-4 weight rows at once), summing 64-byte vectors;
@@ -145,8 +152,14 @@ BENCHMARK(BM_f32)->Apply(shapes);
 BENCHMARK(BM_bf16)->Apply(shapes);
 BENCHMARK(BM_f16)->Apply(shapes);
 BENCHMARK(BM_q8_0)->Apply(shapes);
+BENCHMARK(BM_q4_0)->Apply(shapes);
+BENCHMARK(BM_q4_k)->Apply(shapes);
+BENCHMARK(BM_q5_k)->Apply(shapes);
+BENCHMARK(BM_q6_k)->Apply(shapes);
 BENCHMARK(BM_f32)->Name("BM_gemm_f32")->Apply(gemm_shapes);
 BENCHMARK(BM_q8_0)->Name("BM_gemm_q8_0")->Apply(gemm_shapes);
+BENCHMARK(BM_q4_k)->Name("BM_gemm_q4_k")->Apply(gemm_shapes);
+BENCHMARK(BM_q6_k)->Name("BM_gemm_q6_k")->Apply(gemm_shapes);
 
 }  // namespace
 

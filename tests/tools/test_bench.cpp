@@ -73,6 +73,13 @@ TEST(BenchWeights, Q8_0StoresThirtyFourBytesPerThirtyTwoWeights) {
   EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::bf16), 2.0);
 }
 
+TEST(BenchWeights, GgufBlocksStoreTheirBytesPerWeight) {
+  EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::q4_0), 18.0 / 32);
+  EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::q4_k), 144.0 / 256);
+  EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::q5_k), 176.0 / 256);
+  EXPECT_DOUBLE_EQ(bytes_per_weight(WeightFormat::q6_k), 210.0 / 256);
+}
+
 TEST(BenchModel, UnknownModelListsTheKnownNames) {
   expect_error<ValueError>([] { resolve_model_config("stories1B"); },
                            {"'stories1B'", "stories15M", "stories110M", "llama-1B"});

@@ -29,8 +29,8 @@ namespace kiln::bench {
 
 // ---- weight formats and the bytes a decode step reads ---------------------------------------------
 
-// How a model's weight matrices are stored (nn::WeightFormat: f32, f16, bf16, or ggml's q8_0 blocks
-// of 32 int8 values and one f16 scale, 34 bytes per 32 weights).
+// How a model's weight matrices are stored (nn::WeightFormat: f32, f16, bf16, or ggml's quantized
+// blocks: q8_0's 34 bytes per 32 weights, q4_0's 18, q4_k's 144 per 256, q5_k's 176, q6_k's 210).
 using nn::WeightFormat;
 double bytes_per_weight(WeightFormat format);
 

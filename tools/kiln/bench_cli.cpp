@@ -46,7 +46,7 @@ BenchCommand::BenchCommand(CLI::App& app) {
                    fmt::format("model directory or random-weight shape ({}); comma-separated for several",
                                join(pipelines::named_config_names())))
       ->delimiter(',');
-  bench_->add_option("--dtype", dtypes_, "weight dtype: f32, f16, bf16, q8_0; comma-separated for several")
+  bench_->add_option("--dtype", dtypes_, "weight dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k; comma-separated for several")
       ->delimiter(',')
       ->capture_default_str();
   bench_->add_option("--prompt-tokens", prompt_tokens_, "prompt length (prefill)")->capture_default_str();
@@ -68,7 +68,7 @@ BenchCommand::BenchCommand(CLI::App& app) {
   gemm_->add_option("--k", k_, "the inner dimension")->capture_default_str();
   gemm_->add_option("--dtype", dtypes_, "f32 or bf16")->delimiter(',')->capture_default_str();
   gemm_->add_option("--weights", weights_,
-                    "f32 activations against weights in f32, f16, bf16, q8_0 (comma-separated); no oneDNN")
+                    "f32 activations against weights in f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k (comma-separated); no oneDNN")
       ->delimiter(',');
   gemm_->add_option("--min-seconds", min_seconds_, "time spent per side (best run reported)")
       ->capture_default_str();

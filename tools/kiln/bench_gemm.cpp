@@ -71,15 +71,16 @@ Tensor random_matrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed, std
   return t;
 }
 
-// W [N, K] as Q8_0 rows u8 [N, row bytes]; `values` becomes the dequantized weights.
-Tensor quantized_matrix(int64_t rows, int64_t cols, uint64_t seed, std::vector<float>& values) {
+// W [N, K] as quantized rows u8 [N, row bytes]; `values` becomes the dequantized weights.
+Tensor quantized_matrix(graph::QuantizationEncoding e, int64_t rows, int64_t cols, uint64_t seed,
+                        std::vector<float>& values) {
   random_matrix(DType::f32, rows, cols, seed, values);
-  const int64_t row_bytes = graph::q8_0_row_bytes(cols);
+  const int64_t row_bytes = graph::quantized_row_bytes(e, cols);
   Tensor t = Tensor::empty(DType::u8, {rows, row_bytes});
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = t.data_as<uint8_t>() + r * row_bytes;
-    graph::quantize_q8_0(values.data() + r * cols, cols, row);
-    graph::dequantize_q8_0(row, cols, values.data() + r * cols);
+    graph::quantize_row(e, values.data() + r * cols, cols, row);
+    graph::dequantize_row(e, row, cols, values.data() + r * cols);
   }
   return t;
 }
@@ -93,8 +94,9 @@ float element_as_float(const void* data, DType dtype, int64_t i) {
 // sum_k |A W| (f32 accumulation, and for bf16 a result rounded to 8 bits of mantissa).
 void check_gemm(std::string_view who, const GemmBenchOptions& o, const std::vector<float>& a,
                 const std::vector<float>& w, const void* c) {
-  // Q8_0 also quantizes the activations (to 8 bits per block of 32).
-  const double rel_tol = o.weights == nn::WeightFormat::q8_0 ? 2e-2 : o.dtype == DType::bf16 ? 1e-2 : 1e-4;
+  // A quantized format also quantizes the activations (to 8 bits per block of 32 or 256).
+  const bool quantized = o.weights && nn::weight_format_encoding(*o.weights);
+  const double rel_tol = quantized ? 2e-2 : o.dtype == DType::bf16 ? 1e-2 : 1e-4;
   std::mt19937_64 rng(7);
   for (int sample = 0; sample < 64; ++sample) {
     const auto m = static_cast<int64_t>(rng() % static_cast<uint64_t>(o.m));
@@ -166,25 +168,33 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
     throw ValueError(fmt::format("kiln bench gemm: dtype must be f32 or bf16, got {}", dtype_name(o.dtype)));
   if (o.weights && o.dtype != DType::f32)
     throw ValueError("kiln bench gemm: a weight format runs with f32 activations");
-  if (o.weights == nn::WeightFormat::q8_0 && o.k % graph::kQ8_0BlockSize != 0)
-    throw ValueError(fmt::format("kiln bench gemm: q8_0 needs K a multiple of 32, got {}", o.k));
+  // A plain flag and value, not an optional: GCC 12 warns (maybe-uninitialized) on an optional enum.
+  const bool quantized = o.weights && nn::weight_format_encoding(*o.weights);
+  const graph::QuantizationEncoding encoding =
+      quantized ? *nn::weight_format_encoding(*o.weights) : graph::QuantizationEncoding::q8_0;
+  if (quantized && o.k % graph::block_size(encoding) != 0)
+    throw ValueError(fmt::format("kiln bench gemm: {} needs K a multiple of {}, got {}", graph::encoding_name(encoding),
+                                 graph::block_size(encoding), o.k));
   if (o.threads < 1)
     throw ValueError(fmt::format("kiln bench gemm: threads must be >= 1, got {}", o.threads));
 
-  const bool q8 = o.weights == nn::WeightFormat::q8_0;
   const DType w_dtype = o.weights ? nn::weight_format_dtype(*o.weights).value_or(DType::u8) : o.dtype;
+  // Bytes of one weight row as stored (quantized rows: their blocks).
+  const int64_t row_bytes =
+      quantized ? graph::quantized_row_bytes(encoding, o.k) : o.k * static_cast<int64_t>(dtype_size(w_dtype));
   std::vector<float> a_values, w_values;
   const Tensor a = random_matrix(o.dtype, o.m, o.k, 1, a_values);  // [M, K]
-  // [N, K], as nn::Linear's weight (Q8_0: [N, row bytes])
-  const Tensor w = q8 ? quantized_matrix(o.n, o.k, 2, w_values) : random_matrix(w_dtype, o.n, o.k, 2, w_values);
+  // [N, K], as nn::Linear's weight (quantized: [N, row bytes])
+  const Tensor w =
+      quantized ? quantized_matrix(encoding, o.n, o.k, 2, w_values) : random_matrix(w_dtype, o.n, o.k, 2, w_values);
 
   graph::Graph g("gemm", {graph::TensorType{o.dtype, {o.m, o.k}}});
   {
     graph::Graph::Scope scope(g);
     graph::TensorValue x = g.input(0);  // [M, K]
-    if (q8) {
-      graph::TensorValue weight = g.weight({"w", DType::u8, {o.n, graph::q8_0_row_bytes(o.k)}});
-      g.output({graph::ops::qmatmul(graph::QuantizationEncoding::q8_0, x, weight)});  // [M, N]
+    if (quantized) {
+      graph::TensorValue weight = g.weight({"w", DType::u8, {o.n, row_bytes}});
+      g.output({graph::ops::qmatmul(encoding, x, weight)});  // [M, N]
     } else {
       graph::TensorValue weight = g.weight({"w", w_dtype, {o.n, o.k}});        // [N, K]
       g.output({graph::ops::matmul(x, graph::ops::transpose(weight, 0, 1))});  // [M, N]
@@ -203,7 +213,7 @@ GemmBenchResult bench_gemm(const GemmBenchOptions& o) {
   r.dtype = o.dtype;
   r.weights = o.weights;
   r.threads = o.threads;
-  r.weight_bytes = q8 ? o.n * graph::q8_0_row_bytes(o.k) : o.n * o.k * static_cast<int64_t>(dtype_size(w_dtype));
+  r.weight_bytes = o.n * row_bytes;
   r.repetitions = t.runs;
   r.seconds = t.best_seconds;
   const double flop = 2.0 * static_cast<double>(o.m) * static_cast<double>(o.n) * static_cast<double>(o.k);

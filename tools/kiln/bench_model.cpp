@@ -32,7 +32,13 @@ double bytes_per_weight(WeightFormat format) {
     case WeightFormat::bf16:
       return 2.0;
     case WeightFormat::q8_0:
-      return 34.0 / 32.0;  // 32 int8 + one f16 scale
+    case WeightFormat::q4_0:
+    case WeightFormat::q4_k:
+    case WeightFormat::q5_k:
+    case WeightFormat::q6_k: {  // the block's bytes over its weights: 34 / 32, 18 / 32, 144 / 256, ...
+      const graph::QuantizationEncoding e = *nn::weight_format_encoding(format);
+      return static_cast<double>(graph::block_bytes(e)) / static_cast<double>(graph::block_size(e));
+    }
   }
   return 0;
 }
@@ -91,8 +97,8 @@ void check_model_options(const ModelBenchOptions& o) {
   if (o.threads < 1) throw ValueError(fmt::format("kiln bench: threads must be >= 1, got {}", o.threads));
 }
 
-// The dtype random weights are drawn in: the format's own (no conversion at load), f32 for q8_0
-// (quantized at load, as a user's checkpoint would be).
+// The dtype random weights are drawn in: the format's own (no conversion at load), f32 for the
+// quantized formats (quantized at load, as a user's checkpoint would be).
 DType random_weight_dtype(WeightFormat format) {
   return nn::weight_format_dtype(format).value_or(DType::f32);
 }

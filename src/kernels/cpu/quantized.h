@@ -43,7 +43,7 @@ using QuantizeRowsFn = void (*)(const float* x, int64_t M, int64_t K, bool offse
 // y[m * ldy + n] for weight rows n in [n0, n1) of w (encoded rows `row_bytes` apart). Q8_0: x offset
 // by +128, M <= gemm::kSmallM.
 using QGemvFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
-                            float* y, int64_t ldy);
+                         float* y, int64_t ldy);
 
 // The GEMM's packing unit, and the scratch one call needs: kGemmRows rows x K as int8 + f32 scales.
 inline constexpr int64_t kGemmRows = 32;
@@ -71,8 +71,8 @@ struct QGemvTarget {
   int64_t N = 0;
   float* y = nullptr;
 };
-// qmatmul's decode path (lhs [..., K] f32, any strides, of M <= gemm::kSmallM rows): the activations
-// quantized once, then the rows of every target (all of row length K, all in `encoding`) cut into
+// qmatmul's decode path (lhs [..., K] f32, any strides, of M <= gemm::kSmallM rows; of any M for the
+// encodings other than Q8_0, whose GEMV is their only kernel): the activations quantized once, then the rows of every target (all of row length K, all in `encoding`) cut into
 // chunks as ONE parallel job, so grouped_matmul's q, k and v cost one pool round trip. Each result
 // has the bits qmatmul gives for its target alone.
 void qmatmul_gemv_group(const KernelContext& ctx, graph::QuantizationEncoding encoding, const TensorView& lhs,

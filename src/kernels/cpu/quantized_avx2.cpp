@@ -31,7 +31,7 @@ constexpr int64_t kRowsPerPass = 8;  // activation rows sharing one decode of a 
 
 // The loops over a group's 8 blocks (or 4 pairs, 2 halves) are unrolled (`#pragma GCC unroll`), so
 // the decoded weights stay in registers and the shuffle controls are constants: -O2 alone kept them
-// in memory and built the controls with vpinsrb, 3x slower.
+// in memory and built the controls with vpinsrb.
 
 inline float load_f16(const uint8_t* p) {
   uint16_t bits;
