@@ -91,7 +91,7 @@ class GGUFFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
 
-  // Metadata in file order's keys (sorted map); a duplicate key is refused at open().
+  // Metadata by key (a sorted map); a duplicate key is refused at open().
   const std::map<std::string, GGUFValue, std::less<>>& metadata() const { return metadata_; }
   const GGUFValue* find(std::string_view key) const;  // nullptr when absent
   bool contains(std::string_view key) const { return find(key) != nullptr; }
