@@ -3,6 +3,7 @@
 // be the same model as its safetensors: the same tensors after un-permuting, bit for bit in each
 // format, and the greedy ids of PyTorch's reference run.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -28,10 +29,22 @@ namespace fs = std::filesystem;
 const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_path();
 const fs::path kTiny = kRoot / "models" / "kiln-tiny";
 
-// kiln-tiny as a GGUF file of `type` (f32, f16, q8_0), written once per test program.
+// This test program's scratch directory, removed when it exits.
+const fs::path& scratch_dir() {
+  static const struct Scratch {
+    fs::path path = fs::temp_directory_path() / fmt::format("kiln-test-gguf-{}", ::getpid());
+    Scratch() { fs::create_directories(path); }
+    ~Scratch() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } scratch;
+  return scratch.path;
+}
+
+// kiln-tiny as a GGUF file of `type` (f32, f16, q8_0, q4_0), written once per test program.
 fs::path tiny_gguf(const std::string& type) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-test-gguf-{}", ::getpid());
-  fs::create_directories(dir);
+  const fs::path dir = scratch_dir();
   const fs::path out = dir / fmt::format("kiln-tiny-{}.gguf", type);
   if (!fs::exists(out)) {
     const std::string cmd = fmt::format("'{}' '{}' '{}' '{}' --type {}", KILN_TEST_PYTHON3,
