@@ -18,6 +18,7 @@
 #include "kiln/errors.h"
 #include "kiln/pipelines/gguf.h"
 #include "pipelines/gguf_writer.h"
+#include "pipelines/json_oracle.h"
 #include "test_util.h"
 
 using namespace kiln;
@@ -637,25 +638,8 @@ json oracle_form(const GGUFValue& v) {
 }
 
 json run_oracle(const fs::path& file) {
-  const fs::path err = file.string() + ".err";
-  const std::string cmd = fmt::format("node '{}' '{}' 2> '{}'", KILN_TEST_GGUF_ORACLE, file.string(), err.string());
-  std::string out;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "could not start `" << cmd << "`";
-    return json();
-  }
-  char buffer[1 << 16];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
-  const int status = ::pclose(pipe);
-  std::stringstream err_text;
-  err_text << std::ifstream(err).rdbuf();
-  json result = json::parse(out, nullptr, false);
-  if (status != 0 || result.is_discarded() || !result.is_object()) {
-    ADD_FAILURE() << "the oracle failed (status " << status << "): `" << cmd << "`\n" << err_text.str() << "\n" << kBootstrap;
-    return json();
-  }
-  return result;
+  return kiln::testing::run_json_oracle(fmt::format("node '{}' '{}'", KILN_TEST_GGUF_ORACLE, file.string()),
+                                        file.string() + ".err", kBootstrap);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "pipelines/json_oracle.h"
 #include "kiln/pipelines/tokenizer.h"
 
 using kiln::pipelines::Tokenizer;
@@ -66,27 +67,9 @@ size_t first_difference(const Ids& a, const Ids& b) {
 // The oracle's answer for every text: hf_tokenize.mjs's `all` mode, one node process per tokenizer
 // (loading Gemma's tokenizer.json takes node seconds). Null, with a test failure, if it fails.
 json oracle(const fs::path& dir, const std::string& model) {
-  const fs::path err = fs::path(::testing::TempDir()) / fmt::format("kiln_hf_tokenize_{}_{}.err", model, ::getpid());
-  const std::string cmd = fmt::format("node {} all {} {} 2> {}", quoted(oracle_script()), quoted(dir),
-                                      quoted(texts_file()), quoted(err));
-  std::string out;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "could not start `" << cmd << "`";
-    return json();
-  }
-  char buffer[1 << 16];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
-  const int status = ::pclose(pipe);
-  const std::string stderr_text = slurp(err);
-  fs::remove(err);
-  json result = json::parse(out, nullptr, false);
-  if (status != 0 || result.is_discarded() || !result.is_object()) {
-    ADD_FAILURE() << "the oracle failed (status " << status << "): `" << cmd << "`\n"
-                  << stderr_text << "\n" << kBootstrap;
-    return json();
-  }
-  return result;
+  return kiln::testing::run_json_oracle(
+      fmt::format("node {} all {} {}", quoted(oracle_script()), quoted(dir), quoted(texts_file())),
+      fs::path(::testing::TempDir()) / fmt::format("kiln_hf_tokenize_{}_{}.err", model, ::getpid()), kBootstrap);
 }
 
 class TokenizerOracle : public ::testing::TestWithParam<std::string> {};
