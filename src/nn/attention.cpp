@@ -204,7 +204,7 @@ TensorValue attend_paged(const TensorValue& q_rows, const TensorValue& k_rows, c
 
 AttentionWithRope::AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads,
                                      int64_t n_kv_heads, int64_t head_dim, DType dtype, bool has_bias,
-                                     DeviceRef device, std::optional<WeightFormat> weight_format,
+                                     DeviceRef device, const LayerWeightFormats& formats,
                                      AttentionOptions options)
     : layer_index_(layer_index), n_heads_(n_heads), n_kv_heads_(n_kv_heads), head_dim_(head_dim), options_(options) {
   if (layer_index < 0 || hidden_dim <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 ||
@@ -217,17 +217,17 @@ AttentionWithRope::AttentionWithRope(int64_t layer_index, int64_t hidden_dim, in
     throw ValueError(fmt::format("AttentionWithRope: need sliding_window >= 0, scale >= 0 and logit_softcap >= 0; "
                                  "got {}, {} and {}",
                                  options.sliding_window, options.scale, options.logit_softcap));
-  const std::optional<WeightFormat> in_format = model_weight_format(weight_format, hidden_dim);
   if (options.fused_qkv) {
     qkv_proj_ = register_module("qkv_proj", std::make_shared<Linear>(hidden_dim, (n_heads + 2 * n_kv_heads) * head_dim,
-                                                                     dtype, has_bias, device, in_format));
+                                                                     dtype, has_bias, device,
+                                                                     formats.of("qkv_proj.weight", hidden_dim)));
   } else {
-    q_proj_ = register_module(
-        "q_proj", std::make_shared<Linear>(hidden_dim, n_heads * head_dim, dtype, has_bias, device, in_format));
-    k_proj_ = register_module("k_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype,
-                                                                 has_bias, device, in_format));
-    v_proj_ = register_module("v_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype,
-                                                                 has_bias, device, in_format));
+    q_proj_ = register_module("q_proj", std::make_shared<Linear>(hidden_dim, n_heads * head_dim, dtype, has_bias,
+                                                                 device, formats.of("q_proj.weight", hidden_dim)));
+    k_proj_ = register_module("k_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype, has_bias,
+                                                                 device, formats.of("k_proj.weight", hidden_dim)));
+    v_proj_ = register_module("v_proj", std::make_shared<Linear>(hidden_dim, n_kv_heads * head_dim, dtype, has_bias,
+                                                                 device, formats.of("v_proj.weight", hidden_dim)));
   }
   if (options.qk_norm) {
     q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(head_dim, options.norm_eps, dtype, device,
@@ -237,7 +237,7 @@ AttentionWithRope::AttentionWithRope(int64_t layer_index, int64_t hidden_dim, in
   }
   o_proj_ = register_module("o_proj",
                             std::make_shared<Linear>(n_heads * head_dim, hidden_dim, dtype, false, device,
-                                                     model_weight_format(weight_format, n_heads * head_dim)));
+                                                     formats.of("o_proj.weight", n_heads * head_dim)));
 }
 
 std::array<TensorValue, 3> AttentionWithRope::project(const TensorValue& x) const {

@@ -8,24 +8,25 @@ namespace kiln::nn {
 namespace ops = graph::ops;
 
 MLP::MLP(int64_t hidden_dim, int64_t intermediate_dim, MLPActivation activation, DType dtype, bool has_bias,
-         DeviceRef device, std::optional<WeightFormat> weight_format, bool fused_gate_up)
+         DeviceRef device, const LayerWeightFormats& formats, bool fused_gate_up)
     : activation_(activation), intermediate_dim_(intermediate_dim) {
   if (fused_gate_up && !is_gated(activation))
     throw ValueError("MLP: fused_gate_up needs a gated activation (swiglu or geglu_tanh)");
-  const std::optional<WeightFormat> up_format = model_weight_format(weight_format, hidden_dim);
   if (fused_gate_up) {
-    gate_up_proj_ = register_module("gate_up_proj", std::make_shared<Linear>(hidden_dim, 2 * intermediate_dim, dtype,
-                                                                             has_bias, device, up_format));
+    gate_up_proj_ = register_module(
+        "gate_up_proj", std::make_shared<Linear>(hidden_dim, 2 * intermediate_dim, dtype, has_bias, device,
+                                                 formats.of("gate_up_proj.weight", hidden_dim)));
   } else {
     if (is_gated(activation))
-      gate_proj_ = register_module("gate_proj", std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype,
-                                                                         has_bias, device, up_format));
-    up_proj_ = register_module(
-        "up_proj", std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype, has_bias, device, up_format));
+      gate_proj_ = register_module("gate_proj",
+                                   std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype, has_bias, device,
+                                                            formats.of("gate_proj.weight", hidden_dim)));
+    up_proj_ = register_module("up_proj", std::make_shared<Linear>(hidden_dim, intermediate_dim, dtype, has_bias,
+                                                                   device, formats.of("up_proj.weight", hidden_dim)));
   }
   down_proj_ = register_module(
       "down_proj", std::make_shared<Linear>(intermediate_dim, hidden_dim, dtype, has_bias, device,
-                                            model_weight_format(weight_format, intermediate_dim)));
+                                            formats.of("down_proj.weight", intermediate_dim)));
 }
 
 graph::TensorValue MLP::operator()(const graph::TensorValue& x) const {

@@ -76,18 +76,24 @@ TransformerBlock::TransformerBlock(const LlamaConfig& c, int64_t layer_index) {
   if (c.query_pre_attn_scalar) options.scale = 1.0 / std::sqrt(*c.query_pre_attn_scalar);
   options.logit_softcap = c.attn_logit_softcapping.value_or(0.0);
   input_layernorm_ = register_module("input_layernorm", norm());
+  const std::string prefix = fmt::format("model.layers.{}.", layer_index);
   self_attn_ = register_module(
-      "self_attn", std::make_shared<AttentionWithRope>(layer_index, c.hidden_size, c.num_attention_heads,
-                                                       c.num_key_value_heads, hd, c.dtype, c.attention_bias,
-                                                       DeviceRef::CPU(), c.weight_format, options));
+      "self_attn",
+      std::make_shared<AttentionWithRope>(
+          layer_index, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, hd, c.dtype, c.attention_bias,
+          DeviceRef::CPU(),
+          LayerWeightFormats(c.weight_format, weight_formats_under(c.weight_formats, prefix + "self_attn.")),
+          options));
   post_attention_layernorm_ = register_module("post_attention_layernorm", norm());
   if (c.sandwich_norms) {
     pre_feedforward_layernorm_ = register_module("pre_feedforward_layernorm", norm());
     post_feedforward_layernorm_ = register_module("post_feedforward_layernorm", norm());
   }
-  mlp_ = register_module("mlp", std::make_shared<MLP>(c.hidden_size, c.intermediate_size, c.hidden_activation,
-                                                      c.dtype, false, DeviceRef::CPU(), c.weight_format,
-                                                      c.fused_projections));
+  mlp_ = register_module(
+      "mlp", std::make_shared<MLP>(c.hidden_size, c.intermediate_size, c.hidden_activation, c.dtype, false,
+                                   DeviceRef::CPU(),
+                                   LayerWeightFormats(c.weight_format, weight_formats_under(c.weight_formats, prefix + "mlp.")),
+                                   c.fused_projections));
 }
 
 template <class Ctx> TensorValue TransformerBlock::apply(const TensorValue& x, const Ctx& ctx) const {
@@ -112,8 +118,10 @@ TensorValue TransformerBlock::operator()(const TensorValue& x, const PagedAttent
 TransformerModel::TransformerModel(const LlamaConfig& c)
     : scale_embeddings_(c.scale_embeddings), hidden_size_(c.hidden_size) {
   embed_tokens_ = register_module(
-      "embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.dtype, DeviceRef::CPU(),
-                                                  model_weight_format(c.weight_format, c.hidden_size)));
+      "embed_tokens",
+      std::make_shared<Embedding>(
+          c.vocab_size, c.hidden_size, c.dtype, DeviceRef::CPU(),
+          weight_format_for(c.weight_format, c.weight_formats, "model.embed_tokens.weight", c.hidden_size)));
   layers_ = register_module("layers", std::make_shared<ModuleList<TransformerBlock>>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers_->append(std::make_shared<TransformerBlock>(c, i));
   norm_ = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, c.dtype, DeviceRef::CPU(),
@@ -163,7 +171,18 @@ Transformer::Transformer(const LlamaConfig& config, int64_t max_seq_len, ReturnL
     lm_head_ = register_module(
         "lm_head", std::make_shared<Linear>(config_.hidden_size, config_.vocab_size, config_.dtype, false,
                                             DeviceRef::CPU(),
-                                            model_weight_format(config_.weight_format, config_.hidden_size)));
+                                            weight_format_for(config_.weight_format, config_.weight_formats,
+                                                              "lm_head.weight", config_.hidden_size)));
+  if (!config_.weight_formats.empty()) {
+    const auto declared = raw_state_dict();
+    for (const auto& [name, format] : config_.weight_formats) {
+      const auto it = declared.find(name);
+      if (it == declared.end() || it->second.shape.rank() != 2)
+        throw ValueError(fmt::format("LlamaConfig: weight_formats names '{}' ({}), which is not a weight matrix "
+                                     "of this model",
+                                     name, weight_format_name(format)));
+    }
+  }
 }
 
 Transformer::Transformer(const LlamaConfig& config, PagedKVLayout paged, int64_t max_seq_len)

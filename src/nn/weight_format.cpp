@@ -82,4 +82,17 @@ std::optional<WeightFormat> model_weight_format(std::optional<WeightFormat> mode
   return cols % graph::kQ8_0BlockSize == 0 ? WeightFormat::q8_0 : WeightFormat::f16;
 }
 
+std::optional<WeightFormat> weight_format_for(std::optional<WeightFormat> model_format,
+                                              const WeightFormatMap& exceptions, std::string_view name, int64_t cols) {
+  if (auto it = exceptions.find(name); it != exceptions.end()) return it->second;
+  return model_weight_format(model_format, cols);
+}
+
+WeightFormatMap weight_formats_under(const WeightFormatMap& exceptions, std::string_view prefix) {
+  WeightFormatMap out;
+  for (auto it = exceptions.lower_bound(prefix); it != exceptions.end() && it->first.starts_with(prefix); ++it)
+    out.emplace(it->first.substr(prefix.size()), it->second);
+  return out;
+}
+
 }  // namespace kiln::nn

@@ -161,8 +161,12 @@ WeightsRegistry prepare_weights(const nn::LlamaConfig& config, const nn::Module&
     if (name.ends_with("rotary_emb.inv_freq")) continue;
     used.emplace(name, tensor);
   }
+  std::map<std::string, graph::QuantizationEncoding, std::less<>> encodings;
+  for (const auto& [name, format] : config.weight_formats)
+    if (const auto e = nn::weight_format_encoding(format)) encodings.emplace(name, *e);
   return convert_weights(used, model.raw_state_dict(), threads,
-                         config.weight_format ? nn::weight_format_encoding(*config.weight_format) : std::nullopt);
+                         config.weight_format ? nn::weight_format_encoding(*config.weight_format) : std::nullopt,
+                         encodings);
 }
 
 void report(const EngineOptions& options, std::string_view stage, int index, int total) {
@@ -300,8 +304,11 @@ std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesyst
   if (is_gguf_file(model_dir)) {
     report(options, "config", 0, kStages);
     const GGUFFile file = GGUFFile::open(model_dir);
-    const ModelInfo info = gguf_model_info(file);
-    if (!options.weight_format) options.weight_format = gguf_weight_format(file);
+    ModelInfo info = gguf_model_info(file);
+    if (!options.weight_format) {  // as stored: the file's main format, and each other matrix in its own
+      options.weight_format = gguf_weight_format(file);
+      info.config.weight_formats = gguf_weight_formats(file, *options.weight_format);
+    }
     report(options, "weights", 1, kStages);
     const WeightsRegistry weights = gguf_weights(file, info, *options.weight_format);
     report(options, "tokenizer", 2, kStages);

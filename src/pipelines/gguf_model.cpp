@@ -134,16 +134,25 @@ constexpr KeyField kNumberKeys[] = {
     {"rope.freq_base", "rope_theta"},
 };
 
-// kiln's encoding of a ggml block type: the same blocks, byte for byte; nullopt for the others.
-std::optional<graph::QuantizationEncoding> encoding_of(GGMLType type) {
+// The weight format that computes a GGUF type as stored; nullopt for the types kiln does not compute.
+std::optional<nn::WeightFormat> computed_format(GGMLType type) {
   switch (type) {
-    case GGMLType::q8_0: return graph::QuantizationEncoding::q8_0;
-    case GGMLType::q4_0: return graph::QuantizationEncoding::q4_0;
-    case GGMLType::q4_k: return graph::QuantizationEncoding::q4_k;
-    case GGMLType::q5_k: return graph::QuantizationEncoding::q5_k;
-    case GGMLType::q6_k: return graph::QuantizationEncoding::q6_k;
+    case GGMLType::f32: return nn::WeightFormat::f32;
+    case GGMLType::f16: return nn::WeightFormat::f16;
+    case GGMLType::bf16: return nn::WeightFormat::bf16;
+    case GGMLType::q8_0: return nn::WeightFormat::q8_0;
+    case GGMLType::q4_0: return nn::WeightFormat::q4_0;
+    case GGMLType::q4_k: return nn::WeightFormat::q4_k;
+    case GGMLType::q5_k: return nn::WeightFormat::q5_k;
+    case GGMLType::q6_k: return nn::WeightFormat::q6_k;
     default: return std::nullopt;
   }
+}
+
+// kiln's encoding of a ggml block type: the same blocks, byte for byte; nullopt for the others.
+std::optional<graph::QuantizationEncoding> encoding_of(GGMLType type) {
+  const std::optional<nn::WeightFormat> format = computed_format(type);
+  return format ? nn::weight_format_encoding(*format) : std::nullopt;
 }
 
 }  // namespace
@@ -225,16 +234,18 @@ nn::WeightFormat gguf_weight_format(const GGUFFile& file) {
   if (elements.empty()) return nn::WeightFormat::f32;
   const GGMLType most =
       std::max_element(elements.begin(), elements.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
-  switch (most) {
-    case GGMLType::f32: return nn::WeightFormat::f32;
-    case GGMLType::f16: return nn::WeightFormat::f16;
-    case GGMLType::bf16: return nn::WeightFormat::bf16;
-    case GGMLType::q4_0: return nn::WeightFormat::q4_0;
-    case GGMLType::q4_k: return nn::WeightFormat::q4_k;
-    case GGMLType::q5_k: return nn::WeightFormat::q5_k;
-    case GGMLType::q6_k: return nn::WeightFormat::q6_k;
-    default: return nn::WeightFormat::q8_0;
+  return computed_format(most).value_or(nn::WeightFormat::q8_0);
+}
+
+nn::WeightFormatMap gguf_weight_formats(const GGUFFile& file, nn::WeightFormat format) {
+  nn::WeightFormatMap out;
+  for (const GGUFTensor& t : file.tensors()) {
+    if (t.dims.size() != 2) continue;
+    const std::optional<nn::WeightFormat> own = computed_format(t.type);
+    const std::optional<std::string> name = hf_name(t.name);
+    if (own && name && own != nn::model_weight_format(format, t.dims[0])) out.emplace(*name, *own);
   }
+  return out;
 }
 
 namespace {
@@ -341,10 +352,11 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
                              "what it does)",
                              t.name, arch.gguf));
     // A block-quantized matrix stays as it is where the model computes it in that very encoding (the
-    // format, or its per-matrix fallback); anything else becomes f32 for convert_weights to convert.
+    // format, its per-matrix fallback, or the matrix's own entry in c.weight_formats); anything else
+    // becomes f32 for convert_weights to convert.
     const std::optional<graph::QuantizationEncoding> encoding = encoding_of(t.type);
     const std::optional<nn::WeightFormat> declared =
-        t.dims.size() == 2 ? nn::model_weight_format(format, t.dims[0]) : std::nullopt;
+        t.dims.size() == 2 ? nn::weight_format_for(format, c.weight_formats, *name, t.dims[0]) : std::nullopt;
     const bool keep = t.type == GGMLType::f32 || t.type == GGMLType::f16 || t.type == GGMLType::bf16 ||
                       (encoding && declared && nn::weight_format_encoding(*declared) == encoding);
     Tensor tensor = keep ? view(file, t) : dequantize(file, t);

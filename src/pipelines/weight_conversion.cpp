@@ -119,7 +119,8 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
 }  // namespace
 
 WeightsRegistry convert_weights(const WeightsRegistry& checkpoint, const std::map<std::string, graph::Weight>& declared,
-                                int threads, std::optional<graph::QuantizationEncoding> encoding) {
+                                int threads, std::optional<graph::QuantizationEncoding> encoding,
+                                const std::map<std::string, graph::QuantizationEncoding, std::less<>>& encodings) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   WeightsRegistry out = checkpoint;
   for (const auto& [name, decl] : declared) {
@@ -127,7 +128,8 @@ WeightsRegistry convert_weights(const WeightsRegistry& checkpoint, const std::ma
     if (it == checkpoint.end())
       throw ValueError(fmt::format("convert_weights: the checkpoint has no weight '{}' (graph declares {})", name,
                                    decl.type().to_string()));
-    out[name] = convert_one(name, it->second, decl, threads, encoding);
+    const auto own = encodings.find(name);
+    out[name] = convert_one(name, it->second, decl, threads, own != encodings.end() ? own->second : encoding);
   }
   return out;
 }

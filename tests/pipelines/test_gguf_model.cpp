@@ -15,11 +15,13 @@
 #include "kiln/errors.h"
 #include "kiln/graph/dtype.h"
 #include "kiln/graph/quantization.h"
+#include "kiln/nn/transformer.h"
 #include "kiln/pipelines/gguf.h"
 #include "kiln/pipelines/gguf_model.h"
 #include "kiln/pipelines/hf_config.h"
 #include "kiln/pipelines/safetensors.h"
 #include "kiln/pipelines/text_generation.h"
+#include "kiln/pipelines/tokenizer.h"
 #include "test_util.h"
 
 namespace kiln::pipelines {
@@ -159,6 +161,67 @@ TEST(GGUFModel, QuantizedFilesGenerateAsTheSafetensorsModelQuantizedAtLoad) {
     for (const char* prompt : {"Once upon a time", "The little dog"})
       EXPECT_EQ(from_gguf.generate(prompt, greedy).ids, from_dir.generate(prompt, greedy).ids) << prompt;
   }
+}
+
+// A file that mixes formats (Q4_0, with token_embd and attn_v in Q8_0, as llama.cpp's _M types
+// keep some matrices at more bits) runs as stored: each matrix zero-copy in its own format, no
+// matrix requantized, and the tokens of the safetensors model quantized at load to that same mix.
+TEST(GGUFModel, MixedFormatFileRunsEachMatrixAsStored) {
+  const GGUFFile file = GGUFFile::open(tiny_gguf("q4_0_mixed"));
+  const nn::WeightFormat main = gguf_weight_format(file);
+  EXPECT_EQ(main, nn::WeightFormat::q4_0);
+  const nn::WeightFormatMap mix = gguf_weight_formats(file, main);
+  ModelInfo info = gguf_model_info(file);
+  const nn::LlamaConfig& c = info.config;
+  // The embedding and every layer's v_proj; no other matrix (down_proj's rows of 344 are f16 in the
+  // file, which is what q4_0's fallback gives them too).
+  ASSERT_EQ(mix.size(), static_cast<size_t>(1 + c.num_hidden_layers));
+  EXPECT_EQ(mix.at("model.embed_tokens.weight"), nn::WeightFormat::q8_0);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    EXPECT_EQ(mix.at(fmt::format("model.layers.{}.self_attn.v_proj.weight", i)), nn::WeightFormat::q8_0);
+
+  // Each stored matrix is a view of the file's bytes: none was dequantized and requantized.
+  info.config.weight_formats = mix;
+  const WeightsRegistry weights = gguf_weights(file, info, main);
+  for (const auto& [hf, gguf] : {std::pair{"model.embed_tokens.weight", "token_embd.weight"},
+                                 std::pair{"model.layers.0.self_attn.v_proj.weight", "blk.0.attn_v.weight"},
+                                 std::pair{"model.layers.1.mlp.up_proj.weight", "blk.1.ffn_up.weight"}})
+    EXPECT_EQ(weights.at(hf).data(), static_cast<const void*>(file.find_tensor(gguf)->data.data())) << hf;
+  // The model declares each matrix in its own format: v_proj's rows are Q8_0's, up_proj's Q4_0's.
+  nn::LlamaConfig as_run = info.config;  // as GenerationEngine::from_dir builds it
+  as_run.weight_format = main;
+  const auto declared = nn::Transformer(as_run).raw_state_dict();
+  EXPECT_EQ(declared.at("model.layers.0.self_attn.v_proj.weight").shape.static_dims().back(),
+            graph::quantized_row_bytes(graph::QuantizationEncoding::q8_0, c.hidden_size));
+  EXPECT_EQ(declared.at("model.layers.0.mlp.up_proj.weight").shape.static_dims().back(),
+            graph::quantized_row_bytes(graph::QuantizationEncoding::q4_0, c.hidden_size));
+
+  // The same mix asked of the safetensors model, quantized at load, gives the same tokens.
+  nn::LlamaConfig mixed_config = load_model_info(kTiny).config;
+  mixed_config.weight_formats = mix;
+  auto from_gguf = TextGenerationPipeline::from_dir(tiny_gguf("q4_0_mixed"));
+  auto from_dir = TextGenerationPipeline::from_config(mixed_config, load_safetensors(kTiny), Tokenizer::load(kTiny),
+                                                      load_model_info(kTiny).eos_token_ids,
+                                                      {.weight_format = nn::WeightFormat::q4_0});
+  const GenerationOptions greedy{.max_new_tokens = 24, .temperature = 0.0};
+  for (const char* prompt : {"Once upon a time", "The little dog", "She said"})
+    EXPECT_EQ(from_gguf.generate(prompt, greedy).ids, from_dir.generate(prompt, greedy).ids) << prompt;
+
+  // Asking for one format requantizes every matrix to it, as before.
+  auto as_q8_0 = TextGenerationPipeline::from_dir(tiny_gguf("q4_0_mixed"), {.weight_format = nn::WeightFormat::q8_0});
+  EXPECT_EQ(as_q8_0.generate("Once upon a time", greedy).ids.size(), 24u);
+}
+
+// An exception must name a matrix of the model, and the mix a model is given is checked.
+TEST(GGUFModel, WeightFormatExceptionsNameAMatrixOfTheModel) {
+  nn::LlamaConfig c = load_model_info(kTiny).config;
+  c.weight_formats = {{"model.layers.0.mlp.gate_projj.weight", nn::WeightFormat::q8_0}};
+  testing::expect_error<ValueError>([&] { nn::Transformer model(c); }, {"model.layers.0.mlp.gate_projj.weight", "q8_0",
+                                                                       "not a weight matrix"});
+  c.weight_formats = {{"model.norm.weight", nn::WeightFormat::q8_0}};
+  testing::expect_error<ValueError>([&] { nn::Transformer model(c); }, {"model.norm.weight"});
+  c.weight_formats = {{"lm_head.weight", nn::WeightFormat::q8_0}};  // tied: kiln-tiny has no lm_head
+  if (c.tie_word_embeddings) testing::expect_error<ValueError>([&] { nn::Transformer model(c); }, {"lm_head.weight"});
 }
 
 // What the file cannot be is refused before any graph is built, naming the key or the tensor.

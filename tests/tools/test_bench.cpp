@@ -48,6 +48,19 @@ TEST(BenchWeights, DecodeBytesCountMatricesInTheFormatAndNormsInF32) {
   EXPECT_DOUBLE_EQ(decode_weight_bytes(c, WeightFormat::q8_0), matrices * 34 / 32 + norms);
 }
 
+// Each matrix in the format it runs in: q4_k's fallback (q8_0 for stories15M's 288-column rows) and
+// a per-matrix exception (a GGUF file's mix) count at their own bytes per weight.
+TEST(BenchWeights, DecodeBytesCountEachMatrixInItsOwnFormat) {
+  nn::LlamaConfig c = named("stories15M");
+  c.weight_formats = {{"model.layers.0.mlp.down_proj.weight", WeightFormat::q6_k}};
+  const double q8_0 = 34.0 / 32, q4_k = 144.0 / 256, q6_k = 210.0 / 256;
+  const double cols_288 = 6.0 * (4 * 288 * 288 + 2 * 288 * 768) + 32000.0 * 288 + 288;  // and the embedding
+  const double norms = 13.0 * 288 * 4;
+  EXPECT_DOUBLE_EQ(decode_weight_bytes(c, WeightFormat::q4_k),
+                   cols_288 * q8_0 + 5.0 * 288 * 768 * q4_k + 288.0 * 768 * q6_k + norms);
+  EXPECT_EQ(parameter_count(c), parameter_count(named("stories15M")));
+}
+
 TEST(BenchWeights, UntiedModelReadsOneEmbeddingRowAndTheLmHead) {
   nn::LlamaConfig c;
   c.vocab_size = 100;
@@ -318,6 +331,7 @@ TEST(BenchCommand, ProfileJsonListsEachOpsShare) {
 TEST(BenchCommand, TableRowsShowEachFigure) {
   ModelBenchResult r;
   r.model = "stories15M";
+  r.dtype = "q4_k+q6_k";
   r.threads = 2;
   r.parameters = 15191712;
   r.weight_bytes_per_token = 60768000.0;
@@ -327,7 +341,7 @@ TEST(BenchCommand, TableRowsShowEachFigure) {
   r.roofline_tokens_per_s = 658.2;
   r.roofline_fraction = 0.5773;
   const std::string row = table_row(r);
-  for (const char* part : {"stories15M", "f32", "15.2M", "60.8", "5512.3", "380.0", "40.0", "658.2", "57.7%"})
+  for (const char* part : {"stories15M", "q4_k+q6_k", "15.2M", "60.8", "5512.3", "380.0", "40.0", "658.2", "57.7%"})
     EXPECT_NE(row.find(part), std::string::npos) << "row: " << row << "\nmissing: " << part;
   GemmBenchResult g;
   g.m = g.n = g.k = 1024;

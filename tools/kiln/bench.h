@@ -39,6 +39,8 @@ int64_t parameter_count(const nn::LlamaConfig& config);
 // Bytes of weights one decode step reads: every matrix and bias in `format`, norm weights in f32
 // (they stay f32 in every format, as in ggml), the embedding row of the new token, and the lm_head
 // (the embedding table itself when tied). The KV cache is not counted.
+// Each matrix in its format: config.weight_formats' entry, else `format` (with its fallback for
+// rows that are not whole blocks, nn::model_weight_format).
 double decode_weight_bytes(const nn::LlamaConfig& config, WeightFormat format);
 
 // The decode speed at which reading the weights takes all of the read bandwidth.
@@ -62,8 +64,10 @@ BandwidthResult measure_read_bandwidth(int threads, int64_t buffer_bytes = int64
 // ---- model benchmark ---------------------------------------------------------------------------------
 
 struct ModelBenchOptions {
-  std::string model;  // a named shape (pipelines::named_config_names()) or a model directory
-  WeightFormat format = WeightFormat::f32;
+  std::string model;  // a named shape (pipelines::named_config_names()), a model directory or a GGUF file
+  // nullopt: as the checkpoint stores its weights (a GGUF file's formats, each matrix in its own;
+  // f32 for a safetensors directory and for the random weights of a named shape).
+  std::optional<WeightFormat> format = std::nullopt;
   int threads = 1;
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 64;
@@ -83,7 +87,7 @@ struct DecodeProfileEntry {
 
 struct ModelBenchResult {
   std::string model;
-  WeightFormat format = WeightFormat::f32;
+  std::string dtype;  // the weight format ("q4_k"), or a file's mix as stored ("q4_k+q6_k")
   int threads = 1;
   int64_t parameters = 0;
   double weight_bytes_per_token = 0;
@@ -112,7 +116,7 @@ ModelBenchResult bench_model(const ModelBenchOptions& options, const BandwidthRe
 // submitted together to one engine.
 struct ConcurrencyBenchResult {
   std::string model;
-  WeightFormat format = WeightFormat::f32;
+  std::string dtype;  // as ModelBenchResult's
   int threads = 1;
   int64_t concurrency = 1;
   int64_t prompt_tokens = 0;
@@ -218,7 +222,7 @@ class BenchCommand {
   CLI::App* gemm_ = nullptr;
   CLI::App* bandwidth_ = nullptr;
   std::vector<std::string> models_;
-  std::vector<std::string> dtypes_{"f32"};
+  std::vector<std::string> dtypes_;  // empty: as stored
   std::vector<int> threads_{0};
   int64_t prompt_tokens_ = 128;
   int64_t gen_tokens_ = 64;

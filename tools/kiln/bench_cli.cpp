@@ -46,9 +46,11 @@ BenchCommand::BenchCommand(CLI::App& app) {
                    fmt::format("model directory or random-weight shape ({}); comma-separated for several",
                                join(pipelines::named_config_names())))
       ->delimiter(',');
-  bench_->add_option("--dtype", dtypes_, "weight dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k; comma-separated for several")
-      ->delimiter(',')
-      ->capture_default_str();
+  bench_
+      ->add_option("--dtype", dtypes_,
+                   "weight dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, or stored (the checkpoint's own: "
+                   "a GGUF file's formats; f32 otherwise, the default); comma-separated for several")
+      ->delimiter(',');
   bench_->add_option("--prompt-tokens", prompt_tokens_, "prompt length (prefill)")->capture_default_str();
   bench_->add_option("--gen-tokens", gen_tokens_, "decode steps timed")->capture_default_str();
   bench_->add_option("--repetitions", repetitions_, "timed runs; the best is reported")
@@ -66,7 +68,7 @@ BenchCommand::BenchCommand(CLI::App& app) {
   gemm_->add_option("--m", m_, "rows of A and C; comma-separated for several")->delimiter(',')->capture_default_str();
   gemm_->add_option("--n", n_, "rows of W, columns of C")->capture_default_str();
   gemm_->add_option("--k", k_, "the inner dimension")->capture_default_str();
-  gemm_->add_option("--dtype", dtypes_, "f32 or bf16")->delimiter(',')->capture_default_str();
+  gemm_->add_option("--dtype", dtypes_, "f32 (the default) or bf16")->delimiter(',');
   gemm_->add_option("--weights", weights_,
                     "f32 activations against weights in f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k (comma-separated); no oneDNN")
       ->delimiter(',');
@@ -114,6 +116,7 @@ int BenchCommand::run() const {
   }
   if (gemm_->parsed()) {
     std::vector<DType> dtypes;
+    if (dtypes_.empty()) dtypes.push_back(DType::f32);
     for (const auto& name : dtypes_) {
       if (name != "f32" && name != "bf16")
         throw ValueError(fmt::format("kiln bench gemm: unknown dtype '{}' (choose f32 or bf16)", name));
@@ -142,11 +145,13 @@ int BenchCommand::run() const {
                     "`kiln bench bandwidth`",
                     join(pipelines::named_config_names())));
   // Every name checked before the first (slow) run.
-  std::vector<WeightFormat> formats;
-  for (const auto& name : dtypes_) formats.push_back(nn::parse_weight_format(name));
+  std::vector<std::optional<WeightFormat>> formats;  // nullopt: as stored
+  for (const auto& name : dtypes_)
+    formats.push_back(name == "stored" ? std::nullopt : std::optional(nn::parse_weight_format(name)));
+  if (formats.empty()) formats.push_back(std::nullopt);
   for (const auto& model : models_) resolve_model_config(model);
   print_preamble(json_);
-  auto options_for = [&](const std::string& model, WeightFormat format, int t) {
+  auto options_for = [&](const std::string& model, std::optional<WeightFormat> format, int t) {
     return ModelBenchOptions{.model = model,
                              .format = format,
                              .threads = t,
@@ -159,7 +164,7 @@ int BenchCommand::run() const {
   if (!concurrency_.empty()) {
     if (!json_) std::cout << concurrency_table_header(prompt_tokens_, gen_tokens_) << "\n";
     for (const auto& model : models_)
-      for (WeightFormat format : formats)
+      for (std::optional<WeightFormat> format : formats)
         for (int t : threads)
           for (const ConcurrencyBenchResult& r : bench_concurrency(options_for(model, format, t), concurrency_)) {
             emit(to_json(r), table_row(r));
@@ -169,7 +174,7 @@ int BenchCommand::run() const {
   }
   if (!json_) std::cout << model_table_header(prompt_tokens_, gen_tokens_) << "\n";
   for (const auto& model : models_)
-    for (WeightFormat format : formats)
+    for (std::optional<WeightFormat> format : formats)
       for (int t : threads) {
         // Bandwidth just before and just after the model, with its thread count: the roofline of
         // this very run. The better of the two counts, so a dip in the machine's bandwidth while it

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <set>
 
 #include "bench.h"
 #include "bench_internal.h"
@@ -43,26 +44,41 @@ double bytes_per_weight(WeightFormat format) {
   return 0;
 }
 
+namespace {
+
+// The config with every weight declared in its logical shape, [rows, cols], whatever its format.
+nn::LlamaConfig logical_shapes(nn::LlamaConfig config) {
+  config.weight_format.reset();
+  config.weight_formats.clear();
+  return config;
+}
+
+}  // namespace
+
 int64_t parameter_count(const nn::LlamaConfig& config) {
   int64_t total = 0;
-  for (const auto& [name, decl] : nn::Transformer(config, 1).raw_state_dict())
+  for (const auto& [name, decl] : nn::Transformer(logical_shapes(config), 1).raw_state_dict())
     total += *decl.shape.static_num_elements();
   return total;
 }
 
 double decode_weight_bytes(const nn::LlamaConfig& config, WeightFormat format) {
-  const double matrix_bytes = bytes_per_weight(format);
   double total = 0;
-  for (const auto& [name, decl] : nn::Transformer(config, 1).raw_state_dict()) {
+  for (const auto& [name, decl] : nn::Transformer(logical_shapes(config), 1).raw_state_dict()) {
     const auto numel = static_cast<double>(*decl.shape.static_num_elements());
+    const double bytes =
+        bytes_per_weight(decl.shape.rank() == 2 ? nn::weight_format_for(format, config.weight_formats, name,
+                                                                        *decl.shape.static_dims().rbegin())
+                                                      .value_or(format)
+                                                : format);
     if (name.ends_with("norm.weight")) {
       total += 4.0 * numel;
     } else if (name == "model.embed_tokens.weight") {
       const auto hidden = static_cast<double>(config.hidden_size);
-      total += matrix_bytes * hidden;                                 // the new token's row
-      if (config.tie_word_embeddings) total += matrix_bytes * numel;  // read whole as the lm_head
+      total += bytes * hidden;                                 // the new token's row
+      if (config.tie_word_embeddings) total += bytes * numel;  // read whole as the lm_head
     } else {
-      total += matrix_bytes * numel;
+      total += bytes * numel;
     }
   }
   return total;
@@ -76,6 +92,31 @@ double roofline_tokens_per_s(double weight_bytes_per_token, double read_bytes_pe
 }
 
 // ==== model benchmark ======================================================================================
+
+namespace {
+
+// The formats a run computes in: `requested` for every matrix, or (nullopt) the checkpoint's own,
+// as config.weight_formats exceptions to the main one.
+WeightFormat resolve_formats(const std::string& model, std::optional<WeightFormat> requested,
+                             nn::LlamaConfig& config) {
+  if (requested) return *requested;
+  if (!pipelines::is_gguf_file(model)) return WeightFormat::f32;
+  const pipelines::GGUFFile file = pipelines::GGUFFile::open(model);
+  const WeightFormat main = pipelines::gguf_weight_format(file);
+  config.weight_formats = pipelines::gguf_weight_formats(file, main);
+  return main;
+}
+
+// "q4_k", or the stored mix, main format first: "q4_k+q6_k".
+std::string formats_label(WeightFormat main, const nn::WeightFormatMap& exceptions) {
+  std::string label(nn::weight_format_name(main));
+  std::set<WeightFormat> others;
+  for (const auto& [name, format] : exceptions) others.insert(format);
+  for (WeightFormat f : others) label += fmt::format("+{}", nn::weight_format_name(f));
+  return label;
+}
+
+}  // namespace
 
 nn::LlamaConfig resolve_model_config(const std::string& model) {
   if (auto named = pipelines::named_config(model)) return *named;
@@ -167,8 +208,9 @@ std::vector<DecodeProfileEntry> profile_decode(pipelines::TextGenerationPipeline
 
 ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& bandwidth) {
   check_model_options(o);
-  const nn::LlamaConfig config = resolve_model_config(o.model);
-  const DType weight_dtype = random_weight_dtype(o.format);
+  nn::LlamaConfig config = resolve_model_config(o.model);
+  const WeightFormat format = resolve_formats(o.model, o.format, config);
+  const DType weight_dtype = random_weight_dtype(format);
   // The prompt, then gen_tokens decode steps; the +1 is the token prefill samples.
   const int64_t needed = o.prompt_tokens + o.gen_tokens + 1;
   if (needed > config.max_position_embeddings)
@@ -201,10 +243,10 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
   }
   if (o.profile) r.decode_profile = profile_decode(pipe, prompt, gen);
   r.model = o.model;
-  r.format = o.format;
+  r.dtype = formats_label(format, config.weight_formats);
   r.threads = o.threads;
   r.parameters = parameter_count(config);
-  r.weight_bytes_per_token = decode_weight_bytes(config, o.format);
+  r.weight_bytes_per_token = decode_weight_bytes(config, format);
   r.prompt_tokens = o.prompt_tokens;
   r.gen_tokens = o.gen_tokens;
   r.repetitions = o.repetitions;
@@ -232,7 +274,8 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
   for (int64_t level : levels)
     if (level < 1 || level > 4096)
       throw ValueError(fmt::format("kiln bench: --concurrency levels must be in [1, 4096], got {}", level));
-  const nn::LlamaConfig config = resolve_model_config(o.model);
+  nn::LlamaConfig config = resolve_model_config(o.model);
+  const WeightFormat format = resolve_formats(o.model, o.format, config);
   const int64_t needed = o.prompt_tokens + o.gen_tokens + 1;
   if (needed > config.max_position_embeddings)
     throw ValueError(fmt::format("kiln bench: {} prompt + {} generated tokens exceed {}'s {} positions",
@@ -243,7 +286,7 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
   std::unique_ptr<pipelines::GenerationEngine> engine =
       pipelines::named_config(o.model)
           ? std::make_unique<pipelines::GenerationEngine>(
-                config, pipelines::random_weights(config, o.seed, random_weight_dtype(o.format)), nullptr,
+                config, pipelines::random_weights(config, o.seed, random_weight_dtype(format)), nullptr,
                 std::vector<int64_t>{}, engine_options)
           : pipelines::GenerationEngine::from_dir(o.model, engine_options);
 
@@ -304,7 +347,7 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
     ConcurrencyBenchResult r;
     r.seconds = seconds_since(start);
     r.model = o.model;
-    r.format = o.format;
+    r.dtype = formats_label(format, config.weight_formats);
     r.threads = o.threads;
     r.concurrency = level;
     r.prompt_tokens = o.prompt_tokens;

@@ -8,7 +8,7 @@ namespace kiln::bench {
 nlohmann::json to_json(const ModelBenchResult& r) {
   nlohmann::json json = {{"kind", "model"},
                          {"model", r.model},
-                         {"dtype", nn::weight_format_name(r.format)},
+                         {"dtype", r.dtype},
                          {"threads", r.threads},
                          {"params", r.parameters},
                          {"weight_bytes_per_token", r.weight_bytes_per_token},
@@ -69,15 +69,15 @@ nlohmann::json to_json(const BandwidthResult& r) {
 }
 
 std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
-  return fmt::format("{:<14} {:<5} {:>7} {:>9} {:>12} {:>12} {:>12} {:>10} {:>14} {:>9}", "model", "dtype",
+  return fmt::format("{:<14} {:<9} {:>7} {:>9} {:>12} {:>12} {:>12} {:>10} {:>14} {:>9}", "model", "dtype",
                      "threads", "params", "MB/token", fmt::format("pp{} tok/s", prompt_tokens),
                      fmt::format("tg{} tok/s", gen_tokens), "read GB/s", "roofline tok/s", "roofline");
 }
 
 std::string table_row(const ModelBenchResult& r) {
   return fmt::format(
-      "{:<14} {:<5} {:>7} {:>8.1f}M {:>12.1f} {:>12.1f} {:>12.1f} {:>10.1f} {:>14.1f} {:>8.1f}%", r.model,
-      nn::weight_format_name(r.format), r.threads, static_cast<double>(r.parameters) * 1e-6,
+      "{:<14} {:<9} {:>7} {:>8.1f}M {:>12.1f} {:>12.1f} {:>12.1f} {:>10.1f} {:>14.1f} {:>8.1f}%", r.model,
+      r.dtype, r.threads, static_cast<double>(r.parameters) * 1e-6,
       r.weight_bytes_per_token * 1e-6, r.prefill_tokens_per_s, r.decode_tokens_per_s,
       r.read_bytes_per_s * 1e-9, r.roofline_tokens_per_s, 100.0 * r.roofline_fraction);
 }
@@ -103,14 +103,14 @@ std::string profile_rows(const std::string& title, const std::vector<DecodeProfi
 std::string profile_table(const ModelBenchResult& r) {
   if (r.decode_profile.empty()) return "";
   return profile_rows(fmt::format("decode step profile ({} {}, {} threads)", r.model,
-                                  nn::weight_format_name(r.format), r.threads),
+                                  r.dtype, r.threads),
                       r.decode_profile, "token");
 }
 
 std::string profile_table(const ConcurrencyBenchResult& r) {
   if (r.step_profile.empty()) return "";
   return profile_rows(fmt::format("engine step profile ({} {}, {} threads, concurrency {}, {} steps)", r.model,
-                                  nn::weight_format_name(r.format), r.threads, r.concurrency, r.steps),
+                                  r.dtype, r.threads, r.concurrency, r.steps),
                       r.step_profile, "step");
 }
 
@@ -152,7 +152,7 @@ std::string table_row(const BandwidthResult& r) {
 nlohmann::json to_json(const ConcurrencyBenchResult& r) {
   return {{"kind", "concurrency"},
           {"model", r.model},
-          {"dtype", nn::weight_format_name(r.format)},
+          {"dtype", r.dtype},
           {"threads", r.threads},
           {"concurrency", r.concurrency},
           {"prompt_tokens", r.prompt_tokens},
@@ -172,14 +172,14 @@ nlohmann::json to_json(const ConcurrencyBenchResult& r) {
 }
 
 std::string concurrency_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
-  return fmt::format("{:<14} {:<6} {:>7} {:>6} {:>14} {:>12} {:>19} {:>19} {:>13}  (prompt {}, gen {} per request)",
+  return fmt::format("{:<14} {:<9} {:>7} {:>6} {:>14} {:>12} {:>19} {:>19} {:>13}  (prompt {}, gen {} per request)",
                      "model", "dtype", "threads", "conc", "decode tok/s", "out tok/s", "ttft p50/p99 ms",
                      "tpot p50/p99 ms", "kv blocks", prompt_tokens, gen_tokens);
 }
 
 std::string table_row(const ConcurrencyBenchResult& r) {
-  return fmt::format("{:<14} {:<6} {:>7} {:>6} {:>14.1f} {:>12.1f} {:>19} {:>19} {:>13}", r.model,
-                     nn::weight_format_name(r.format), r.threads, r.concurrency, r.aggregate_decode_tokens_per_s,
+  return fmt::format("{:<14} {:<9} {:>7} {:>6} {:>14.1f} {:>12.1f} {:>19} {:>19} {:>13}", r.model,
+                     r.dtype, r.threads, r.concurrency, r.aggregate_decode_tokens_per_s,
                      r.output_tokens_per_s,
                      fmt::format("{:.1f}/{:.1f}", r.ttft_p50_s * 1e3, r.ttft_p99_s * 1e3),
                      fmt::format("{:.2f}/{:.2f}", r.tpot_p50_s * 1e3, r.tpot_p99_s * 1e3),

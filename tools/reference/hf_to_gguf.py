@@ -5,7 +5,9 @@ blocks as ggml quantizes them, and the byte-level BPE tokenizer as a "gpt2" voca
 
 The test oracle for kiln's GGUF loader: written independently of kiln, in plain Python (no numpy), so
 that a model read from the GGUF file must give the logits of the same model read from safetensors.
-Usage: python3 tools/reference/hf_to_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|q8_0|q4_0]
+Usage: python3 tools/reference/hf_to_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|q8_0|q4_0|q4_0_mixed]
+q4_0_mixed: Q4_0 with token_embd and each layer's attn_v in Q8_0, a mix in one file as llama.cpp's
+"_M" types keep some matrices at more bits.
 """
 import argparse
 import json
@@ -150,7 +152,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
     ap.add_argument("out")
-    ap.add_argument("--type", choices=["f32", "f16", "q8_0", "q4_0"], default="f32")
+    ap.add_argument("--type", choices=["f32", "f16", "q8_0", "q4_0", "q4_0_mixed"], default="f32")
     args = ap.parse_args()
     cfg = json.load(open(os.path.join(args.model_dir, "config.json")))
     if cfg.get("architectures", ["LlamaForCausalLM"])[0] != "LlamaForCausalLM":
@@ -164,7 +166,7 @@ def main():
     w.add("general.architecture", STRING, "llama")
     w.add("general.name", STRING, os.path.basename(os.path.normpath(args.model_dir)))
     w.add("general.alignment", U32, ALIGNMENT)
-    w.add("general.file_type", U32, {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}[args.type])
+    w.add("general.file_type", U32, {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_0_mixed": 2}[args.type])
     w.add("llama.context_length", U32, cfg["max_position_embeddings"])
     w.add("llama.embedding_length", U32, cfg["hidden_size"])
     w.add("llama.block_count", U32, cfg["num_hidden_layers"])
@@ -207,11 +209,14 @@ def main():
         shape, values = tensors[hf_name]
         if permute_heads:
             values = permute(values, shape, permute_heads)
-        if len(shape) == 1 or args.type == "f32":
+        kind = args.type
+        if kind == "q4_0_mixed":
+            kind = "q8_0" if name == "token_embd.weight" or name.endswith("attn_v.weight") else "q4_0"
+        if len(shape) == 1 or kind == "f32":
             w.add_tensor(name, shape, GGML_F32, values.tobytes())
-        elif args.type == "f16" or shape[-1] % 32:
+        elif kind == "f16" or shape[-1] % 32:
             w.add_tensor(name, shape, GGML_F16, struct.pack(f"<{len(values)}e", *values))
-        elif args.type == "q8_0":
+        elif kind == "q8_0":
             w.add_tensor(name, shape, GGML_Q8_0, quantize_q8_0(values, shape[-1]))
         else:
             w.add_tensor(name, shape, GGML_Q4_0, quantize_q4_0(values, shape[-1]))

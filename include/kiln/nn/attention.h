@@ -134,12 +134,13 @@ class AttentionWithRope : public Module {
   // Weights "q_proj", "k_proj", "v_proj" (with bias when has_bias, as Qwen2; or one "qkv_proj" with
   // options.fused_qkv) and "o_proj" (no bias); "q_norm", "k_norm" with options.qk_norm.
   // n_heads must be a multiple of n_kv_heads; layer_index selects the cache row. ValueError otherwise.
-  // `weight_format`: how the projections store their weights, a model-wide choice
-  // (model_weight_format in weight_format.h); nullopt: in `dtype`.
+  // `weight_formats`: how the projections store their weights, a model-wide choice
+  // (model_weight_format in weight_format.h) with exceptions by name ("v_proj.weight"); nullopt: in
+  // `dtype`.
   AttentionWithRope(int64_t layer_index, int64_t hidden_dim, int64_t n_heads, int64_t n_kv_heads,
                     int64_t head_dim, DType dtype = DType::f32, bool has_bias = false,
                     DeviceRef device = DeviceRef::CPU(),
-                    std::optional<WeightFormat> weight_format = std::nullopt, AttentionOptions options = {});
+                    const LayerWeightFormats& weight_formats = std::nullopt, AttentionOptions options = {});
 
   // x [seq, hidden_dim] -> [seq, hidden_dim]. Writes this layer's keys and values into the cache.
   graph::TensorValue operator()(const graph::TensorValue& x, const AttentionContext& ctx) const;

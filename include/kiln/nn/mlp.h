@@ -30,11 +30,12 @@ constexpr bool is_gated(MLPActivation a) { return a == MLPActivation::swiglu || 
 
 class MLP : public Module {
  public:
-  // `weight_format`: how the projections store their weights, a model-wide choice
-  // (model_weight_format in weight_format.h); nullopt: in `dtype`.
+  // `weight_formats`: how the projections store their weights, a model-wide choice
+  // (model_weight_format in weight_format.h) with exceptions by name ("down_proj.weight"); nullopt:
+  // in `dtype`.
   MLP(int64_t hidden_dim, int64_t intermediate_dim, MLPActivation activation = MLPActivation::swiglu,
       DType dtype = DType::f32, bool has_bias = false, DeviceRef device = DeviceRef::CPU(),
-      std::optional<WeightFormat> weight_format = std::nullopt, bool fused_gate_up = false);
+      const LayerWeightFormats& weight_formats = std::nullopt, bool fused_gate_up = false);
 
   // x [..., hidden_dim] -> [..., hidden_dim].
   graph::TensorValue operator()(const graph::TensorValue& x) const;

@@ -47,6 +47,9 @@ struct LlamaConfig {
   // How the Linear and Embedding weights are stored (nn/weight_format.h); nullopt: in `dtype`. A
   // format other than dtype's needs dtype f32. Not a config.json field: a run-time choice.
   std::optional<WeightFormat> weight_format;
+  // Exceptions to weight_format by full weight name, such as {"model.layers.0.mlp.down_proj.weight",
+  // q6_k} (a GGUF Q4_K_M file's mix); each must name a matrix of the model (Transformer's ValueError).
+  WeightFormatMap weight_formats;
 
   // What the other architectures add to Llama's; the defaults are Llama's.
   std::optional<int64_t> sliding_window;  // Mistral, Qwen 2/3, Gemma, Phi-3: keys within the last N positions

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "kiln/graph/quantization.h"
@@ -44,5 +46,34 @@ std::optional<WeightFormat> resolve_weight_format(std::string_view layer, DType 
 // format gives f16 where it is not. Asking one Linear for a format its in_dim does not fit stays an
 // error there.
 std::optional<WeightFormat> model_weight_format(std::optional<WeightFormat> model_format, int64_t cols);
+
+// Per-weight exceptions to a model-wide format, by weight name: how a GGUF Q4_K_M file keeps some
+// matrices in Q6_K (MAX's per-weight quantization_encoding). Keys are full Hugging Face names
+// ("model.layers.3.mlp.down_proj.weight") in LlamaConfig, names within the layer ("down_proj.weight")
+// in LayerWeightFormats.
+using WeightFormatMap = std::map<std::string, WeightFormat, std::less<>>;
+
+// The format of weight `name` (a [rows, cols] matrix): its exception, else model_weight_format.
+std::optional<WeightFormat> weight_format_for(std::optional<WeightFormat> model_format,
+                                              const WeightFormatMap& exceptions, std::string_view name, int64_t cols);
+
+// The exceptions whose names start with `prefix` ("model.layers.3.mlp."), without the prefix.
+WeightFormatMap weight_formats_under(const WeightFormatMap& exceptions, std::string_view prefix);
+
+// How a layer (MLP, AttentionWithRope) stores its weight matrices: one model-wide format, with
+// per-weight exceptions. Converts from a single format, so `WeightFormat::q8_0` or `std::nullopt`
+// (the layer's dtype) can be passed where a layer takes one.
+struct LayerWeightFormats {
+  std::optional<WeightFormat> model;
+  WeightFormatMap exceptions;  // by the weight's name within the layer
+
+  LayerWeightFormats(std::optional<WeightFormat> model_format = std::nullopt, WeightFormatMap by_name = {})
+      : model(model_format), exceptions(std::move(by_name)) {}
+  LayerWeightFormats(WeightFormat model_format) : model(model_format) {}   // NOLINT: implicit by design
+  LayerWeightFormats(std::nullopt_t) {}                                    // NOLINT: implicit by design
+  std::optional<WeightFormat> of(std::string_view name, int64_t cols) const {
+    return weight_format_for(model, exceptions, name, cols);
+  }
+};
 
 }  // namespace kiln::nn

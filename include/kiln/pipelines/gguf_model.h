@@ -25,10 +25,17 @@ ModelInfo gguf_model_info(const GGUFFile& file);
 // quantized types kiln does not compute (dequantized and requantized at load).
 nn::WeightFormat gguf_weight_format(const GGUFFile& file);
 
+// The matrices (by Hugging Face name) that `format` would compute in another format than the one
+// they are stored in, each with its own format, where kiln computes that one: with these as
+// LlamaConfig::weight_formats, every such matrix runs as stored (a Q4_K_M file's Q6_K ones in Q6_K).
+// GenerationEngine::from_dir uses them when no weight format is asked for.
+nn::WeightFormatMap gguf_weight_formats(const GGUFFile& file, nn::WeightFormat format);
+
 // Every tensor under its Hugging Face name, checked first against what `info` implies (names and
 // shapes; LoadError naming the GGUF tensor). F32, F16 and BF16 tensors, and block-quantized ones
 // that the model computes in their own encoding (`format`, or its fallback for the matrix's row
-// length: nn::model_weight_format), are zero-copy views of the mapping; the rest are dequantized to
+// length: nn::model_weight_format; or the matrix's own entry in info.config.weight_formats), are
+// zero-copy views of the mapping; the rest are dequantized to
 // f32 for convert_weights to convert (a Q4_K_M file's Q6_K matrices, under format q4_k, to Q4_K).
 // Llama's q/k rows are un-permuted (llama.cpp's converter interleaves them for its RoPE).
 WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::WeightFormat format);

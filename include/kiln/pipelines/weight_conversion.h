@@ -24,12 +24,15 @@ namespace kiln::pipelines {
 // a float [rows, cols] tensor, in the encoding whose rows of cols weights are row_bytes long:
 // `encoding` where it fits (the model's format), else the only one that does (a fallback tensor's
 // q8_0). Q4_0 and Q4_K rows have the same size, so a declaration both fit needs `encoding`.
+// `encodings` overrides `encoding` per weight, by name (a model whose matrices mix encodings,
+// LlamaConfig::weight_formats).
 // Converted tensors are new (anonymous) memory, filled by `threads` threads (0:
 // std::thread::hardware_concurrency()). Checkpoint names that nothing declares are kept as they are.
 // ValueError naming the weight for a missing tensor, a shape that does not match, an ambiguous or
 // unfitting u8 declaration, or a conversion other than these.
 WeightsRegistry convert_weights(const WeightsRegistry& checkpoint,
                                 const std::map<std::string, graph::Weight>& declared, int threads = 0,
-                                std::optional<graph::QuantizationEncoding> encoding = std::nullopt);
+                                std::optional<graph::QuantizationEncoding> encoding = std::nullopt,
+                                const std::map<std::string, graph::QuantizationEncoding, std::less<>>& encodings = {});
 
 }  // namespace kiln::pipelines
