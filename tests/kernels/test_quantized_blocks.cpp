@@ -1,6 +1,6 @@
 // qmatmul and dequantize for Q4_0, Q4_K, Q5_K and Q6_K weights (quantized.h's last section), on every
-// ISA level this CPU supports (the portable kernels, and the AVX2 ones where the CPU has AVX2; there
-// are no AVX-512 variants of these), against double-precision loops over the weights as
+// ISA level this CPU supports (the portable kernels, the AVX2 ones where the CPU has AVX2, and the
+// K-quants' AVX-512 decode GEMV where it has AVX512_VNNI), against double-precision loops over the weights as
 // graph::dequantize_row decodes them (itself checked bit for bit against the layouts in
 // tests/graph/test_quantization.cpp).
 //
@@ -182,6 +182,33 @@ TEST(QMatmulBlocks, OneAndTwoThreadsGiveIdenticalBitsOnEveryIsa) {
             << name(e) << " " << gemm::isa_name(isa) << " M " << M;
       }
   }
+}
+
+// The K-quants' AVX-512 decode GEMV folds its 16 int32 lanes onto the AVX2 kernel's 8, so one
+// activation row gives the AVX2 level's bits exactly, and the bits of that row computed with others
+// (the AVX2 kernel), on any row count N (the 4-stream split and its remainder).
+TEST(QMatmulBlocks, Avx512DecodeGemvGivesTheAvx2BitsExactly) {
+  if (!gemm::isa_supported(Isa::avx512) || !__builtin_cpu_supports("avx512vnni"))
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI: the AVX-512 K-quant GEMV was not run";
+  for (QuantizationEncoding e : {QuantizationEncoding::q4_k, QuantizationEncoding::q5_k, QuantizationEncoding::q6_k})
+    for (const auto& [K, N] : {std::pair<int64_t, int64_t>{256, 1}, {512, 7}, {4352, 37}, {2048, 130}}) {
+      const std::vector<float> x = random_floats(3 * K, static_cast<uint32_t>(K + N));
+      const std::vector<float> x0(x.begin(), x.begin() + K);
+      const HostTensor w = quantized_weights(e, N, K, static_cast<uint32_t>(N));
+      HostTensor avx2, avx512, three_rows;
+      {
+        ForcedIsa forced(Isa::avx2);
+        avx2 = qmatmul(e, x0, w, 1, K);
+      }
+      {
+        ForcedIsa forced(Isa::avx512);
+        avx512 = qmatmul(e, x0, w, 1, K);
+        three_rows = qmatmul(e, x, w, 3, K);
+      }
+      EXPECT_EQ(avx512.bytes, avx2.bytes) << name(e) << " K " << K << " N " << N;
+      const std::vector<uint8_t> first_row(three_rows.bytes.begin(), three_rows.bytes.begin() + N * 4);
+      EXPECT_EQ(avx512.bytes, first_row) << name(e) << " K " << K << " N " << N;
+    }
 }
 
 TEST(QMatmulBlocks, Avx2KernelsRanOnThisCpu) {

@@ -4,7 +4,8 @@
 // (decode): the int8 GEMV, reading the weights in place. More rows (prefill): the int8 GEMM with
 // packed weight panels where AVX512-VNNI is available; else the f32 GEMM of gemm.h
 // (BStorage::q8_0) or a portable loop on the dequantized activations d_x * q_x. The other encodings
-// (quantized.h's last section) run one int8 kernel for every M, reading the weights in place; the
+// (quantized.h's last section) run one int8 kernel for every M, reading the weights in place (for
+// the K-quants' single activation row, its AVX-512 form where VNNI is there, the same bits); the
 // K-quants' activations are quantized per 256 instead of 32 (ggml's q8_K).
 #include "kernels/cpu/quantized.h"
 #include "kernels/cpu/scratch.h"
@@ -191,6 +192,8 @@ struct GemvChoice {
 };
 GemvChoice gemv_for(QuantizationEncoding e) {
   if (e == QuantizationEncoding::q8_0 && use_vnni()) return {quantized::avx512_vnni_q8_0_gemv(), true};
+  if (use_vnni())
+    if (const quantized::QGemvFn vnni = quantized::avx512_vnni_block_gemv(e)) return {vnni, false};
   static const bool avx2 = gemm::isa_supported(gemm::Isa::avx2);
   if (avx2 && gemm::active_isa() != gemm::Isa::generic)
     if (const quantized::QGemvFn simd = quantized::avx2_block_gemv(e)) return {simd, false};

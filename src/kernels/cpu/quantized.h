@@ -102,6 +102,10 @@ QGemvFn portable_block_gemv(graph::QuantizationEncoding);  // q4_0, q4_k, q5_k, 
 // no AVX512-VNNI, with this section's activations (not offset): y = sum over blocks of
 // (d_w * d_x) * dot(q_w, q_x), the definition of Q8_0's GEMV in another order.
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding);
+// AVX-512 + AVX512_VNNI GEMVs of q4_k, q5_k and q6_k (nullptr for the others, or where not compiled
+// for x86-64): one activation row 64 weights per instruction, the AVX2 kernels' bits exactly; more
+// rows run the AVX2 kernel. The caller checks the CPU.
+QGemvFn avx512_vnni_block_gemv(graph::QuantizationEncoding);
 
 }  // namespace kiln::kernels::quantized
 
