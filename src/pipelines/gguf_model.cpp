@@ -360,11 +360,6 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
     const bool keep = t.type == GGMLType::f32 || t.type == GGMLType::f16 || t.type == GGMLType::bf16 ||
                       (encoding && declared && nn::weight_format_encoding(*declared) == encoding);
     Tensor tensor = keep ? view(file, t) : dequantize(file, t);
-    if (keep && std::getenv("KILN_EXPERIMENT_COPY")) {
-      Tensor copy = Tensor::empty(tensor.dtype(), tensor.shape());
-      std::memcpy(copy.data(), tensor.data(), static_cast<size_t>(tensor.nbytes()));
-      tensor = copy;
-    }
     if (arch.permuted_qk && t.dims.size() == 2) {
       if (name->ends_with("self_attn.q_proj.weight")) tensor = unpermute_rows(tensor, c.num_attention_heads);
       if (name->ends_with("self_attn.k_proj.weight")) tensor = unpermute_rows(tensor, c.num_key_value_heads);
