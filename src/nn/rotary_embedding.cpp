@@ -29,7 +29,8 @@ double llama3_scaled(double inv_freq, const Llama3RopeScaling& s) {
 }  // namespace
 
 RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta, int64_t max_seq_len,
-                                 std::optional<Llama3RopeScaling> scaling, double linear_factor)
+                                 std::optional<Llama3RopeScaling> scaling, double linear_factor,
+                                 const std::vector<double>& freq_factors)
     : head_dim_(head_dim), max_seq_len_(max_seq_len) {
   if (!(linear_factor > 0))
     throw ValueError(fmt::format("RotaryEmbedding: linear_factor must be positive, got {}", linear_factor));
@@ -47,8 +48,16 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta, int64_t max_seq
           "original_max_position_embeddings > 0, got factor {}, low {}, high {}, original {}",
           s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings));
   }
+  if (!freq_factors.empty() && static_cast<int64_t>(freq_factors.size()) != head_dim / 2)
+    throw ValueError(fmt::format("RotaryEmbedding: freq_factors has {} values, expected one per frequency ({})",
+                                 freq_factors.size(), head_dim / 2));
+  for (size_t i = 0; i < freq_factors.size(); ++i)
+    if (!(freq_factors[i] > 0 && std::isfinite(freq_factors[i])))
+      throw ValueError(fmt::format("RotaryEmbedding: freq_factors[{}] must be a positive number, got {}", i,
+                                   freq_factors[i]));
   for (int64_t i = 0; i < head_dim / 2; ++i) {
     double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+    if (!freq_factors.empty()) f /= freq_factors[static_cast<size_t>(i)];
     inv_freq_.push_back((scaling ? llama3_scaled(f, *scaling) : f) / linear_factor);
   }
 }

@@ -41,6 +41,11 @@ void LlamaConfig::validate() const {
     throw ValueError(fmt::format("LlamaConfig: the rotary dims (head_dim {} * partial_rotary_factor {}) must be an "
                                  "even number >= 2, got {}",
                                  resolved_head_dim(), partial_rotary_factor, rotary_dim()));
+  if (!rope_freq_factors.empty() && rope_scaling)
+    throw ValueError("LlamaConfig: rope_freq_factors and rope_scaling both scale the rope frequencies: set one");
+  if (!rope_freq_factors.empty() && static_cast<int64_t>(rope_freq_factors.size()) != rotary_dim() / 2)
+    throw ValueError(fmt::format("LlamaConfig: rope_freq_factors has {} values, expected one per rotary frequency ({})",
+                                 rope_freq_factors.size(), rotary_dim() / 2));
   if (sliding_window) positive("sliding_window", *sliding_window);
   if (!sliding_layers.empty() && static_cast<int64_t>(sliding_layers.size()) != num_hidden_layers)
     throw ValueError(fmt::format("LlamaConfig: sliding_layers has {} entries, expected one per layer ({})",
@@ -160,7 +165,8 @@ Transformer::Transformer(const LlamaConfig& config, int64_t max_seq_len, ReturnL
     : config_(validated(config)),
       max_seq_len_(max_seq_len > 0 ? max_seq_len : config.max_position_embeddings),
       return_logits_(return_logits),
-      rope_(config.rotary_dim(), config.rope_theta, max_seq_len_, config.rope_scaling, config.rope_linear_factor) {
+      rope_(config.rotary_dim(), config.rope_theta, max_seq_len_, config.rope_scaling, config.rope_linear_factor,
+            config.rope_freq_factors) {
   if (max_seq_len < 0)
     throw ValueError(fmt::format("Transformer: max_seq_len must be >= 0, got {}", max_seq_len));
   if (config_.rope_local_theta) local_rope_.emplace(config_.rotary_dim(), *config_.rope_local_theta, max_seq_len_);

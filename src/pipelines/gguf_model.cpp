@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -134,6 +135,9 @@ constexpr KeyField kNumberKeys[] = {
     {"rope.freq_base", "rope_theta"},
 };
 
+// Llama 3.1+'s rope scaling as llama.cpp's converter writes it (LlamaConfig::rope_freq_factors).
+constexpr const char* kRopeFreqs = "rope_freqs.weight";
+
 // The weight format that computes a GGUF type as stored; nullopt for the types kiln does not compute.
 std::optional<nn::WeightFormat> computed_format(GGMLType type) {
   switch (type) {
@@ -194,9 +198,6 @@ ModelInfo gguf_model_info(const GGUFFile& file) {
                              prefix, *type));
     config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", file.get_f64(prefix + "rope.scaling.factor")}};
   }
-  if (file.find_tensor("rope_freqs.weight"))
-    fail(file, "tensor 'rope_freqs.weight' (per-frequency RoPE factors, as Llama 3.1's rope scaling is written) "
-               "is not supported yet");
   config["tie_word_embeddings"] = file.find_tensor("output.weight") == nullptr;
   if (arch.gguf == std::string_view("qwen2")) config["attention_bias"] = file.find_tensor("blk.0.attn_q.bias") != nullptr;
   if (auto bos = file.find_u64("tokenizer.ggml.bos_token_id")) config["bos_token_id"] = *bos;
@@ -215,6 +216,21 @@ ModelInfo gguf_model_info(const GGUFFile& file) {
           throw ValueError(message);
         }
     throw;
+  }
+  // Llama 3.1+'s rope scaling, as llama.cpp's converter writes it: a divisor per rotary frequency.
+  if (const GGUFTensor* t = file.find_tensor(kRopeFreqs)) {
+    const int64_t half = info.config.rotary_dim() / 2;
+    if (t->type != GGMLType::f32 || t->dims.size() != 1 || static_cast<int64_t>(t->dims[0]) != half)
+      fail(file, fmt::format("tensor '{}' must be f32 [{}] (one factor per rotary frequency), got {} [{}]", kRopeFreqs,
+                             half, ggml_type_name(t->type), fmt::join(t->dims, ", ")));
+    info.config.rope_freq_factors.resize(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      float v;
+      std::memcpy(&v, t->data.data() + 4 * i, 4);
+      if (!(v > 0 && std::isfinite(v)))
+        fail(file, fmt::format("tensor '{}': factor {} is {}, expected a positive number", kRopeFreqs, i, v));
+      info.config.rope_freq_factors[static_cast<size_t>(i)] = v;
+    }
   }
   // llama.cpp stops at every end-of-generation token: end of turn and end of message too (Llama 3's
   // <|eot_id|> and <|eom_id|>).
@@ -346,6 +362,7 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
   }
   WeightsRegistry out;
   for (const GGUFTensor& t : file.tensors()) {
+    if (t.name == kRopeFreqs) continue;  // read into the config (gguf_model_info)
     const std::optional<std::string> name = hf_name(t.name);
     if (!name || !expected.contains(*name))
       fail(file, fmt::format("tensor '{}' is not part of a {} model with this metadata (kiln would ignore "

@@ -15,6 +15,7 @@
 #include "kiln/errors.h"
 #include "kiln/graph/dtype.h"
 #include "kiln/graph/quantization.h"
+#include "kiln/nn/rotary_embedding.h"
 #include "kiln/nn/transformer.h"
 #include "kiln/pipelines/gguf.h"
 #include "kiln/pipelines/gguf_model.h"
@@ -44,13 +45,14 @@ const fs::path& scratch_dir() {
   return scratch.path;
 }
 
-// kiln-tiny as a GGUF file of `type` (f32, f16, q8_0, q4_0), written once per test program.
-fs::path tiny_gguf(const std::string& type) {
+// kiln-tiny (or another model directory) as a GGUF file of `type` (f32, f16, q8_0, q4_0,
+// q4_0_mixed), written once per test program.
+fs::path tiny_gguf(const std::string& type, const fs::path& model_dir = kTiny) {
   const fs::path dir = scratch_dir();
-  const fs::path out = dir / fmt::format("kiln-tiny-{}.gguf", type);
+  const fs::path out = dir / fmt::format("{}-{}.gguf", model_dir.filename().string(), type);
   if (!fs::exists(out)) {
     const std::string cmd = fmt::format("'{}' '{}' '{}' '{}' --type {}", KILN_TEST_PYTHON3,
-                                        (kRoot / "tools" / "reference" / "hf_to_gguf.py").string(), kTiny.string(),
+                                        (kRoot / "tools" / "reference" / "hf_to_gguf.py").string(), model_dir.string(),
                                         out.string(), type);
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
@@ -210,6 +212,53 @@ TEST(GGUFModel, MixedFormatFileRunsEachMatrixAsStored) {
   // Asking for one format requantizes every matrix to it, as before.
   auto as_q8_0 = TextGenerationPipeline::from_dir(tiny_gguf("q4_0_mixed"), {.weight_format = nn::WeightFormat::q8_0});
   EXPECT_EQ(as_q8_0.generate("Once upon a time", greedy).ids.size(), 24u);
+}
+
+// Llama 3.1+'s rope scaling, as llama.cpp's converter writes it: a rope_freqs.weight tensor of
+// divisors, one per frequency, and no metadata. kiln-tiny with `rope_scaling` llama3 in its
+// config.json (original context 64, so the scaling reaches most of its frequencies) and the GGUF
+// written from it give the same rope frequencies (within f32's rounding of the factors) and the same
+// greedy ids.
+TEST(GGUFModel, RopeFreqsTensorIsLlama3RopeScaling) {
+  const fs::path dir = scratch_dir() / "kiln-tiny-llama3-rope";
+  fs::create_directories(dir);
+  fs::copy(kTiny, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  std::ofstream(dir / "config.json") << config.dump(2);
+
+  const fs::path gguf = tiny_gguf("f32", dir);
+  const ModelInfo info = gguf_model_info(GGUFFile::open(gguf));
+  const ModelInfo reference = load_model_info(dir);
+  ASSERT_TRUE(reference.config.rope_scaling.has_value());
+  EXPECT_FALSE(info.config.rope_scaling.has_value());
+  const int64_t rotary = info.config.rotary_dim();
+  ASSERT_EQ(info.config.rope_freq_factors.size(), static_cast<size_t>(rotary / 2));
+  const nn::RotaryEmbedding from_factors(rotary, info.config.rope_theta, 64, std::nullopt, 1.0,
+                                         info.config.rope_freq_factors);
+  const nn::RotaryEmbedding from_scaling(rotary, reference.config.rope_theta, 64, reference.config.rope_scaling);
+  int scaled = 0;
+  for (int64_t i = 0; i < rotary / 2; ++i) {
+    const double want = from_scaling.inv_freq()[static_cast<size_t>(i)];
+    EXPECT_NEAR(from_factors.inv_freq()[static_cast<size_t>(i)], want, 1e-6 * want) << "frequency " << i;
+    scaled += info.config.rope_freq_factors[static_cast<size_t>(i)] != 1.0;
+  }
+  EXPECT_GT(scaled, rotary / 4) << "the scaling should reach most frequencies";
+
+  auto from_gguf = TextGenerationPipeline::from_dir(gguf);
+  auto from_dir = TextGenerationPipeline::from_dir(dir);
+  const GenerationOptions greedy{.max_new_tokens = 24, .temperature = 0.0};
+  for (const char* prompt : {"Once upon a time", "The little dog"})
+    EXPECT_EQ(from_gguf.generate(prompt, greedy).ids, from_dir.generate(prompt, greedy).ids) << prompt;
+
+  // Bad factors are refused naming the tensor; so is a config that sets both forms of the scaling.
+  nn::LlamaConfig both = info.config;
+  both.rope_scaling = reference.config.rope_scaling;
+  testing::expect_error<ValueError>([&] { both.validate(); }, {"rope_freq_factors", "rope_scaling"});
+  nn::LlamaConfig short_factors = info.config;
+  short_factors.rope_freq_factors.pop_back();
+  testing::expect_error<ValueError>([&] { short_factors.validate(); }, {"rope_freq_factors", "expected one per"});
 }
 
 // An exception must name a matrix of the model, and the mix a model is given is checked.

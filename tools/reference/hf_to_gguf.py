@@ -233,6 +233,23 @@ def main():
         put(b + "ffn_gate.weight", p + "mlp.gate_proj.weight")
         put(b + "ffn_up.weight", p + "mlp.up_proj.weight")
         put(b + "ffn_down.weight", p + "mlp.down_proj.weight")
+    # Llama 3.1's rope scaling, as llama.cpp's converter writes it: a divisor per rotary frequency.
+    scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("rope_type", scaling.get("type")) == "llama3":
+        base, factor = cfg.get("rope_theta", 10000.0), scaling.get("factor", 8.0)
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old = scaling.get("original_max_position_embeddings", 8192)
+        factors = []
+        for i in range(0, head_dim, 2):
+            wavelen = 2 * math.pi * base ** (i / head_dim)
+            if wavelen < old / high:
+                factors.append(1.0)
+            elif wavelen > old / low:
+                factors.append(factor)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                factors.append(1 / ((1 - smooth) / factor + smooth))
+        w.add_tensor("rope_freqs.weight", [len(factors)], GGML_F32, struct.pack(f"<{len(factors)}f", *factors))
     put("output_norm.weight", "model.norm.weight")
     if not cfg.get("tie_word_embeddings", False):
         put("output.weight", "lm_head.weight")

@@ -34,9 +34,11 @@ class RotaryEmbedding {
  public:
   // head_dim (the rotated dims: less than the attention head's with a partial_rotary_factor) must be
   // even and positive; theta > 0; linear_factor > 0 divides every frequency ("rope_type": "linear",
-  // Gemma 3's global layers). ValueError otherwise.
+  // Gemma 3's global layers); freq_factors, when given, one positive number per frequency that
+  // divides it (GGUF's rope_freqs.weight, llama.cpp's form of Llama 3's scaling). ValueError otherwise.
   RotaryEmbedding(int64_t head_dim, double theta, int64_t max_seq_len,
-                  std::optional<Llama3RopeScaling> scaling = std::nullopt, double linear_factor = 1.0);
+                  std::optional<Llama3RopeScaling> scaling = std::nullopt, double linear_factor = 1.0,
+                  const std::vector<double>& freq_factors = {});
 
   // [head_dim / 2] inverse frequencies, in double, scaled if scaling is set.
   const std::vector<double>& inv_freq() const { return inv_freq_; }

@@ -40,6 +40,9 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   std::optional<Llama3RopeScaling> rope_scaling;  // "rope_type": "llama3"
+  // One divisor per rotary frequency (GGUF's rope_freqs.weight: how llama.cpp's converter writes
+  // Llama 3's scaling); empty: none. Not with rope_scaling.
+  std::vector<double> rope_freq_factors;
   int64_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // bias on q, k, v projections (Qwen2)
