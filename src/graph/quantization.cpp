@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -335,19 +334,17 @@ __attribute__((target("avx2"))) void fit_k_sub_blocks_avx2(const float* x, bool 
 }
 #endif
 
-std::atomic<bool> g_portable_quantizers{false};
-
-void fit_k_sub_blocks(const float* x, bool five_bits, uint8_t* L, float* scales, float* mins) {
+// simd: the AVX2 fit where the CPU has it (the same bits as the portable loops).
+void fit_k_sub_blocks(const float* x, bool five_bits, uint8_t* L, float* scales, float* mins, bool simd) {
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2 && !g_portable_quantizers.load(std::memory_order_relaxed))
-    return fit_k_sub_blocks_avx2(x, five_bits, L, scales, mins);
+  if (avx2 && simd) return fit_k_sub_blocks_avx2(x, five_bits, L, scales, mins);
 #endif
   fit_k_sub_blocks_portable(x, five_bits, L, scales, mins);
 }
 
 // quantize_row_q4_K_ref (five_bits false: levels 0..15) and quantize_row_q5_K_ref (0..31).
-void quantize_q4_k_q5_k(const float* x, int64_t k, uint8_t* out, bool five_bits) {
+void quantize_q4_k_q5_k(const float* x, int64_t k, uint8_t* out, bool five_bits, bool simd) {
   const int nmax = five_bits ? 31 : 15;
   const int64_t bytes = five_bits ? kQ5_KBlockBytes : kQ4_KBlockBytes;
   uint8_t L[kKQuantBlockSize];
@@ -356,7 +353,7 @@ void quantize_q4_k_q5_k(const float* x, int64_t k, uint8_t* out, bool five_bits)
     uint8_t* block = out + b * bytes;
     uint8_t* packed = block + 4;  // the 12 scale / min bytes
     float max_scale = 0, max_min = 0;
-    fit_k_sub_blocks(x, five_bits, L, scales, mins);
+    fit_k_sub_blocks(x, five_bits, L, scales, mins, simd);
     for (int j = 0; j < 8; ++j) {
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
@@ -521,10 +518,10 @@ __attribute__((target("avx2"))) void make_qx_quants_x8(const float* x, int8_t* L
 #endif
 
 // The 16 sub-blocks of a Q6_K super-block fitted as quantize_row_q6_K_ref does.
-void fit_q6_k_sub_blocks(const float* x, int8_t* L, float* scales) {
+void fit_q6_k_sub_blocks(const float* x, int8_t* L, float* scales, bool simd) {
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2 && !g_portable_quantizers.load(std::memory_order_relaxed)) {
+  if (avx2 && simd) {
     make_qx_quants_x8(x, L, scales);
     make_qx_quants_x8(x + 128, L + 128, scales + 8);
     return;
@@ -533,14 +530,14 @@ void fit_q6_k_sub_blocks(const float* x, int8_t* L, float* scales) {
   for (int ib = 0; ib < 16; ++ib) scales[ib] = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
 }
 
-void quantize_q6_k(const float* x, int64_t k, uint8_t* out) {
+void quantize_q6_k(const float* x, int64_t k, uint8_t* out, bool simd) {
   int8_t L[kKQuantBlockSize];
   float scales[16];
   for (int64_t b = 0; b < k / kKQuantBlockSize; ++b, x += kKQuantBlockSize) {
     uint8_t* block = out + b * kQ6_KBlockBytes;
     auto* block_scales = reinterpret_cast<int8_t*>(block + 192);
     float max_scale = 0, max_abs_scale = 0;
-    fit_q6_k_sub_blocks(x, L, scales);
+    fit_q6_k_sub_blocks(x, L, scales, simd);
     for (int ib = 0; ib < 16; ++ib) {
       if (std::fabs(scales[ib]) > max_abs_scale) {
         max_abs_scale = std::fabs(scales[ib]);
@@ -665,10 +662,6 @@ void dequantize_q8_0(const uint8_t* row, int64_t k, float* out) {
   }
 }
 
-void use_portable_quantizers_for_testing(bool portable) {
-  g_portable_quantizers.store(portable, std::memory_order_relaxed);
-}
-
 void unpack_k_scales(const uint8_t* q, uint8_t scales[8], uint8_t mins[8]) {
   for (int j = 0; j < 4; ++j) {
     scales[j] = q[j] & 63;
@@ -680,15 +673,27 @@ void unpack_k_scales(const uint8_t* q, uint8_t scales[8], uint8_t mins[8]) {
   }
 }
 
-void quantize_row(QuantizationEncoding e, const float* x, int64_t k, uint8_t* out) {
+namespace {
+
+void quantize_row_with(QuantizationEncoding e, const float* x, int64_t k, uint8_t* out, bool simd) {
   quantized_row_bytes(e, k, "quantize_row");
   switch (e) {
     case QuantizationEncoding::q8_0: return quantize_q8_0(x, k, out);
     case QuantizationEncoding::q4_0: return quantize_q4_0(x, k, out);
-    case QuantizationEncoding::q4_k: return quantize_q4_k_q5_k(x, k, out, false);
-    case QuantizationEncoding::q5_k: return quantize_q4_k_q5_k(x, k, out, true);
-    case QuantizationEncoding::q6_k: return quantize_q6_k(x, k, out);
+    case QuantizationEncoding::q4_k: return quantize_q4_k_q5_k(x, k, out, false, simd);
+    case QuantizationEncoding::q5_k: return quantize_q4_k_q5_k(x, k, out, true, simd);
+    case QuantizationEncoding::q6_k: return quantize_q6_k(x, k, out, simd);
   }
+}
+
+}  // namespace
+
+void quantize_row(QuantizationEncoding e, const float* x, int64_t k, uint8_t* out) {
+  quantize_row_with(e, x, k, out, /*simd=*/true);
+}
+
+void quantize_row_portable(QuantizationEncoding e, const float* x, int64_t k, uint8_t* out) {
+  quantize_row_with(e, x, k, out, /*simd=*/false);
 }
 
 void dequantize_row(QuantizationEncoding e, const uint8_t* row, int64_t k, float* out) {

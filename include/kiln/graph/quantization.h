@@ -78,9 +78,9 @@ void quantize_row(QuantizationEncoding, const float* x, int64_t k, uint8_t* out)
 // operations in the same order: q4_k's (d * sc) * q - (dmin * m), unfused).
 void dequantize_row(QuantizationEncoding, const uint8_t* row, int64_t k, float* out);
 
-// Tests: quantize_row with its portable loops only (true), or with its SIMD ones where the CPU has
-// them (false, the default). Both give the same bytes.
-void use_portable_quantizers_for_testing(bool portable);
+// quantize_row with its portable loops only, never the SIMD ones it takes where the CPU has them:
+// the same bytes (tests compare the two).
+void quantize_row_portable(QuantizationEncoding, const float* x, int64_t k, uint8_t* out);
 
 // The eight 6-bit scales and eight 6-bit mins of a Q4_K / Q5_K block from its 12 packed bytes
 // (ggml's get_scale_min_k4 for j = 0..7).
