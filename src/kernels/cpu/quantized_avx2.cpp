@@ -22,6 +22,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #endif
+#include "kernels/cpu/quantized_x86_helpers.h"
+
 namespace kiln::kernels::quantized {
 namespace {
 
@@ -32,27 +34,6 @@ constexpr int64_t kRowsPerPass = 8;  // activation rows sharing one decode of a 
 // The loops over a group's 8 blocks (or 4 pairs, 2 halves) are unrolled (`#pragma GCC unroll`), so
 // the decoded weights stay in registers and the shuffle controls are constants: -O2 alone kept them
 // in memory and built the controls with vpinsrb.
-
-inline float load_f16(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return _cvtsh_ss(bits);
-}
-
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Eight int32 vectors -> one whose lane j is the sum of v[j]'s eight lanes.
 inline __m256i sum_lanes8(const __m256i v[8]) {
@@ -96,11 +77,7 @@ template <bool kFive> struct Q4KQ5K {
   }
 
   void decode(const uint8_t* block) {
-    const uint32_t w0 = load_u32(block + 4), w1 = load_u32(block + 8), w2 = load_u32(block + 12);
-    // quantization.h's layout of the 12 bytes, four sub-blocks per 32-bit word.
-    const uint32_t sc03 = w0 & 0x3f3f3f3fu, m03 = w1 & 0x3f3f3f3fu;
-    const uint32_t sc47 = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
-    const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    const auto [sc03, sc47, m03, m47] = k_scale_words(block);
     const __m256i sc16 = _mm256_broadcastsi128_si256(
         _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc03), static_cast<int>(sc47), 0, 0)));
     #pragma GCC unroll 8
@@ -151,10 +128,7 @@ template <bool kFive> struct Q4KQ5K {
   // (decode's 16 vectors do not fit the 16 registers beside update's). The same int32 sums and f32
   // operations, so the same bits.
   static void fused(Acc& acc, const uint8_t* block, const Q8Activations& x, int64_t m, int64_t s) {
-    const uint32_t w0 = load_u32(block + 4), w1 = load_u32(block + 8), w2 = load_u32(block + 12);
-    const uint32_t sc03 = w0 & 0x3f3f3f3fu, m03 = w1 & 0x3f3f3f3fu;
-    const uint32_t sc47 = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
-    const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    const auto [sc03, sc47, m03, m47] = k_scale_words(block);
     const __m256i sc16 = _mm256_broadcastsi128_si256(
         _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc03), static_cast<int>(sc47), 0, 0)));
     const __m256i mn = _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(m03), static_cast<int>(m47), 0, 0));

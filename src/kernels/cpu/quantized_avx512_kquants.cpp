@@ -24,33 +24,14 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
+#include "kernels/cpu/quantized_x86_helpers.h"
+
 namespace kiln::kernels::quantized {
 namespace {
 
 using graph::QuantizationEncoding;
 
-inline float load_f16(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return _cvtsh_ss(bits);
-}
-
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
-
-// The AVX2 kernels' horizontal sum, step for step.
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Lanes l and l + 8 added: the AVX2 kernel's lane l.
 inline __m256i fold(__m512i v) {
@@ -80,11 +61,7 @@ template <bool kFive> struct Q4KQ5K {
   };
 
   static void fused(Acc& acc, const uint8_t* block, const Q8Activations& x, int64_t s) {
-    const uint32_t w0 = load_u32(block + 4), w1 = load_u32(block + 8), w2 = load_u32(block + 12);
-    // quantization.h's layout of the 12 bytes, four sub-blocks per 32-bit word.
-    const uint32_t sc03 = w0 & 0x3f3f3f3fu, m03 = w1 & 0x3f3f3f3fu;
-    const uint32_t sc47 = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
-    const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    const auto [sc03, sc47, m03, m47] = k_scale_words(block);
     const __m512i sc16 = _mm512_castsi128_si512(
         _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc03), static_cast<int>(sc47), 0, 0)));
     const __m256i mn = _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(m03), static_cast<int>(m47), 0, 0));
