@@ -68,7 +68,7 @@ double decode_weight_bytes(const nn::LlamaConfig& config, WeightFormat format) {
     const auto numel = static_cast<double>(*decl.shape.static_num_elements());
     const double bytes =
         bytes_per_weight(decl.shape.rank() == 2 ? nn::weight_format_for(format, config.weight_formats, name,
-                                                                        *decl.shape.static_dims().rbegin())
+                                                                        decl.shape.static_dims().back())
                                                       .value_or(format)
                                                 : format);
     if (name.ends_with("norm.weight")) {
