@@ -3,12 +3,13 @@
 // quantized encoding and grouped_matmul give each row bitwise the result that row gets alone (M = 1),
 // whatever the other rows and M are, on every ISA level this CPU supports and on 1 or 2 threads: the continuous-batching
 // engine gives a request the same tokens alone or in a batch of steps up to 8 rows (docs/batching.md;
-// above 8 rows the blocked GEMM rounds in another order). The results alone are
-// checked against a double-precision loop (the tolerance of test_gemm.cpp; for Q8_0 also the
-// activations' quantization error, half a step d_x per element).
+// above 8 rows the blocked GEMM rounds in another order). Q8_0 weights fixed at build, as a model's
+// are, run on their packed panels from 3 rows where VNNI is: rows then match at every M. The results alone are checked against a double-precision loop (the tolerance of test_gemm.cpp;
+// for Q8_0 also the activations' quantization error, half a step d_x per element).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,8 @@ struct Product {
   graph::Attrs attrs;
   std::vector<HostTensor> weights;  // one, or several for grouped_matmul
   std::vector<int64_t> widths;      // N of each result
+  // The weights fixed at build and the lhs symbolic, as a model's step builds the kernel at init.
+  bool fixed_weights = false;
 
   std::vector<HostTensor> run(const HostTensor& x, int64_t m0, int64_t M, Parallel* parallel) const {
     std::vector<TensorView> inputs{rows_of(x, m0, M)};
@@ -65,7 +68,17 @@ struct Product {
     for (int64_t n : widths) outs.emplace_back(DType::f32, std::vector<int64_t>{M, n});
     std::vector<TensorView> views;
     for (const HostTensor& o : outs) views.push_back(o.view());
-    kernel_test::run_kernel(op, attrs, inputs, views, parallel);
+    if (!fixed_weights) {
+      kernel_test::run_kernel(op, attrs, inputs, views, parallel);
+      return outs;
+    }
+    std::vector<TensorView> at_init = inputs;
+    at_init[0] = TensorView{};
+    at_init[0].dtype = DType::f32;
+    const std::unique_ptr<bool[]> fixed(new bool[inputs.size()]);
+    for (size_t i = 0; i < inputs.size(); ++i) fixed[i] = i > 0;  // the lhs alone is not
+    const auto kernel = kernel_test::build_kernel(op, attrs, at_init, {}, std::span<const bool>(fixed.get(), inputs.size()));
+    kernel_test::run_built(*kernel, inputs, views, parallel);
     return outs;
   }
 };
@@ -200,6 +213,52 @@ TEST(BatchInvariance, QmatmulRowsMatchTheRowAloneForEveryEncoding) {
                                });
       }
     }
+  }
+}
+
+// A model's Q8_0 weights (fixed at build) on VNNI CPUs: steps of 3 rows or more run the packed GEMM
+// (quantized::kPackedGemmMinRows), whose rows never depend on the batch: each row of every M from 3
+// to 20 (across its 6-row tiles and kGemmRows panels) is bitwise that row at M = 20, and within the
+// reference's tolerance; grouped too. Steps of 1 and 2 rows run the GEMV, as the tests above check.
+TEST(BatchInvariance, FixedQ8_0WeightsGiveEveryRowTheSameBitsAtEveryMFromThree) {
+  if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: no packed Q8_0 GEMM to check";
+  ForcedIsa forced(Isa::avx512);
+  const int64_t kMany = 20, K = 1120;
+  const std::vector<int64_t> widths{70, 40, 33};
+  uint32_t seed = 110;
+  const HostTensor x =
+      kernel_test::tensor_from_doubles(DType::f32, {kMany, K}, kernel_test::pseudo_random(kMany * K, seed++));
+  std::vector<std::vector<double>> w(widths.size());
+  Product group{Op::grouped_matmul, {{"encoding", std::string("q8_0")}}, {}, widths, true};
+  for (size_t i = 0; i < widths.size(); ++i) group.weights.push_back(q8_weight(widths[i], K, seed++, w[i]));
+  std::vector<Product> products{group};
+  for (size_t i = 0; i < widths.size(); ++i)
+    products.push_back(Product{Op::qmatmul, group.attrs, {group.weights[i]}, {widths[i]}, true});
+  ThreadedParallel two(2);
+  for (size_t p = 0; p < products.size(); ++p) {
+    const Product& product = products[p];
+    const std::string what = p == 0 ? "fixed grouped f32 x q8_0" : "fixed f32 x q8_0";
+    const std::vector<HostTensor> all = product.run(x, 0, kMany, nullptr);
+    for (size_t i = 0; i < product.widths.size(); ++i) {
+      const size_t weight = p == 0 ? i : p - 1;
+      for (int64_t m = 0; m < kMany; ++m)
+        for (int64_t n = 0; n < product.widths[i]; ++n) {
+          const auto [want, tolerance] = q8_reference(x, w[weight], m, n);
+          ASSERT_NEAR(all[i].at<float>(m * product.widths[i] + n), want, tolerance)
+              << what << ": row " << m << " result " << i << " column " << n;
+        }
+    }
+    for (int64_t M : {3, 5, 6, 7, 8, 9, 12, 13, 19})
+      for (int threads : {1, 2}) {
+        const std::vector<HostTensor> out = product.run(x, 0, M, threads == 2 ? &two : nullptr);
+        for (size_t i = 0; i < product.widths.size(); ++i) {
+          const auto& want = all[i].bytes;
+          ASSERT_TRUE(std::equal(out[i].bytes.begin(), out[i].bytes.end(), want.begin()))
+              << label(Isa::avx512, what, M, K, product.widths[i], threads) << ": result " << i
+              << " differs from its rows at M = 20";
+        }
+      }
   }
 }
 

@@ -70,8 +70,17 @@ std::unique_ptr<const Kernel> build_group(const graph::Attrs& attrs, const Tenso
                                    std::span<const bool>(fixed.get(), weights.size() + 1));
 }
 
+// The single op's kernel for one weight, prepared as build_group prepares each part.
+std::unique_ptr<const Kernel> build_single(Op op, const graph::Attrs& attrs, const TensorView& lhs,
+                                           const HostTensor& weight) {
+  TensorView lhs_at_init = lhs;
+  lhs_at_init.data = nullptr;
+  const bool fixed[2] = {false, true};
+  return kernel_test::build_kernel(op, attrs, {lhs_at_init, weight.view()}, {}, fixed);
+}
+
 // lhs [rows, K] (as `lhs_shape`) times each weight: the grouped results, then matmul's (qmatmul's)
-// own, each run unprepared with the same threads.
+// own, each prepared as the group was (`prepared`: the weights fixed at build) with the same threads.
 struct Results {
   std::vector<HostTensor> grouped, single;
 };
@@ -97,8 +106,13 @@ Results run_both(const graph::Attrs& attrs, const TensorView& lhs, const std::ve
           << "prepared state of rhs " << i;
   }
   kernel->run(KernelContext{&pool}, inputs, outputs);
-  for (size_t i = 0; i < weights.size(); ++i)
-    launch(single, KernelContext{&pool}, attrs, {lhs, weights[i].view()}, {r.single[i].view()});
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const std::vector<TensorView> operands{lhs, weights[i].view()}, result{r.single[i].view()};
+    if (prepared)
+      build_single(single, attrs, lhs, weights[i])->run(KernelContext{&pool}, operands, result);
+    else
+      launch(single, KernelContext{&pool}, attrs, operands, result);
+  }
   return r;
 }
 

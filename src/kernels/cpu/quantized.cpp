@@ -1,9 +1,10 @@
 // qmatmul (f32 activations x quantized weight rows) and dequantize. The activations are quantized
 // once per call to int8 blocks (quantized.h) on every path, so each result has one definition:
-// for Q8_0, y = sum over blocks of (d_x * d_w) * int32 dot(q_x, q_w), up to f32 rounding. Few rows
-// (decode): the int8 GEMV, reading the weights in place. More rows (prefill): the int8 GEMM with
-// packed weight panels where AVX512-VNNI is available; else the f32 GEMM of gemm.h
-// (BStorage::q8_0) or a portable loop on the dequantized activations d_x * q_x. The other encodings
+// for Q8_0, y = sum over blocks of (d_x * d_w) * int32 dot(q_x, q_w), up to f32 rounding. Where
+// AVX512-VNNI is available a fixed weight runs the int8 GEMM on its packed panels for every M, decode
+// included. Otherwise few rows (decode) run the int8 GEMV, reading the weights in place, and more
+// rows (prefill) the VNNI GEMM packing as it goes, else the f32 GEMM of gemm.h (BStorage::q8_0) or
+// a portable loop on the dequantized activations d_x * q_x. The other encodings
 // (quantized.h's last section) run one int8 kernel for every M, reading the weights in place (for
 // the K-quants' single activation row, its AVX-512 form where VNNI is there, the same bits); the
 // K-quants' activations are quantized per 256 instead of 32 (ggml's q8_K).
@@ -247,6 +248,32 @@ void quantized::qmatmul_gemv_group(const KernelContext& ctx, QuantizationEncodin
                });
 }
 
+void quantized::q8_0_packed_gemm_group(const KernelContext& ctx, const TensorView& lhs,
+                                       std::span<const PackedQ8Target> targets) {
+  const int64_t K = lhs.shape.back(), M = K == 0 ? 0 : lhs.numel() / K;
+  const auto panels_of = [](const PackedQ8Target& t) { return (t.N + kGemmRows - 1) / kGemmRows; };
+  int64_t panels = 0;  // of all targets, concatenated
+  for (const PackedQ8Target& t : targets) panels += panels_of(t);
+  if (M == 0 || panels == 0) return;
+  const Q8Activations acts = quantize_lhs(ctx, QuantizationEncoding::q8_0, lhs, M, K, /*offset=*/false);
+  const Q8_0GemmFn fn = avx512_vnni_q8_0_gemm();
+  // Decode's rows cut as the GEMV's are (gemm::kGemvPartsPerThread chunks per thread, claimed as
+  // threads come free; each at least 32 KiB of weights times rows of x); prefill one long run of
+  // panels per thread. Each row's sum is the same however the panels are cut.
+  const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  const int64_t parts = M <= gemm::kSmallM ? gemm::kGemvPartsPerThread * threads : threads;
+  parallel_for(ctx, panels, std::max<int64_t>({1, 32768 / (gemm_panel_bytes(K) * M), panels / parts}),
+               [&](int64_t begin, int64_t end) {
+                 int64_t first = 0;  // the target's first panel in the concatenation
+                 for (const PackedQ8Target& t : targets) {
+                   const int64_t p0 = std::max(begin, first) - first, p1 = std::min(end, first + panels_of(t)) - first;
+                   if (p0 < p1)
+                     fn(acts, nullptr, 0, p0 * kGemmRows, std::min(t.N, p1 * kGemmRows), t.y, t.N, t.panels, nullptr);
+                   first += panels_of(t);
+                 }
+               });
+}
+
 namespace {
 
 struct QmatmulShape {
@@ -296,22 +323,21 @@ class QmatmulKernel final : public Kernel {
   void run(const KernelContext& ctx, std::span<const TensorView> inputs,
            std::span<const TensorView> outputs) const override;
   bool packed() const { return panels_.has_value(); }
-
- private:
+  // The panels packed from w (lhs inner dim K), where the VNNI GEMM is active; else nullptr.
   const uint8_t* panels_for(const TensorView& w, int64_t K) const {
     if (!panels_ || panels_->source != w.data || panels_->N != w.shape[0] || panels_->K != K ||
-        panels_->row_stride != w.strides[0])
+        panels_->row_stride != w.strides[0] || !use_vnni())
       return nullptr;
     return panels_->panels.data();
   }
 
+ private:
   QuantizationEncoding encoding_;
   std::optional<PackedQ8Panels> panels_;
 };
 
-// A fixed weight's GEMM panels, where the VNNI GEMM runs and some launch can have more than kSmallM
-// rows (decode's GEMV reads the rows in place). The panels cost the weight's size once more (36
-// bytes per 32 weights); packing per call was a fifth of a stories110M q8_0 prefill's GEMM time.
+// A fixed weight's GEMM panels, where the VNNI GEMM runs: every launch then runs on them. They cost
+// the weight's size once more; packing per call was a fifth of a stories110M q8_0 prefill's GEMM time.
 QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(init)) {
   const quantized::Q8_0PackFn pack = quantized::avx512_vnni_q8_0_pack();
   if (encoding_ != QuantizationEncoding::q8_0 || init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni())
@@ -321,11 +347,7 @@ QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(ini
       w.shape[1] == 0 || w.shape[1] % graph::kQ8_0BlockBytes != 0)
     return;  // the launch reports what is wrong
   const int64_t N = w.shape[0], K = w.shape[1] / graph::kQ8_0BlockBytes * graph::kQ8_0BlockSize;
-  if (!a.shape.empty()) {  // a static lhs of at most kSmallM rows never reaches the GEMM
-    int64_t rows = 1;
-    for (size_t d = 0; d + 1 < a.shape.size(); ++d) rows *= a.shape[d];
-    if (rows <= gemm::kSmallM || a.shape.back() != K) return;
-  }
+  if (!a.shape.empty() && a.shape.back() != K) return;  // a static lhs of another K: the launch says so
   PackedQ8Panels& p = panels_.emplace();
   p.source = w.data;
   p.N = N;
@@ -344,6 +366,11 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
   const uint8_t* wq = w.as<uint8_t>();
   const int64_t w_row = w.strides[0];
   float* y = out.as<float>();  // [M, N]
+  if (const uint8_t* packed = M >= quantized::kPackedGemmMinRows ? panels_for(w, K) : nullptr) {
+    const quantized::PackedQ8Target target{packed, N, y};
+    quantized::q8_0_packed_gemm_group(ctx, a, std::span(&target, 1));
+    return;
+  }
   if (M <= gemm::kSmallM || encoding_ != QuantizationEncoding::q8_0) {
     const quantized::QGemvTarget target{wq, w_row, N, y};
     quantized::qmatmul_gemv_group(ctx, encoding_, a, std::span(&target, 1));
@@ -358,13 +385,12 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
   quantize_rows(x, M, K, /*offset=*/false, xq, xd, xsum);
   const Q8Activations acts{xq, xd, xsum, nullptr, M, K};
 
-  if (vnni) {
+  if (vnni) {  // a weight that is not fixed: each thread packs a panel at a time
     const quantized::Q8_0GemmFn fn = quantized::avx512_vnni_q8_0_gemm();
     const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
-    const uint8_t* packed = panels_for(w, K);
     for_each_thread_chunk(ctx, panels, 1, [&](int64_t begin, int64_t end) {
-      uint8_t* panel = packed ? nullptr : t_scratch.panel.get(static_cast<size_t>(quantized::gemm_panel_bytes(K)));
-      fn(acts, wq, w_row, begin * quantized::kGemmRows, std::min(N, end * quantized::kGemmRows), y, N, packed,
+      uint8_t* panel = t_scratch.panel.get(static_cast<size_t>(quantized::gemm_panel_bytes(K)));
+      fn(acts, wq, w_row, begin * quantized::kGemmRows, std::min(N, end * quantized::kGemmRows), y, N, nullptr,
          panel);
     });
     return;
@@ -419,6 +445,16 @@ std::unique_ptr<const Kernel> make_qmatmul_kernel(const KernelInit& init) {
 bool qmatmul_packed_panels(const Kernel& qmatmul) {
   const auto* kernel = dynamic_cast<const QmatmulKernel*>(&qmatmul);
   return kernel && kernel->packed();
+}
+
+std::optional<quantized::PackedQ8Target> qmatmul_packed_target(const Kernel& qmatmul, const TensorView& lhs,
+                                                               const TensorView& w, const TensorView& out) {
+  const auto* kernel = dynamic_cast<const QmatmulKernel*>(&qmatmul);
+  if (!kernel || !kernel->packed()) return std::nullopt;  // packed: a Q8_0 kernel
+  const QmatmulShape s = check_qmatmul(QuantizationEncoding::q8_0, lhs, w, out);
+  const uint8_t* panels = s.M >= quantized::kPackedGemmMinRows ? kernel->panels_for(w, s.K) : nullptr;
+  if (!panels) return std::nullopt;
+  return quantized::PackedQ8Target{panels, s.N, out.as<float>()};
 }
 
 void register_cpu_quantized(KernelRegistry& r) {

@@ -7,13 +7,18 @@
 // Each block's product is then an exact int32 dot, scaled once by d_x * d_w and summed in f32 in
 // block order. vpdpbusd multiplies unsigned by signed bytes, so one side carries +128 and the
 // matching 128 * sum cancels it:
-// * GEMV (M <= kSmallM rows, decode, bound by reading the 34 bytes per 32 weights): the activations
+// * GEMV (decode's 1-2 rows, or up to kSmallM rows of a weight that is not fixed): the activations
 //   are stored +128 (`offset`) and 128 * sum(w) (one more vpdpbusd per weight block, shared by all
 //   rows of x) is subtracted; weights are read in place, several rows at a time.
-// * GEMM (prefill): 32 weight rows at a time, +128, in a panel whose vectors hold 16 rows x 4
-//   quants, so one activation dword broadcast feeds 16 rows; the correction -128 * sum(q_x) per
-//   activation block starts each int32 accumulator. A fixed weight's panels are packed once at init
-//   (built with the qmatmul kernel); otherwise each thread packs a panel at a time into L2.
+// * GEMM: 32 weight rows at a time, +128, in a panel whose vectors hold 16 rows x 4 quants, so one
+//   activation dword broadcast feeds 16 rows; the correction -128 * sum(q_x) per activation block
+//   starts each int32 accumulator. A fixed weight's panels are packed once at init (built with the
+//   qmatmul kernel) and serve every M from kPackedGemmMinRows (3), batched decode included: a panel
+//   is as many bytes as its rows, and a tile does 16 weight rows' dots per instruction where the
+//   GEMV does one, so 3..8 rows stay memory-bound (on Zen 4 the GEMV's 8 rows cost 5.9x its one row
+//   from L3, the GEMM's 2x). Each row's sum runs in the same order whatever M is, so its bits do not
+//   depend on the batch. A weight that is not fixed runs the GEMV up to kSmallM rows, and above it
+//   each thread packs a panel at a time.
 #pragma once
 
 #include <cstdint>
@@ -45,9 +50,10 @@ using QuantizeRowsFn = void (*)(const float* x, int64_t M, int64_t K, bool offse
 using QGemvFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                          float* y, int64_t ldy);
 
-// The GEMM's packing unit, and the scratch one call needs: kGemmRows rows x K as int8 + f32 scales.
+// The GEMM's packing unit, and the scratch one call needs: kGemmRows rows x K as int8 + f16 scales,
+// as many bytes as the rows themselves (so a packed one-row product streams what the GEMV would).
 inline constexpr int64_t kGemmRows = 32;
-inline int64_t gemm_panel_bytes(int64_t K) { return K / 32 * kGemmRows * (32 + 4); }
+inline int64_t gemm_panel_bytes(int64_t K) { return K / 32 * kGemmRows * (32 + 2); }
 
 // Same contract as QGemvFn for any M, x not offset (with sums); n0 a multiple of kGemmRows.
 // `packed`: all of w's panels (Q8_0PackFn's layout) packed ahead, or nullptr: each panel is then
@@ -82,6 +88,23 @@ void qmatmul_gemv_group(const KernelContext& ctx, graph::QuantizationEncoding en
 std::optional<QGemvTarget> qmatmul_gemv_target(graph::QuantizationEncoding encoding, const TensorView& lhs,
                                                const TensorView& w, const TensorView& out);
 
+// From this many rows a fixed Q8_0 weight's product runs on its packed panels; fewer run the GEMV.
+// On Zen 4 (1 thread, 65536 x 2048, from DRAM) the GEMM took 6.9 / 7.0-7.4 / 5.2-5.6 / 5.5-6.5 ms at
+// 1 / 2 / 3 / 4 rows and the GEMV 6.3 / 6.5-6.6 / 7.9 / 9.8-9.9: one or two rows stream faster
+// from the GEMV's far-apart row streams, more are bound by its arithmetic.
+inline constexpr int64_t kPackedGemmMinRows = 3;
+
+// One fixed Q8_0 weight's packed panels (Q8_0PackFn's layout, N rows) and its result y [M][N].
+struct PackedQ8Target {
+  const uint8_t* panels = nullptr;
+  int64_t N = 0;
+  float* y = nullptr;
+};
+// The packed Q8_0 GEMM for lhs [..., K] f32 of any M (the caller checked VNNI and the operands): the
+// activations quantized once, then the panels of every target cut into chunks as ONE parallel job
+// (decode's grouped q/k/v in one pool round trip). Each result has the bits qmatmul gives alone.
+void q8_0_packed_gemm_group(const KernelContext& ctx, const TensorView& lhs, std::span<const PackedQ8Target> targets);
+
 // ---- Q4_0, Q4_K, Q5_K, Q6_K -----------------------------------------------------------------------
 // The activations are quantized to int8 with the rule above (d_x = max|x| / 127, q_x =
 // round-half-even(x * 127 / max|x|)), not offset, over blocks of 32 for Q4_0 (as for Q8_0, and as
@@ -110,9 +133,13 @@ QGemvFn avx512_vnni_block_gemv(graph::QuantizationEncoding);
 }  // namespace kiln::kernels::quantized
 
 namespace kiln::kernels {
-// The qmatmul kernel of a step: its encoding checked once, and a fixed weight's GEMM panels packed
-// at build where the VNNI GEMM runs and some launch can have more than gemm::kSmallM rows.
+// The qmatmul kernel of a step: its encoding checked once, and a fixed Q8_0 weight's GEMM panels
+// packed at build where the VNNI GEMM runs (they then serve every launch, whatever its M).
 std::unique_ptr<const Kernel> make_qmatmul_kernel(const KernelInit& init);
 // Tests: whether a qmatmul kernel (make_qmatmul_kernel) packed its fixed weight's panels at build.
 bool qmatmul_packed_panels(const Kernel& qmatmul);
+// qmatmul(lhs, w) -> out checked as qmatmul checks it (its errors); the packed target a qmatmul kernel
+// runs it on (its panels are w's and the VNNI GEMM is active), else nullopt.
+std::optional<quantized::PackedQ8Target> qmatmul_packed_target(const Kernel& qmatmul, const TensorView& lhs,
+                                                               const TensorView& w, const TensorView& out);
 }  // namespace kiln::kernels

@@ -181,8 +181,9 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q
 // ---- GEMM ----------------------------------------------------------------------------------------
 
 // Panel of kGemmRows weight rows, per block: [2 halves][8 dwords][16 rows][4 quants + 128], then
-// [2 halves][16 rows] f32 scales: 1152 bytes. Rows past the weight are zero (quants 128, scale 0).
-constexpr int64_t kPanelBlockBytes = 2 * 8 * 64 + 2 * 16 * 4;
+// [2 halves][16 rows] f16 scales as stored: 1088 bytes, the rows' own 32 x 34. Rows past the weight
+// are zero (quants 128, scale 0).
+constexpr int64_t kPanelBlockBytes = 2 * 8 * 64 + 2 * 16 * 2;
 
 // 16 full weight rows, one block -> [8 dwords][16 rows] of quants + 128: an 8 x 8 dword transpose in
 // each 256-bit half (rows r and r + 8 share a vector), as in the AVX 8 x 8 float transpose.
@@ -222,17 +223,17 @@ inline void pack_half_block(const uint8_t* first_row, int64_t row_bytes, uint8_t
 void pack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows, int64_t blocks, uint8_t* panel) {
   for (int64_t b = 0; b < blocks; ++b) {
     uint8_t* dst = panel + b * kPanelBlockBytes;
-    float* scales = reinterpret_cast<float*>(dst + 2 * 8 * 64);
+    uint16_t* scales = reinterpret_cast<uint16_t*>(dst + 2 * 8 * 64);
     for (int64_t half = 0; half < 2; ++half)
       if (rows >= 16 * (half + 1)) pack_half_block(w + (n0 + 16 * half) * row_bytes + b * kBlockBytes, row_bytes,
                                                    dst + half * 512);
     for (int64_t r = 0; r < kGemmRows; ++r) {
-      if (r < rows) scales[r] = _cvtsh_ss(scale_bits(w + (n0 + r) * row_bytes + b * kBlockBytes));
+      if (r < rows) scales[r] = scale_bits(w + (n0 + r) * row_bytes + b * kBlockBytes);
       if (rows >= 16 * (r / 16 + 1)) continue;  // quants packed above
       uint32_t* quads = reinterpret_cast<uint32_t*>(dst + r / 16 * 512) + r % 16;
       if (r >= rows) {
         for (int j = 0; j < 8; ++j) quads[j * 16] = 0x80808080u;
-        scales[r] = 0.0f;
+        scales[r] = 0;
         continue;
       }
       const uint8_t* src = w + (n0 + r) * row_bytes + b * kBlockBytes;
@@ -267,33 +268,46 @@ void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t
     if (ahead)
       for (int64_t line = line0; line < line1; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(ahead + (b - b0) * kPanelBlockBytes + line * 64), _MM_HINT_T1);
-    __m512i dot[MR][2];
+    // Few rows (decode) leave too few independent vpdpbusd chains to hide their latency, so the
+    // block's dwords alternate between two sums per accumulator, added at the end: integer sums,
+    // the same bits.
+    constexpr int kChains = MR <= 2 ? 2 : 1;
+    __m512i dot[kChains][MR][2];
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
       // -128 * sum(q_x) cancels the +128 the packed weights carry.
       const __m512i start = _mm512_set1_epi32(-128 * x.sum[(m0 + m) * blocks + b]);
-      dot[m][0] = start;
-      dot[m][1] = start;
+      dot[0][m][0] = start;
+      dot[0][m][1] = start;
+      if constexpr (kChains == 2) dot[1][m][0] = dot[1][m][1] = _mm512_setzero_si512();
     }
     const uint8_t* xb = x.x + m0 * K + b * kBlock;
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       const __m512i w0 = _mm512_load_si512(pb + j * 64), w1 = _mm512_load_si512(pb + 512 + j * 64);
+      __m512i(&chain)[MR][2] = dot[j % kChains];
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
         int32_t quad;
         std::memcpy(&quad, xb + m * K + 4 * j, 4);
         const __m512i xq = _mm512_set1_epi32(quad);
-        dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], w0, xq);
-        dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], w1, xq);
+        chain[m][0] = _mm512_dpbusd_epi32(chain[m][0], w0, xq);
+        chain[m][1] = _mm512_dpbusd_epi32(chain[m][1], w1, xq);
       }
     }
-    const __m512 dw0 = _mm512_load_ps(pb + 1024), dw1 = _mm512_load_ps(pb + 1024 + 64);
+    if constexpr (kChains == 2)
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        dot[0][m][0] = _mm512_add_epi32(dot[0][m][0], dot[1][m][0]);
+        dot[0][m][1] = _mm512_add_epi32(dot[0][m][1], dot[1][m][1]);
+      }
+    const __m512 dw0 = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 1024)));
+    const __m512 dw1 = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 1024 + 32)));
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
       const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * blocks + b]);
-      acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), _mm512_mul_ps(dw0, dx), acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][1]), _mm512_mul_ps(dw1, dx), acc[m][1]);
+      acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0][m][0]), _mm512_mul_ps(dw0, dx), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0][m][1]), _mm512_mul_ps(dw1, dx), acc[m][1]);
     }
   }
 #pragma GCC unroll 8
