@@ -257,11 +257,11 @@ void quantized::q8_0_packed_gemm_group(const KernelContext& ctx, const TensorVie
   if (M == 0 || panels == 0) return;
   const Q8Activations acts = quantize_lhs(ctx, QuantizationEncoding::q8_0, lhs, M, K, /*offset=*/false);
   const Q8_0GemmFn fn = avx512_vnni_q8_0_gemm();
-  // Decode's rows cut as the GEMV's are (gemm::kGemvPartsPerThread chunks per thread, claimed as
-  // threads come free; each at least 32 KiB of weights times rows of x); prefill one long run of
-  // panels per thread. Each row's sum is the same however the panels are cut.
+  // The panels cut as the GEMV's rows are: gemm::kGemvPartsPerThread chunks per thread, claimed as
+  // threads come free (a core slowed by another job hands its share on), each at least 32 KiB of
+  // weights times rows of x. Each row's sum is the same however the panels are cut.
   const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
-  const int64_t parts = M <= gemm::kSmallM ? gemm::kGemvPartsPerThread * threads : threads;
+  const int64_t parts = gemm::kGemvPartsPerThread * threads;
   parallel_for(ctx, panels, std::max<int64_t>({1, 32768 / (gemm_panel_bytes(K) * M), panels / parts}),
                [&](int64_t begin, int64_t end) {
                  int64_t first = 0;  // the target's first panel in the concatenation
