@@ -276,9 +276,6 @@ std::vector<Tensor> ModuleV3::signal_buffers() const {
 // ---- compile ---------------------------------------------------------------------------------------
 
 CompiledModuleV3 ModuleV3::compile(const std::vector<TypeTree>& input_types, const CompileOptions& options) {
-  if (options.is_device_graph)
-    throw ValueError(
-        fmt::format("ModuleV3::compile '{}': is_device_graph is not supported yet", options.name));
   std::shared_ptr<EagerSession> session = options.session ? options.session : default_eager_session();
   for (const DeviceRef& d : devices_)
     if (std::find(session->devices().begin(), session->devices().end(), d) == session->devices().end())
@@ -294,7 +291,10 @@ CompiledModuleV3 ModuleV3::compile(const std::vector<TypeTree>& input_types, con
                                  fmt::format("ModuleV3::compile '{}'", options.name), session->logger());
   std::shared_ptr<const engine::CompiledModel> compiled =
       session->cached_compile(g.module(), options.custom_extensions);
-  engine::Model model = session->inference_session().init(*compiled, weights).at(g.name());
+  // A device graph is made at init, not at compile, so the cached compile serves both kinds.
+  std::vector<std::string> device_graphs;
+  if (options.is_device_graph) device_graphs.push_back(g.name());
+  engine::Model model = session->inference_session().init(*compiled, weights, device_graphs).at(g.name());
 
   // Where stage() put the signal buffers: after the first `index` of the forward arguments' leaves.
   size_t num_user_inputs = 0;

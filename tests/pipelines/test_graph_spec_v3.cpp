@@ -1,5 +1,5 @@
 // GraphSpec with a ModuleV3: one test per ModuleV3 row of DESIGN.md's contract table (module,
-// input_types, weights, group, trace(into), auto_cast, signal_buffer_index).
+// input_types, weights, group, trace(into), is_device_graph, auto_cast, signal_buffer_index).
 #include <gtest/gtest.h>
 
 #include "test_util.h"
@@ -140,6 +140,29 @@ TEST(GraphSpecV3, TraceIntoIsRejected) {
             std::string::npos)
       << msg;
   EXPECT_EQ(unit.size(), 0u);
+}
+
+// Row `is_device_graph`: the model replays a launch list built at init, computing what a plain
+// model's execute computes, and refuses capture.
+TEST(GraphSpecV3, DeviceGraphReplaysWhatExecuteComputesAndRefusesCapture) {
+  auto m = std::make_shared<ScaleShiftV3>();
+  auto spec = scale_shift_spec(m);
+  spec.is_device_graph = true;
+  auto plain = scale_shift_spec(m);
+  plain.name = "plain";
+  engine::InferenceSession session;
+  auto models = pipelines::compile_graph_specs(session, {spec, plain});
+  const engine::Model& model = models.at("scale_shift");
+  EXPECT_TRUE(model.is_device_graph());
+  EXPECT_FALSE(models.at("plain").is_device_graph());
+  // relu(x * [1, 2, 3] + [-1, 0, 1])
+  const kiln::Tensor x1 = vec({2, -1, 0.5f}), x2 = vec({1, 1, 1});
+  auto first = model.execute({x1}).at(0), second = model.execute({x2}).at(0);
+  EXPECT_EQ(first.to_vector<float>(), (std::vector<float>{1, 0, 2.5f}));  // not overwritten by the second
+  EXPECT_EQ(second.to_vector<float>(), (std::vector<float>{0, 2, 4}));
+  EXPECT_EQ(second.to_vector<float>(), models.at("plain").execute({x2}).at(0).to_vector<float>());
+  kiln::testing::expect_error<ValueError>([&] { model.capture("k", {x1}); },
+                                          {"graph 'scale_shift' is a device graph", "capture"});
 }
 
 // Row `auto_cast`: f32 <-> bf16 weights are cast to the parameters' dtypes, with one summary warning.
