@@ -221,6 +221,27 @@ TEST(GraphSpec, GroupRegistryConflictNamesBothSpecsAndTheWeight) {
   EXPECT_EQ(pipelines::compile_graph_specs(session, {a, b}).size(), 2u);
 }
 
+// Rows `auto_cast`, `signal_buffer_index`: they mean something only for a ModuleV3 graph, so an
+// nn::Module spec that sets one is refused rather than silently ignored.
+TEST(GraphSpec, ModuleV3OnlyOptionsOnAModuleSpecAreValueErrors) {
+  auto m = std::make_shared<ScaleShift>(3);
+  engine::InferenceSession session;
+  auto cast = scale_shift_spec(m);
+  cast.auto_cast = true;
+  const std::string cast_error = "GraphSpec 'scale_shift': auto_cast is set, but it applies only to a ModuleV3 graph";
+  expect_error<ValueError>([&] { cast.trace(); }, cast_error.c_str());
+  expect_error<ValueError>([&] { cast.weights_registry(); }, cast_error.c_str());
+  expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {cast}); }, cast_error.c_str());
+
+  auto signals = scale_shift_spec(m);
+  signals.signal_buffer_index = 0;
+  const std::string signal_error =
+      "GraphSpec 'scale_shift': signal_buffer_index is set (0), but only a ModuleV3 graph gets signal buffers";
+  expect_error<ValueError>([&] { signals.trace(); }, signal_error.c_str());
+  expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {signals}); }, signal_error.c_str());
+  EXPECT_EQ(session.compile_count(), 0);
+}
+
 // Row `trace(into)`: the graph is added to the given compile unit.
 TEST(GraphSpec, TraceIntoAddsToTheModule) {
   graph::Module unit;
