@@ -289,4 +289,9 @@ TEST(GraphSpecV3, TwoDeviceSessionCompilesAndRunsAGraphTakingSignalBuffers) {
     model.execute({vec({1, 2}), vec({1, 2}), signals[1], vec({1, 2})});
   });
   EXPECT_NE(msg.find("input 1"), std::string::npos) << msg;
+  // A session without cpu:1 refuses the graph (its signal buffer 1, input 2, is on cpu:1).
+  engine::InferenceSession only0;
+  kiln::testing::expect_error<ValueError>(
+      [&] { pipelines::compile_graph_specs(only0, {two_device_spec(1)}); },
+      {"init: graph 'sum': input 2 is on cpu:1, a device this session does not hold (its devices: [cpu:0]"});
 }
