@@ -83,6 +83,14 @@ void check_local_name(const char* what, const std::string& name) {
 
 Parameter ModuleV3::register_parameter(const std::string& name, kiln::Tensor initial) {
   check_local_name("register_parameter", name);
+  // The trace's weights are the parameters the tree had when stage() began; refused before anything
+  // is registered, so a failed stage leaves the module as it was.
+  if (is_staging()) {
+    const std::string prefix = path();
+    throw ValueError(fmt::format("register_parameter: parameter '{}' is registered while its module is being "
+                                 "staged (register parameters in the constructor)",
+                                 prefix.empty() ? name : prefix + "." + name));
+  }
   for (const Parameter& p : parameters_)
     if (p.name() == name) throw ValueError(fmt::format("register_parameter: '{}' is registered twice", name));
   for (const auto& [child_name, child] : children_)

@@ -157,8 +157,10 @@ TEST(GraphSpec, ExplicitWeightsAreWhatTheGraphBinds) {
   EXPECT_EQ(out.at(0).to_vector<float>(), (std::vector<float>{2, 3, 4}));
 }
 
-// Row `weights`, default: the module's state_dict(), named by the trace.
-TEST(GraphSpec, DefaultWeightsAreTheStateDictAfterTracing) {
+// Row `weights`, default: the module's state_dict(). Its names are fixed when a weight is registered
+// (the qualified path from the root), so they are known before any trace; the trace adds only the
+// weights forward registers itself (below).
+TEST(GraphSpec, DefaultWeightsAreTheStateDictNamedAtRegistration) {
   struct Outer : nn::Module {
     Outer() { inner = register_module("inner", std::make_shared<ScaleShift>(3)); }
     nn::Values forward(const std::vector<nn::Values>& args) override { return inner->forward(args); }
@@ -167,12 +169,90 @@ TEST(GraphSpec, DefaultWeightsAreTheStateDictAfterTracing) {
   auto m = std::make_shared<Outer>();
   m->load_state_dict({{"inner.scale", vec({5, 6, 7})}});
   auto spec = scale_shift_spec(m);
+  ASSERT_EQ(spec.weights_registry().size(), 1u);  // before any trace
+  EXPECT_EQ(spec.weights_registry().at("inner.scale").to_vector<float>(), (std::vector<float>{5, 6, 7}));
   graph::Graph g = spec.trace();
   ASSERT_EQ(g.ir().weights.size(), 1u);
   EXPECT_EQ(g.ir().weights[0].name, "inner.scale");
   auto reg = spec.weights_registry();
   ASSERT_EQ(reg.size(), 1u);
   EXPECT_EQ(reg.at("inner.scale").to_vector<float>(), (std::vector<float>{5, 6, 7}));
+}
+
+namespace {
+
+// x + bias, where forward registers the bias on its first trace, shaped like x: a weight whose name
+// and shape only the trace fixes.
+class LazyBias : public nn::Module {
+ public:
+  nn::Values forward(const std::vector<nn::Values>& args) override {
+    graph::TensorValue x = args.at(0).leaf();
+    if (!bias_) bias_ = register_weight("bias", DType::f32, x.shape());
+    return nn::Values(x + weight(*bias_));
+  }
+
+ private:
+  std::optional<WeightId> bias_;
+};
+
+struct HoldsLazyBias : nn::Module {
+  HoldsLazyBias() { lazy = register_module("lazy", std::make_shared<LazyBias>()); }
+  nn::Values forward(const std::vector<nn::Values>& args) override { return lazy->forward(args); }
+  std::shared_ptr<LazyBias> lazy;
+};
+
+pipelines::GraphSpec lazy_bias_spec(std::shared_ptr<nn::Module> m) {
+  pipelines::GraphSpec spec;
+  spec.module = std::move(m);
+  spec.name = "lazy";
+  spec.input_types = std::vector<nn::TypeTree>{nn::TypeTree(TensorType{DType::f32, {3}})};
+  return spec;
+}
+
+}  // namespace
+
+// Row `weights`, default, read after tracing: a weight forward registers lazily is in it, named by
+// its path, with zeros until a registry sets it (as MAX's state_dict does).
+TEST(GraphSpec, DefaultWeightsIncludeAWeightRegisteredLazilyInForward) {
+  auto m = std::make_shared<HoldsLazyBias>();
+  auto spec = lazy_bias_spec(m);
+  EXPECT_TRUE(spec.weights_registry().empty());  // not registered before the first trace
+  graph::Graph g = spec.trace();
+  ASSERT_EQ(g.ir().weights.size(), 1u);
+  EXPECT_EQ(g.ir().weights[0].name, "lazy.bias");
+  EXPECT_EQ(g.ir().weights[0].shape, (graph::Shape{3}));
+  EXPECT_EQ(spec.weights_registry().at("lazy.bias").to_vector<float>(), (std::vector<float>{0, 0, 0}));
+
+  // compile_graph_specs reads the registry after its own trace, so a never-traced module works too.
+  engine::InferenceSession session;
+  auto fresh = pipelines::compile_graph_specs(session, {lazy_bias_spec(std::make_shared<HoldsLazyBias>())});
+  EXPECT_EQ(fresh.at("lazy").execute({vec({1, 2, 3})}).at(0).to_vector<float>(), (std::vector<float>{1, 2, 3}));
+
+  // Once registered, it loads like any weight, and tracing again registers nothing new.
+  m->load_state_dict({{"lazy.bias", vec({10, 20, 30})}});
+  auto models = pipelines::compile_graph_specs(session, {spec});
+  EXPECT_EQ(models.at("lazy").execute({vec({1, 2, 3})}).at(0).to_vector<float>(), (std::vector<float>{11, 22, 33}));
+  EXPECT_EQ(m->state_dict().size(), 1u);
+}
+
+// A forward that registers its weight on every call works once; the second trace is refused, naming
+// the weight by its path.
+TEST(GraphSpec, AWeightRegisteredOnEveryTraceIsRefusedTheSecondTime) {
+  class Unguarded : public nn::Module {
+   public:
+    nn::Values forward(const std::vector<nn::Values>& args) override {
+      graph::TensorValue x = args.at(0).leaf();
+      return nn::Values(x + weight(register_weight("bias", DType::f32, x.shape())));
+    }
+  };
+  struct Holder : nn::Module {
+    Holder() { inner = register_module("inner", std::make_shared<Unguarded>()); }
+    nn::Values forward(const std::vector<nn::Values>& args) override { return inner->forward(args); }
+    std::shared_ptr<Unguarded> inner;
+  };
+  auto spec = lazy_bias_spec(std::make_shared<Holder>());
+  spec.trace();
+  expect_error<ValueError>([&] { spec.trace(); }, "register_weight: 'inner.bias' is registered twice");
 }
 
 // Row `group`: one graph::Module, compiled once; each spec a named submodel; one merged registry.

@@ -121,6 +121,34 @@ TEST(GraphSpecV3, WeightsDefaultToTheModulesOwnParameters) {
             (std::vector<float>{9, 10, 11}));
 }
 
+// Row `weights`, default: a ModuleV3's weights are the parameters it has when staging begins, so a
+// parameter registered inside forward is refused, and the module is left without it.
+TEST(GraphSpecV3, AParameterRegisteredLazilyInForwardIsRefused) {
+  class Lazy : public nn::ModuleV3 {
+   public:
+    nn::TensorTree forward(const std::vector<nn::TensorTree>& args) override {
+      return args.at(0).leaf() + register_parameter("bias", vec({1, 2, 3}));
+    }
+  };
+  struct Holder : nn::ModuleV3 {
+    Holder() { inner = register_module("inner", std::make_shared<Lazy>()); }
+    nn::TensorTree forward(const std::vector<nn::TensorTree>& args) override { return inner->forward(args); }
+    std::shared_ptr<Lazy> inner;
+  };
+  auto m = std::make_shared<Holder>();
+  auto spec = scale_shift_spec(m);
+  const char* refused =
+      "register_parameter: parameter 'inner.bias' is registered while its module is being staged (register "
+      "parameters in the constructor)";
+  kiln::testing::expect_error<ValueError>([&] { spec.trace(); }, refused);
+  EXPECT_TRUE(m->parameters().empty());
+  engine::InferenceSession session;
+  kiln::testing::expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); }, refused);
+  // Eagerly, forward may register it (once): it is ordinary code then.
+  EXPECT_EQ(m->forward({nn::Tensor(vec({1, 1, 1}))}).leaf().to_vector<float>(), (std::vector<float>{2, 3, 4}));
+  EXPECT_EQ(m->parameters().size(), 1u);
+}
+
 // Row `group`: a ModuleV3 compiles on its own.
 TEST(GraphSpecV3, GroupIsRejected) {
   auto spec = scale_shift_spec(std::make_shared<ScaleShiftV3>());
