@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "kiln/engine/signals.h"
 #include "kiln/ext/extensions.h"
@@ -260,10 +261,18 @@ graph::Graph ModuleV3::stage(const std::vector<TypeTree>& input_types, const Sta
     }
     ++marks.count;
   }
-  TensorTree results = forward(args);
+  std::optional<TensorTree> results;  // a tree has no empty state
+  try {
+    results.emplace(forward(args));
+  } catch (const std::out_of_range& e) {
+    // As GraphSpec::trace does for an nn::Module: input_types gives forward fewer trees than it reads.
+    throw ValueError(fmt::format("ModuleV3::stage '{}': forward read past its arguments (input_types gives "
+                                 "it {} argument tree{}; does it take more?): {}",
+                                 options.name, args.size(), args.size() == 1 ? "" : "s", e.what()));
+  }
 
   std::vector<graph::Value> outputs;
-  for (const Tensor& r : results.flatten()) {
+  for (const Tensor& r : results->flatten()) {
     if (!r.defined())
       throw ValueError(
           fmt::format("ModuleV3::stage '{}': forward returned an undefined tensor", options.name));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -103,8 +104,17 @@ graph::Graph GraphSpec::trace(graph::Module* into) const {
     next += t.num_leaves();
     args.push_back(t.unflatten(leaves));
   }
-  nn::Values results = module_ptr->forward(args);
-  g.output(results.flatten());
+  std::optional<nn::Values> results;  // a tree has no empty state
+  try {
+    results.emplace(module_ptr->forward(args));
+  } catch (const std::out_of_range& e) {
+    // Forward reads its arguments with at(): reading past them means input_types gives it fewer
+    // trees (or a smaller tree) than it takes. Said in the spec's terms, with the original message.
+    throw ValueError(fmt::format("GraphSpec '{}': forward read past its arguments (input_types gives it {} "
+                                 "argument tree{}; does it take more?): {}",
+                                 name, args.size(), args.size() == 1 ? "" : "s", e.what()));
+  }
+  g.output(results->flatten());
   return g;
 }
 

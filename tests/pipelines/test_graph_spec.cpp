@@ -85,6 +85,16 @@ TEST(GraphSpec, ModuleForwardBecomesTheGraph) {
   EXPECT_EQ(out.at(0).to_vector<float>(), (std::vector<float>{11, 22, 33}));
 }
 
+// Row `module`: a null module is a ValueError naming the spec, from each method.
+TEST(GraphSpec, NullModuleIsAValueErrorNamingTheSpec) {
+  auto spec = scale_shift_spec(std::shared_ptr<nn::Module>());
+  expect_error<ValueError>([&] { spec.trace(); }, "GraphSpec 'scale_shift': trace: module is null");
+  expect_error<ValueError>([&] { spec.weights_registry(); }, "GraphSpec 'scale_shift': weights_registry: module is null");
+  engine::InferenceSession session;
+  expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); },
+                           "GraphSpec 'scale_shift': trace: module is null");
+}
+
 // Row `name`: the graph's name; the result is keyed by it.
 TEST(GraphSpec, NameNamesTheGraphAndTheModel) {
   auto spec = scale_shift_spec(std::make_shared<ScaleShift>(3), "affine");
@@ -345,10 +355,16 @@ TEST(GraphSpec, CustomExtensionThatDoesNotExistIsAnErrorNamingThePath) {
                                {"/tmp/kiln_no_such_dir/libmissing.so", "no such file"});
 }
 
-TEST(GraphSpec, WrongArgumentCountForTheModuleIsAnError) {
+// Row `input_types`: fewer trees than forward takes is a ValueError in the spec's terms.
+TEST(GraphSpec, WrongArgumentCountForTheModuleIsAValueErrorNamingTheSpec) {
   auto spec = scale_shift_spec(std::make_shared<ScaleShift>(3));
   spec.input_types = std::vector<nn::TypeTree>{nn::TypeTree(TensorType{DType::f32, {3}})};
-  EXPECT_ANY_THROW(spec.trace());
+  const char* too_few =
+      "GraphSpec 'scale_shift': forward read past its arguments (input_types gives it 1 argument tree; does "
+      "it take more?)";
+  expect_error<ValueError>([&] { spec.trace(); }, too_few);
+  engine::InferenceSession session;
+  expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); }, too_few);
 }
 
 // Row `is_device_graph`: the model replays a launch list built at init, and refuses capture.

@@ -86,6 +86,14 @@ TEST(GraphSpecV3, ModuleForwardIsTracedThroughStageAndMatchesEager) {
   EXPECT_EQ(m->forward({nn::Tensor(x)}).leaf().to_vector<float>(), (std::vector<float>{1, 0, 2.5f}));
 }
 
+// Row `module`: a null ModuleV3 is a ValueError naming the spec, from each method.
+TEST(GraphSpecV3, NullModuleIsAValueErrorNamingTheSpec) {
+  auto spec = scale_shift_spec(std::shared_ptr<nn::ModuleV3>());
+  kiln::testing::expect_error<ValueError>([&] { spec.trace(); }, "GraphSpec 'scale_shift': trace: module is null");
+  kiln::testing::expect_error<ValueError>([&] { spec.weights_registry(); },
+                                          "GraphSpec 'scale_shift': weights_registry: module is null");
+}
+
 // Row `input_types`: a sequence, one type or tree per forward argument; the named-tree form is rejected.
 TEST(GraphSpecV3, InputTypesAreOneTreePerArgumentAndNotANamedTree) {
   pipelines::GraphSpec spec;
@@ -103,6 +111,18 @@ TEST(GraphSpecV3, InputTypesAreOneTreePerArgumentAndNotANamedTree) {
   std::string msg = error_message<ValueError>([&] { spec.trace(); });
   EXPECT_NE(msg.find("GraphSpec 'tree': a ModuleV3 graph takes input_types as a sequence"), std::string::npos)
       << msg;
+}
+
+// Row `input_types`: fewer trees than forward takes is a ValueError naming the graph.
+TEST(GraphSpecV3, WrongArgumentCountIsAValueErrorNamingTheGraph) {
+  pipelines::GraphSpec spec;
+  spec.module = std::make_shared<TreeSum>();
+  spec.name = "sum";
+  spec.input_types = std::vector<nn::TypeTree>{f32(2)};  // its forward reads two
+  kiln::testing::expect_error<ValueError>(
+      [&] { spec.trace(); },
+      "ModuleV3::stage 'sum': forward read past its arguments (input_types gives it 1 argument tree; does it "
+      "take more?)");
 }
 
 // Row `weights`: nullopt binds the module's own parameters; a registry given replaces them.
@@ -299,7 +319,10 @@ TEST(GraphSpecV3, SignalBufferIndexOutOfRangeIsAValueError) {
   EXPECT_NE(msg.find("signal_buffer_index 3 is out of range for a graph with 2 inputs (expected 0..2)"),
             std::string::npos)
       << msg;
-  EXPECT_THROW(two_device_spec(-1).trace(), ValueError);
+  msg = error_message<ValueError>([] { two_device_spec(-1).trace(); });
+  EXPECT_NE(msg.find("signal_buffer_index -1 is out of range for a graph with 2 inputs (expected 0..2)"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(GraphSpecV3, TwoDeviceSessionCompilesAndRunsAGraphTakingSignalBuffers) {
