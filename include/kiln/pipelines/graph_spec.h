@@ -38,9 +38,10 @@ struct GraphSpec {
   std::optional<std::string> group;        // same group: one compile, a named submodel each
   std::vector<std::filesystem::path> custom_extensions;
   bool is_device_graph = false;
-  // ModuleV3 only: set on an nn::Module spec, trace() and weights_registry() throw a ValueError.
+  // auto_cast and signal_buffer_index are ModuleV3 only: set on an nn::Module spec, either makes
+  // trace() and weights_registry() throw a ValueError naming it.
   bool auto_cast = false;
-  std::optional<int> signal_buffer_index;  // used by a ModuleV3 on several devices
+  std::optional<int> signal_buffer_index;  // where a ModuleV3 on several devices takes its signal buffers
 
   // Builds the graph: the module's forward is called inside it on its inputs (unflattened into
   // input_types' trees); its results, flattened, are the outputs. With `into`, the graph is added to
