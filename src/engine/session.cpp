@@ -64,14 +64,18 @@ void check_process_group(const GraphPlan& plan, const ProcessGroup* group) {
 // A session runs only on the devices it was made with: every value a plan places (inputs, weights,
 // constants, op results) and every weight array bound must be on one of them. Backends are chosen
 // by device kind, so without this check a graph on cpu:1 would run in a session made for cpu:0.
-void check_devices(const GraphPlan& plan, const WeightsRegistry& weights, const std::vector<DeviceRef>& devices) {
-  auto held = [&](const DeviceRef& d) { return std::find(devices.begin(), devices.end(), d) != devices.end(); };
+void check_devices(const GraphPlan& plan, const WeightsRegistry& weights,
+                   const std::vector<DeviceRef>& devices) {
+  auto held = [&](const DeviceRef& d) {
+    return std::find(devices.begin(), devices.end(), d) != devices.end();
+  };
   auto refuse = [&](const std::string& what, const DeviceRef& d) {
     std::vector<std::string> names;
     for (const DeviceRef& h : devices) names.push_back(h.to_string());
-    throw ValueError(fmt::format("init: graph '{}': {} {}, a device this session does not hold (its devices: "
-                                 "[{}]; create the InferenceSession with {} among them)",
-                                 plan.name, what, d.to_string(), fmt::join(names, ", "), d.to_string()));
+    throw ValueError(
+        fmt::format("init: graph '{}': {} {}, a device this session does not hold (its devices: "
+                    "[{}]; create the InferenceSession with {} among them)",
+                    plan.name, what, d.to_string(), fmt::join(names, ", "), d.to_string()));
   };
   for (size_t i = 0; i < plan.input_types.size(); ++i)
     if (const DeviceRef d = graph::device_of(plan.input_types[i]); !held(d))

@@ -88,9 +88,10 @@ Parameter ModuleV3::register_parameter(const std::string& name, kiln::Tensor ini
   // is registered, so a failed stage leaves the module as it was.
   if (is_staging()) {
     const std::string prefix = path();
-    throw ValueError(fmt::format("register_parameter: parameter '{}' is registered while its module is being "
-                                 "staged (register parameters in the constructor)",
-                                 prefix.empty() ? name : prefix + "." + name));
+    throw ValueError(
+        fmt::format("register_parameter: parameter '{}' is registered while its module is being "
+                    "staged (register parameters in the constructor)",
+                    prefix.empty() ? name : prefix + "." + name));
   }
   for (const Parameter& p : parameters_)
     if (p.name() == name) throw ValueError(fmt::format("register_parameter: '{}' is registered twice", name));
@@ -266,9 +267,10 @@ graph::Graph ModuleV3::stage(const std::vector<TypeTree>& input_types, const Sta
     results.emplace(forward(args));
   } catch (const std::out_of_range& e) {
     // As GraphSpec::trace does for an nn::Module: input_types gives forward fewer trees than it reads.
-    throw ValueError(fmt::format("ModuleV3::stage '{}': forward read past its arguments (input_types gives "
-                                 "it {} argument tree{}; does it take more?): {}",
-                                 options.name, args.size(), args.size() == 1 ? "" : "s", e.what()));
+    throw ValueError(
+        fmt::format("ModuleV3::stage '{}': forward read past its arguments (input_types gives "
+                    "it {} argument tree{}; does it take more?): {}",
+                    options.name, args.size(), args.size() == 1 ? "" : "s", e.what()));
   }
 
   std::vector<graph::Value> outputs;

@@ -110,9 +110,10 @@ graph::Graph GraphSpec::trace(graph::Module* into) const {
   } catch (const std::out_of_range& e) {
     // Forward reads its arguments with at(): reading past them means input_types gives it fewer
     // trees (or a smaller tree) than it takes. Said in the spec's terms, with the original message.
-    throw ValueError(fmt::format("GraphSpec '{}': forward read past its arguments (input_types gives it {} "
-                                 "argument tree{}; does it take more?): {}",
-                                 name, args.size(), args.size() == 1 ? "" : "s", e.what()));
+    throw ValueError(
+        fmt::format("GraphSpec '{}': forward read past its arguments (input_types gives it {} "
+                    "argument tree{}; does it take more?): {}",
+                    name, args.size(), args.size() == 1 ? "" : "s", e.what()));
   }
   g.output(results->flatten());
   return g;

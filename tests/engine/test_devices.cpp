@@ -180,12 +180,13 @@ TEST(Devices, ASessionRefusesValuesOnADeviceItDoesNotHold) {
 
   graph::Graph weight_on1("weight_on1", {});
   weight_on1.output({ops::neg(weight_on1.weight({"w", DType::f32, {2}, cpu1}))});
-  expect_error<ValueError>([&] { only0.load(weight_on1, {{"w", Tensor::zeros(DType::f32, {2}, cpu1)}}); },
+  const WeightsRegistry w_on1{{"w", Tensor::zeros(DType::f32, {2}, cpu1)}};
+  expect_error<ValueError>([&] { only0.load(weight_on1, w_on1); },
                            {"init: graph 'weight_on1': weight 'w' is declared on cpu:1", not_held});
 
   graph::Graph scaled("scaled", {TensorType{DType::f32, {2}, cpu0}});
   scaled.output({scaled.input(0) * scaled.weight({"w", DType::f32, {2}, cpu0})});
-  expect_error<ValueError>([&] { only0.load(scaled, {{"w", Tensor::zeros(DType::f32, {2}, cpu1)}}); },
+  expect_error<ValueError>([&] { only0.load(scaled, w_on1); },
                            {"init: graph 'scaled': weight 'w' is bound to an array on cpu:1", not_held});
   // And an input: a graph on cpu:0 takes only cpu:0 tensors, so one on cpu:1 is refused too.
   engine::Model model = only0.load(scaled, {{"w", Tensor::from_vector<float>({2, 5}, {2})}});

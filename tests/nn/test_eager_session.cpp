@@ -133,7 +133,8 @@ TEST(EagerSession, RunsOpsOnlyOnItsDevices) {
   EXPECT_NE(msg.find("input 0 is on cpu:1, a device this session does not hold (its devices: [cpu:0]"),
             std::string::npos)
       << msg;
-  auto both = std::make_shared<nn::EagerSession>(nn::EagerSessionOptions{.devices = {DeviceRef::CPU(0), DeviceRef::CPU(1)}});
+  auto both = std::make_shared<nn::EagerSession>(
+      nn::EagerSessionOptions{.devices = {DeviceRef::CPU(0), DeviceRef::CPU(1)}});
   nn::Tensor y = F::neg(nn::Tensor(on1, both));
   EXPECT_EQ(y.data().device(), DeviceRef::CPU(1));
   EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0, 4}));

@@ -429,7 +429,8 @@ TEST(ModuleV3, CompiledDeviceGraphReplaysWhatExecuteComputes) {
   // Its shapes are fixed at init: a symbolic input dim is a ValueError naming the input.
   kiln::testing::expect_error<ValueError>(
       [&] {
-        mlp.compile({TypeTree(TensorType{DType::f32, {"batch", 6}})}, {.is_device_graph = true, .session = session});
+        mlp.compile({TypeTree(TensorType{DType::f32, {"batch", 6}})},
+                    {.is_device_graph = true, .session = session});
       },
       {"graph 'forward' is a device graph", "input 0 has symbolic shape f32[batch, 6]"});
 }
@@ -589,9 +590,11 @@ TEST(ModuleV3, CompiledTwoDeviceModuleSuppliesItsOwnSignalBuffers) {
 TEST(ModuleV3, CompiledTwoDeviceDeviceGraphSuppliesItsOwnSignalBuffers) {
   TwoInputs m;
   m.set_devices({DeviceRef::CPU(0), DeviceRef::CPU(1)});
-  auto compiled = m.compile(kTwoInputTypes, {.is_device_graph = true, .signal_buffer_index = 0,
-                                             .session = std::make_shared<nn::EagerSession>(nn::EagerSessionOptions{
-                                                 .devices = {DeviceRef::CPU(0), DeviceRef::CPU(1)}})});
+  auto compiled = m.compile(
+      kTwoInputTypes, {.is_device_graph = true,
+                       .signal_buffer_index = 0,
+                       .session = std::make_shared<nn::EagerSession>(
+                           nn::EagerSessionOptions{.devices = {DeviceRef::CPU(0), DeviceRef::CPU(1)}})});
   ASSERT_TRUE(compiled.model().is_device_graph());
   EXPECT_EQ(compiled.model().input_metadata().size(), 4u);
   auto a = kiln::Tensor::from_vector<float>({1, 2}, {2}), b = kiln::Tensor::from_vector<float>({3, 5}, {2});

@@ -89,7 +89,8 @@ TEST(GraphSpec, ModuleForwardBecomesTheGraph) {
 TEST(GraphSpec, NullModuleIsAValueErrorNamingTheSpec) {
   auto spec = scale_shift_spec(std::shared_ptr<nn::Module>());
   expect_error<ValueError>([&] { spec.trace(); }, "GraphSpec 'scale_shift': trace: module is null");
-  expect_error<ValueError>([&] { spec.weights_registry(); }, "GraphSpec 'scale_shift': weights_registry: module is null");
+  expect_error<ValueError>([&] { spec.weights_registry(); },
+                           "GraphSpec 'scale_shift': weights_registry: module is null");
   engine::InferenceSession session;
   expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); },
                            "GraphSpec 'scale_shift': trace: module is null");
@@ -236,12 +237,14 @@ TEST(GraphSpec, DefaultWeightsIncludeAWeightRegisteredLazilyInForward) {
   // compile_graph_specs reads the registry after its own trace, so a never-traced module works too.
   engine::InferenceSession session;
   auto fresh = pipelines::compile_graph_specs(session, {lazy_bias_spec(std::make_shared<HoldsLazyBias>())});
-  EXPECT_EQ(fresh.at("lazy").execute({vec({1, 2, 3})}).at(0).to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(fresh.at("lazy").execute({vec({1, 2, 3})}).at(0).to_vector<float>(),
+            (std::vector<float>{1, 2, 3}));
 
   // Once registered, it loads like any weight, and tracing again registers nothing new.
   m->load_state_dict({{"lazy.bias", vec({10, 20, 30})}});
   auto models = pipelines::compile_graph_specs(session, {spec});
-  EXPECT_EQ(models.at("lazy").execute({vec({1, 2, 3})}).at(0).to_vector<float>(), (std::vector<float>{11, 22, 33}));
+  EXPECT_EQ(models.at("lazy").execute({vec({1, 2, 3})}).at(0).to_vector<float>(),
+            (std::vector<float>{11, 22, 33}));
   EXPECT_EQ(m->state_dict().size(), 1u);
 }
 
@@ -318,7 +321,8 @@ TEST(GraphSpec, ModuleV3OnlyOptionsOnAModuleSpecAreValueErrors) {
   engine::InferenceSession session;
   auto cast = scale_shift_spec(m);
   cast.auto_cast = true;
-  const std::string cast_error = "GraphSpec 'scale_shift': auto_cast is set, but it applies only to a ModuleV3 graph";
+  const std::string cast_error =
+      "GraphSpec 'scale_shift': auto_cast is set, but it applies only to a ModuleV3 graph";
   expect_error<ValueError>([&] { cast.trace(); }, cast_error.c_str());
   expect_error<ValueError>([&] { cast.weights_registry(); }, cast_error.c_str());
   expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {cast}); }, cast_error.c_str());
@@ -326,7 +330,8 @@ TEST(GraphSpec, ModuleV3OnlyOptionsOnAModuleSpecAreValueErrors) {
   auto signals = scale_shift_spec(m);
   signals.signal_buffer_index = 0;
   const std::string signal_error =
-      "GraphSpec 'scale_shift': signal_buffer_index is set (0), but only a ModuleV3 graph gets signal buffers";
+      "GraphSpec 'scale_shift': signal_buffer_index is set (0), but only a ModuleV3 graph gets signal "
+      "buffers";
   expect_error<ValueError>([&] { signals.trace(); }, signal_error.c_str());
   expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {signals}); }, signal_error.c_str());
   EXPECT_EQ(session.compile_count(), 0);

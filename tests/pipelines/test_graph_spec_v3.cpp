@@ -89,7 +89,8 @@ TEST(GraphSpecV3, ModuleForwardIsTracedThroughStageAndMatchesEager) {
 // Row `module`: a null ModuleV3 is a ValueError naming the spec, from each method.
 TEST(GraphSpecV3, NullModuleIsAValueErrorNamingTheSpec) {
   auto spec = scale_shift_spec(std::shared_ptr<nn::ModuleV3>());
-  kiln::testing::expect_error<ValueError>([&] { spec.trace(); }, "GraphSpec 'scale_shift': trace: module is null");
+  kiln::testing::expect_error<ValueError>([&] { spec.trace(); },
+                                          "GraphSpec 'scale_shift': trace: module is null");
   kiln::testing::expect_error<ValueError>([&] { spec.weights_registry(); },
                                           "GraphSpec 'scale_shift': weights_registry: module is null");
 }
@@ -165,7 +166,8 @@ TEST(GraphSpecV3, AParameterRegisteredLazilyInForwardIsRefused) {
   engine::InferenceSession session;
   kiln::testing::expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); }, refused);
   // Eagerly, forward may register it (once): it is ordinary code then.
-  EXPECT_EQ(m->forward({nn::Tensor(vec({1, 1, 1}))}).leaf().to_vector<float>(), (std::vector<float>{2, 3, 4}));
+  EXPECT_EQ(m->forward({nn::Tensor(vec({1, 1, 1}))}).leaf().to_vector<float>(),
+            (std::vector<float>{2, 3, 4}));
   EXPECT_EQ(m->parameters().size(), 1u);
 }
 
