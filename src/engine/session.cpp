@@ -5,6 +5,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "engine/backend.h"
 #include "engine/model_impl.h"
@@ -58,6 +59,38 @@ void check_process_group(const GraphPlan& plan, const ProcessGroup* group) {
                                    "process group has {}",
                                    plan.name, step.node, graph::op_name(step.op), processes, group->size()));
   }
+}
+
+// A session runs only on the devices it was made with: every value a plan places (inputs, weights,
+// constants, op results) and every weight array bound must be on one of them. Backends are chosen
+// by device kind, so without this check a graph on cpu:1 would run in a session made for cpu:0.
+void check_devices(const GraphPlan& plan, const WeightsRegistry& weights,
+                   const std::vector<DeviceRef>& devices) {
+  auto held = [&](const DeviceRef& d) {
+    return std::find(devices.begin(), devices.end(), d) != devices.end();
+  };
+  auto refuse = [&](const std::string& what, const DeviceRef& d) {
+    std::vector<std::string> names;
+    for (const DeviceRef& h : devices) names.push_back(h.to_string());
+    throw ValueError(
+        fmt::format("init: graph '{}': {} {}, a device this session does not hold (its devices: "
+                    "[{}]; create the InferenceSession with {} among them)",
+                    plan.name, what, d.to_string(), fmt::join(names, ", "), d.to_string()));
+  };
+  for (size_t i = 0; i < plan.input_types.size(); ++i)
+    if (const DeviceRef d = graph::device_of(plan.input_types[i]); !held(d))
+      refuse(fmt::format("input {} is on", i), d);
+  for (const graph::Weight& w : plan.weights) {
+    if (!held(w.device)) refuse(fmt::format("weight '{}' is declared on", w.name), w.device);
+    auto it = weights.find(w.name);
+    if (it != weights.end() && it->second.defined() && !held(it->second.device()))
+      refuse(fmt::format("weight '{}' is bound to an array on", w.name), it->second.device());
+  }
+  for (const auto* steps : {&plan.constants, &plan.steps, &plan.aliases})
+    for (const compiler::Step& step : *steps)
+      for (int32_t v : step.outputs)
+        if (const DeviceRef d = graph::device_of(plan.values.at(static_cast<size_t>(v)).type); !held(d))
+          refuse(fmt::format("node {} ({}) puts its result on", step.node, graph::op_name(step.op)), d);
 }
 
 // The launch list of a device graph, recorded at init on inputs of its (static) input shapes, made by
@@ -170,6 +203,7 @@ std::map<std::string, Model> InferenceSession::init(const CompiledModel& compile
   for (const std::string& name : device_graphs) compiled.plan(name);  // ValueError naming an unknown graph
   std::map<std::string, Model> models;
   for (const auto& [name, plan] : compiled.plans()) {
+    check_devices(plan, weights, state_->devices);
     check_weights(plan, weights);
     check_process_group(plan, state_->process_group.get());
   }

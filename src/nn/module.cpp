@@ -56,7 +56,8 @@ Module::WeightId Module::register_weight(const std::string& name, DType dtype, c
                                          DeviceRef device) {
   check_weight_name("register_weight", name);
   for (const auto& w : weights_)
-    if (w.decl.name == name) throw ValueError(fmt::format("register_weight: '{}' is registered twice", name));
+    if (w.decl.name == name)
+      throw ValueError(fmt::format("register_weight: '{}' is registered twice", qualified_name(name)));
   for (const auto& [child_name, child] : children_)
     if (child_name == name)
       throw ValueError(fmt::format("register_weight: '{}' is already a child module", name));

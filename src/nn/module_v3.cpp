@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "kiln/engine/signals.h"
 #include "kiln/ext/extensions.h"
@@ -83,6 +84,15 @@ void check_local_name(const char* what, const std::string& name) {
 
 Parameter ModuleV3::register_parameter(const std::string& name, kiln::Tensor initial) {
   check_local_name("register_parameter", name);
+  // The trace's weights are the parameters the tree had when stage() began; refused before anything
+  // is registered, so a failed stage leaves the module as it was.
+  if (is_staging()) {
+    const std::string prefix = path();
+    throw ValueError(
+        fmt::format("register_parameter: parameter '{}' is registered while its module is being "
+                    "staged (register parameters in the constructor)",
+                    prefix.empty() ? name : prefix + "." + name));
+  }
   for (const Parameter& p : parameters_)
     if (p.name() == name) throw ValueError(fmt::format("register_parameter: '{}' is registered twice", name));
   for (const auto& [child_name, child] : children_)
@@ -252,10 +262,19 @@ graph::Graph ModuleV3::stage(const std::vector<TypeTree>& input_types, const Sta
     }
     ++marks.count;
   }
-  TensorTree results = forward(args);
+  std::optional<TensorTree> results;  // a tree has no empty state
+  try {
+    results.emplace(forward(args));
+  } catch (const std::out_of_range& e) {
+    // As GraphSpec::trace does for an nn::Module: input_types gives forward fewer trees than it reads.
+    throw ValueError(
+        fmt::format("ModuleV3::stage '{}': forward read past its arguments (input_types gives "
+                    "it {} argument tree{}; does it take more?): {}",
+                    options.name, args.size(), args.size() == 1 ? "" : "s", e.what()));
+  }
 
   std::vector<graph::Value> outputs;
-  for (const Tensor& r : results.flatten()) {
+  for (const Tensor& r : results->flatten()) {
     if (!r.defined())
       throw ValueError(
           fmt::format("ModuleV3::stage '{}': forward returned an undefined tensor", options.name));
@@ -276,9 +295,6 @@ std::vector<Tensor> ModuleV3::signal_buffers() const {
 // ---- compile ---------------------------------------------------------------------------------------
 
 CompiledModuleV3 ModuleV3::compile(const std::vector<TypeTree>& input_types, const CompileOptions& options) {
-  if (options.is_device_graph)
-    throw ValueError(
-        fmt::format("ModuleV3::compile '{}': is_device_graph is not supported yet", options.name));
   std::shared_ptr<EagerSession> session = options.session ? options.session : default_eager_session();
   for (const DeviceRef& d : devices_)
     if (std::find(session->devices().begin(), session->devices().end(), d) == session->devices().end())
@@ -294,7 +310,10 @@ CompiledModuleV3 ModuleV3::compile(const std::vector<TypeTree>& input_types, con
                                  fmt::format("ModuleV3::compile '{}'", options.name), session->logger());
   std::shared_ptr<const engine::CompiledModel> compiled =
       session->cached_compile(g.module(), options.custom_extensions);
-  engine::Model model = session->inference_session().init(*compiled, weights).at(g.name());
+  // A device graph is made at init, not at compile, so the cached compile serves both kinds.
+  std::vector<std::string> device_graphs;
+  if (options.is_device_graph) device_graphs.push_back(g.name());
+  engine::Model model = session->inference_session().init(*compiled, weights, device_graphs).at(g.name());
 
   // Where stage() put the signal buffers: after the first `index` of the forward arguments' leaves.
   size_t num_user_inputs = 0;

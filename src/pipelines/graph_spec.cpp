@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -23,6 +24,21 @@ const std::shared_ptr<nn::Module>& v2_module(const GraphSpec& spec, const char* 
 }
 
 bool is_v3(const GraphSpec& spec) { return spec.module.index() == 1; }
+
+// auto_cast and signal_buffer_index mean something only for a ModuleV3 graph; set on an nn::Module
+// spec they would be ignored, so they are refused instead.
+void check_v2_options(const GraphSpec& spec) {
+  if (spec.auto_cast)
+    throw ValueError(fmt::format(
+        "GraphSpec '{}': auto_cast is set, but it applies only to a ModuleV3 graph (an nn::Module's "
+        "weights are bound with the dtypes they have; cast them before binding, or unset auto_cast)",
+        spec.name));
+  if (spec.signal_buffer_index)
+    throw ValueError(fmt::format(
+        "GraphSpec '{}': signal_buffer_index is set ({}), but only a ModuleV3 graph gets signal buffers "
+        "inserted (an nn::Module graph declares its signal buffers in input_types; unset it)",
+        spec.name, *spec.signal_buffer_index));
+}
 
 // ---- ModuleV3 specs: traced through stage(), compiled on their own ----------------------------------
 
@@ -66,6 +82,7 @@ bool same_array(const Tensor& a, const Tensor& b) {
 graph::Graph GraphSpec::trace(graph::Module* into) const {
   if (is_v3(*this)) return trace_v3(*this, into);
   const auto& module_ptr = v2_module(*this, "trace");
+  check_v2_options(*this);
 
   // One tree per forward argument; the graph's inputs are all their leaves, in order.
   std::vector<nn::TypeTree> arg_types;
@@ -87,13 +104,24 @@ graph::Graph GraphSpec::trace(graph::Module* into) const {
     next += t.num_leaves();
     args.push_back(t.unflatten(leaves));
   }
-  nn::Values results = module_ptr->forward(args);
-  g.output(results.flatten());
+  std::optional<nn::Values> results;  // a tree has no empty state
+  try {
+    results.emplace(module_ptr->forward(args));
+  } catch (const std::out_of_range& e) {
+    // Forward reads its arguments with at(): reading past them means input_types gives it fewer
+    // trees (or a smaller tree) than it takes. Said in the spec's terms, with the original message.
+    throw ValueError(
+        fmt::format("GraphSpec '{}': forward read past its arguments (input_types gives it {} "
+                    "argument tree{}; does it take more?): {}",
+                    name, args.size(), args.size() == 1 ? "" : "s", e.what()));
+  }
+  g.output(results->flatten());
   return g;
 }
 
 WeightsRegistry GraphSpec::weights_registry(Logger& logger) const {
   if (is_v3(*this)) return weights_registry_v3(*this, logger);
+  check_v2_options(*this);
   if (weights) return *weights;
   return v2_module(*this, "weights_registry")->state_dict();
 }

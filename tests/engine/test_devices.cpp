@@ -1,5 +1,5 @@
 // Several logical CPU devices in one process: per-device memory accounting, the device team that runs
-// a collective's participants at once, and execute()'s device checks.
+// a collective's participants at once, execute()'s device checks, and the session's devices enforced.
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -149,6 +149,51 @@ TEST(Devices, ExecuteRejectsAnInputOnTheWrongDeviceNamingIt) {
   expect_error<ValueError>([&] { model.execute({on0, on0}); }, {"execute: input 1 is on cpu:0, expected cpu:1"});
   auto out = model.execute({Tensor::from_vector<float>({1, 2}, {2}), on1});
   EXPECT_EQ(out[0].to_vector<float>(), (std::vector<float>{1, 2}));
+}
+
+// ---- the session's devices -------------------------------------------------------------------------
+
+// A session made with cpu:0 alone runs nothing placed on cpu:1: not a graph input, a weight, an op's
+// result, nor a weight array bound at init (init, and so load, refuses each, naming it and the device).
+TEST(Devices, ASessionRefusesValuesOnADeviceItDoesNotHold) {
+  const DeviceRef cpu0 = DeviceRef::CPU(0), cpu1 = DeviceRef::CPU(1);
+  engine::InferenceSession only0({cpu0});
+  const std::string not_held = "a device this session does not hold (its devices: [cpu:0]";
+
+  graph::Graph input_on1("input_on1", {TensorType{DType::f32, {2}, cpu1}});
+  input_on1.output({ops::neg(input_on1.input(0))});
+  expect_error<ValueError>([&] { only0.load(input_on1); },
+                           {"init: graph 'input_on1': input 0 is on cpu:1", not_held});
+  // The same graph runs in a session that holds cpu:1: the session's devices decide.
+  engine::InferenceSession both({cpu0, cpu1});
+  Tensor x1 = Tensor::zeros(DType::f32, {2}, cpu1);
+  x1.data_as<float>()[0] = 3;
+  EXPECT_EQ(both.load(input_on1).execute({x1}).at(0).to_vector<float>(), (std::vector<float>{-3, 0}));
+  // Compiled where cpu:1 is held, initialised where it is not: init checks, so artifacts are covered.
+  expect_error<ValueError>([&] { only0.init(both.compile(input_on1.module()), {}); },
+                           {"input 0 is on cpu:1", not_held});
+
+  graph::Graph moves("moves", {TensorType{DType::f32, {2}, cpu0}});
+  moves.output({ops::transfer_to(moves.input(0), cpu1)});
+  expect_error<ValueError>([&] { only0.load(moves); },
+                           {"init: graph 'moves': node", "(transfer_to) puts its result on cpu:1", not_held});
+
+  graph::Graph weight_on1("weight_on1", {});
+  weight_on1.output({ops::neg(weight_on1.weight({"w", DType::f32, {2}, cpu1}))});
+  const WeightsRegistry w_on1{{"w", Tensor::zeros(DType::f32, {2}, cpu1)}};
+  expect_error<ValueError>([&] { only0.load(weight_on1, w_on1); },
+                           {"init: graph 'weight_on1': weight 'w' is declared on cpu:1", not_held});
+
+  graph::Graph scaled("scaled", {TensorType{DType::f32, {2}, cpu0}});
+  scaled.output({scaled.input(0) * scaled.weight({"w", DType::f32, {2}, cpu0})});
+  expect_error<ValueError>([&] { only0.load(scaled, w_on1); },
+                           {"init: graph 'scaled': weight 'w' is bound to an array on cpu:1", not_held});
+  // And an input: a graph on cpu:0 takes only cpu:0 tensors, so one on cpu:1 is refused too.
+  engine::Model model = only0.load(scaled, {{"w", Tensor::from_vector<float>({2, 5}, {2})}});
+  expect_error<ValueError>([&] { model.execute({Tensor::zeros(DType::f32, {2}, cpu1)}); },
+                           {"execute: input 0 is on cpu:1, expected cpu:0"});
+  EXPECT_EQ(model.execute({Tensor::from_vector<float>({1, -1}, {2})}).at(0).to_vector<float>(),
+            (std::vector<float>{2, -5}));
 }
 
 // ---- the device team -------------------------------------------------------------------------------

@@ -125,6 +125,21 @@ TEST(EagerSession, AnOperandWithoutASessionJoinsTheOtherOperandsAndTwoSessionsAr
             std::string::npos);
 }
 
+// An eager op runs in its session's engine::InferenceSession, so only on that session's devices.
+TEST(EagerSession, RunsOpsOnlyOnItsDevices) {
+  kiln::Tensor on1 = kiln::Tensor::zeros(DType::f32, {2}, DeviceRef::CPU(1));
+  on1.data_as<float>()[1] = -4;
+  std::string msg = error_message<ValueError>([&] { F::neg(nn::Tensor(on1, session_with(8))); });
+  EXPECT_NE(msg.find("input 0 is on cpu:1, a device this session does not hold (its devices: [cpu:0]"),
+            std::string::npos)
+      << msg;
+  auto both = std::make_shared<nn::EagerSession>(
+      nn::EagerSessionOptions{.devices = {DeviceRef::CPU(0), DeviceRef::CPU(1)}});
+  nn::Tensor y = F::neg(nn::Tensor(on1, both));
+  EXPECT_EQ(y.data().device(), DeviceRef::CPU(1));
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0, 4}));
+}
+
 TEST(EagerSession, TheDefaultSessionIsOneObjectThatRunsSessionlessOps) {
   const std::shared_ptr<nn::EagerSession>& session = nn::default_eager_session();
   EXPECT_EQ(session.get(), nn::default_eager_session().get());

@@ -399,11 +399,40 @@ TEST(ModuleV3, CompileUsesOwnParametersOrGivenWeights) {
   options.weights = WeightsRegistry{{"s", kiln::Tensor::from_vector<float>({5}, {1})}};
   auto given = m.compile({TypeTree(TensorType{DType::f32, {1}})}, options);
   EXPECT_EQ(given({x}).at(0).to_vector<float>(), std::vector<float>{15});
-  options.is_device_graph = true;
-  EXPECT_NE(error_message<ValueError>([&] {
-              m.compile({TypeTree(TensorType{DType::f32, {1}})}, options);
-            }).find("is_device_graph is not supported yet"),
-            std::string::npos);
+}
+
+// is_device_graph: the compiled module replays one launch list on every call, computing what the
+// plain compile's execute computes; capture is refused on it.
+TEST(ModuleV3, CompiledDeviceGraphReplaysWhatExecuteComputes) {
+  std::mt19937 rng(11);
+  MLP mlp(6, 16);
+  randomize(mlp, rng);
+  const std::vector<TypeTree> types{TypeTree(TensorType{DType::f32, {3, 6}})};
+  auto session = std::make_shared<nn::EagerSession>();
+  auto plain = mlp.compile(types, {.session = session});
+  auto device = mlp.compile(types, {.is_device_graph = true, .session = session});
+  EXPECT_TRUE(device.model().is_device_graph());
+  EXPECT_FALSE(plain.model().is_device_graph());
+  // Device graphs are made at init, so the second compile() is served by the session's cache.
+  EXPECT_EQ(session->inference_session().compile_count(), 1);
+
+  kiln::Tensor x1 = random_tensor(rng, {3, 6}), x2 = random_tensor(rng, {3, 6});
+  std::vector<float> first = device({x1}).at(0).to_vector<float>();
+  std::vector<float> second = device({x2}).at(0).to_vector<float>();
+  EXPECT_EQ(first, plain({x1}).at(0).to_vector<float>());  // the same kernels, so the same bits
+  EXPECT_EQ(second, plain({x2}).at(0).to_vector<float>());
+  expect_close(first, mlp_ref(to_double(x1), 3, mlp), 1e-5);
+  expect_close(second, mlp_ref(to_double(x2), 3, mlp), 1e-5);
+
+  kiln::testing::expect_error<ValueError>([&] { device.model().capture("k", {x1}); },
+                                          {"graph 'forward' is a device graph", "capture"});
+  // Its shapes are fixed at init: a symbolic input dim is a ValueError naming the input.
+  kiln::testing::expect_error<ValueError>(
+      [&] {
+        mlp.compile({TypeTree(TensorType{DType::f32, {"batch", 6}})},
+                    {.is_device_graph = true, .session = session});
+      },
+      {"graph 'forward' is a device graph", "input 0 has symbolic shape f32[batch, 6]"});
 }
 
 // ---- auto_cast -------------------------------------------------------------------------------------
@@ -555,6 +584,22 @@ TEST(ModuleV3, CompiledTwoDeviceModuleSuppliesItsOwnSignalBuffers) {
   auto raw = compiled.model().execute({kiln::Tensor::from_vector<float>({1, 1}, {2}), signals[0], signals[1],
                                        kiln::Tensor::from_vector<float>({2, 2}, {2})});
   EXPECT_EQ(raw.at(0).to_vector<float>(), (std::vector<float>{3, 3}));
+}
+
+// A device graph on two devices replays with the module's own signal buffers at their index.
+TEST(ModuleV3, CompiledTwoDeviceDeviceGraphSuppliesItsOwnSignalBuffers) {
+  TwoInputs m;
+  m.set_devices({DeviceRef::CPU(0), DeviceRef::CPU(1)});
+  auto compiled = m.compile(
+      kTwoInputTypes, {.is_device_graph = true,
+                       .signal_buffer_index = 0,
+                       .session = std::make_shared<nn::EagerSession>(
+                           nn::EagerSessionOptions{.devices = {DeviceRef::CPU(0), DeviceRef::CPU(1)}})});
+  ASSERT_TRUE(compiled.model().is_device_graph());
+  EXPECT_EQ(compiled.model().input_metadata().size(), 4u);
+  auto a = kiln::Tensor::from_vector<float>({1, 2}, {2}), b = kiln::Tensor::from_vector<float>({3, 5}, {2});
+  EXPECT_EQ(compiled({a, b}).at(0).to_vector<float>(), (std::vector<float>{4, 7}));
+  EXPECT_EQ(compiled({b, b}).at(0).to_vector<float>(), (std::vector<float>{6, 10}));
 }
 
 TEST(ModuleV3, SetDevicesRejectsEmptyAndRepeatedDevices) {

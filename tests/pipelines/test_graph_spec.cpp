@@ -85,6 +85,17 @@ TEST(GraphSpec, ModuleForwardBecomesTheGraph) {
   EXPECT_EQ(out.at(0).to_vector<float>(), (std::vector<float>{11, 22, 33}));
 }
 
+// Row `module`: a null module is a ValueError naming the spec, from each method.
+TEST(GraphSpec, NullModuleIsAValueErrorNamingTheSpec) {
+  auto spec = scale_shift_spec(std::shared_ptr<nn::Module>());
+  expect_error<ValueError>([&] { spec.trace(); }, "GraphSpec 'scale_shift': trace: module is null");
+  expect_error<ValueError>([&] { spec.weights_registry(); },
+                           "GraphSpec 'scale_shift': weights_registry: module is null");
+  engine::InferenceSession session;
+  expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); },
+                           "GraphSpec 'scale_shift': trace: module is null");
+}
+
 // Row `name`: the graph's name; the result is keyed by it.
 TEST(GraphSpec, NameNamesTheGraphAndTheModel) {
   auto spec = scale_shift_spec(std::make_shared<ScaleShift>(3), "affine");
@@ -157,8 +168,10 @@ TEST(GraphSpec, ExplicitWeightsAreWhatTheGraphBinds) {
   EXPECT_EQ(out.at(0).to_vector<float>(), (std::vector<float>{2, 3, 4}));
 }
 
-// Row `weights`, default: the module's state_dict(), named by the trace.
-TEST(GraphSpec, DefaultWeightsAreTheStateDictAfterTracing) {
+// Row `weights`, default: the module's state_dict(). Its names are fixed when a weight is registered
+// (the qualified path from the root), so they are known before any trace; the trace adds only the
+// weights forward registers itself (below).
+TEST(GraphSpec, DefaultWeightsAreTheStateDictNamedAtRegistration) {
   struct Outer : nn::Module {
     Outer() { inner = register_module("inner", std::make_shared<ScaleShift>(3)); }
     nn::Values forward(const std::vector<nn::Values>& args) override { return inner->forward(args); }
@@ -167,12 +180,92 @@ TEST(GraphSpec, DefaultWeightsAreTheStateDictAfterTracing) {
   auto m = std::make_shared<Outer>();
   m->load_state_dict({{"inner.scale", vec({5, 6, 7})}});
   auto spec = scale_shift_spec(m);
+  ASSERT_EQ(spec.weights_registry().size(), 1u);  // before any trace
+  EXPECT_EQ(spec.weights_registry().at("inner.scale").to_vector<float>(), (std::vector<float>{5, 6, 7}));
   graph::Graph g = spec.trace();
   ASSERT_EQ(g.ir().weights.size(), 1u);
   EXPECT_EQ(g.ir().weights[0].name, "inner.scale");
   auto reg = spec.weights_registry();
   ASSERT_EQ(reg.size(), 1u);
   EXPECT_EQ(reg.at("inner.scale").to_vector<float>(), (std::vector<float>{5, 6, 7}));
+}
+
+namespace {
+
+// x + bias, where forward registers the bias on its first trace, shaped like x: a weight whose name
+// and shape only the trace fixes.
+class LazyBias : public nn::Module {
+ public:
+  nn::Values forward(const std::vector<nn::Values>& args) override {
+    graph::TensorValue x = args.at(0).leaf();
+    if (!bias_) bias_ = register_weight("bias", DType::f32, x.shape());
+    return nn::Values(x + weight(*bias_));
+  }
+
+ private:
+  std::optional<WeightId> bias_;
+};
+
+struct HoldsLazyBias : nn::Module {
+  HoldsLazyBias() { lazy = register_module("lazy", std::make_shared<LazyBias>()); }
+  nn::Values forward(const std::vector<nn::Values>& args) override { return lazy->forward(args); }
+  std::shared_ptr<LazyBias> lazy;
+};
+
+pipelines::GraphSpec lazy_bias_spec(std::shared_ptr<nn::Module> m) {
+  pipelines::GraphSpec spec;
+  spec.module = std::move(m);
+  spec.name = "lazy";
+  spec.input_types = std::vector<nn::TypeTree>{nn::TypeTree(TensorType{DType::f32, {3}})};
+  return spec;
+}
+
+}  // namespace
+
+// Row `weights`, default, read after tracing: a weight forward registers lazily is in it, named by
+// its path, with zeros until a registry sets it (as MAX's state_dict does).
+TEST(GraphSpec, DefaultWeightsIncludeAWeightRegisteredLazilyInForward) {
+  auto m = std::make_shared<HoldsLazyBias>();
+  auto spec = lazy_bias_spec(m);
+  EXPECT_TRUE(spec.weights_registry().empty());  // not registered before the first trace
+  graph::Graph g = spec.trace();
+  ASSERT_EQ(g.ir().weights.size(), 1u);
+  EXPECT_EQ(g.ir().weights[0].name, "lazy.bias");
+  EXPECT_EQ(g.ir().weights[0].shape, (graph::Shape{3}));
+  EXPECT_EQ(spec.weights_registry().at("lazy.bias").to_vector<float>(), (std::vector<float>{0, 0, 0}));
+
+  // compile_graph_specs reads the registry after its own trace, so a never-traced module works too.
+  engine::InferenceSession session;
+  auto fresh = pipelines::compile_graph_specs(session, {lazy_bias_spec(std::make_shared<HoldsLazyBias>())});
+  EXPECT_EQ(fresh.at("lazy").execute({vec({1, 2, 3})}).at(0).to_vector<float>(),
+            (std::vector<float>{1, 2, 3}));
+
+  // Once registered, it loads like any weight, and tracing again registers nothing new.
+  m->load_state_dict({{"lazy.bias", vec({10, 20, 30})}});
+  auto models = pipelines::compile_graph_specs(session, {spec});
+  EXPECT_EQ(models.at("lazy").execute({vec({1, 2, 3})}).at(0).to_vector<float>(),
+            (std::vector<float>{11, 22, 33}));
+  EXPECT_EQ(m->state_dict().size(), 1u);
+}
+
+// A forward that registers its weight on every call works once; the second trace is refused, naming
+// the weight by its path.
+TEST(GraphSpec, AWeightRegisteredOnEveryTraceIsRefusedTheSecondTime) {
+  class Unguarded : public nn::Module {
+   public:
+    nn::Values forward(const std::vector<nn::Values>& args) override {
+      graph::TensorValue x = args.at(0).leaf();
+      return nn::Values(x + weight(register_weight("bias", DType::f32, x.shape())));
+    }
+  };
+  struct Holder : nn::Module {
+    Holder() { inner = register_module("inner", std::make_shared<Unguarded>()); }
+    nn::Values forward(const std::vector<nn::Values>& args) override { return inner->forward(args); }
+    std::shared_ptr<Unguarded> inner;
+  };
+  auto spec = lazy_bias_spec(std::make_shared<Holder>());
+  spec.trace();
+  expect_error<ValueError>([&] { spec.trace(); }, "register_weight: 'inner.bias' is registered twice");
 }
 
 // Row `group`: one graph::Module, compiled once; each spec a named submodel; one merged registry.
@@ -221,6 +314,29 @@ TEST(GraphSpec, GroupRegistryConflictNamesBothSpecsAndTheWeight) {
   EXPECT_EQ(pipelines::compile_graph_specs(session, {a, b}).size(), 2u);
 }
 
+// Rows `auto_cast`, `signal_buffer_index`: they mean something only for a ModuleV3 graph, so an
+// nn::Module spec that sets one is refused rather than silently ignored.
+TEST(GraphSpec, ModuleV3OnlyOptionsOnAModuleSpecAreValueErrors) {
+  auto m = std::make_shared<ScaleShift>(3);
+  engine::InferenceSession session;
+  auto cast = scale_shift_spec(m);
+  cast.auto_cast = true;
+  const std::string cast_error =
+      "GraphSpec 'scale_shift': auto_cast is set, but it applies only to a ModuleV3 graph";
+  expect_error<ValueError>([&] { cast.trace(); }, cast_error.c_str());
+  expect_error<ValueError>([&] { cast.weights_registry(); }, cast_error.c_str());
+  expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {cast}); }, cast_error.c_str());
+
+  auto signals = scale_shift_spec(m);
+  signals.signal_buffer_index = 0;
+  const std::string signal_error =
+      "GraphSpec 'scale_shift': signal_buffer_index is set (0), but only a ModuleV3 graph gets signal "
+      "buffers";
+  expect_error<ValueError>([&] { signals.trace(); }, signal_error.c_str());
+  expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {signals}); }, signal_error.c_str());
+  EXPECT_EQ(session.compile_count(), 0);
+}
+
 // Row `trace(into)`: the graph is added to the given compile unit.
 TEST(GraphSpec, TraceIntoAddsToTheModule) {
   graph::Module unit;
@@ -244,10 +360,16 @@ TEST(GraphSpec, CustomExtensionThatDoesNotExistIsAnErrorNamingThePath) {
                                {"/tmp/kiln_no_such_dir/libmissing.so", "no such file"});
 }
 
-TEST(GraphSpec, WrongArgumentCountForTheModuleIsAnError) {
+// Row `input_types`: fewer trees than forward takes is a ValueError in the spec's terms.
+TEST(GraphSpec, WrongArgumentCountForTheModuleIsAValueErrorNamingTheSpec) {
   auto spec = scale_shift_spec(std::make_shared<ScaleShift>(3));
   spec.input_types = std::vector<nn::TypeTree>{nn::TypeTree(TensorType{DType::f32, {3}})};
-  EXPECT_ANY_THROW(spec.trace());
+  const char* too_few =
+      "GraphSpec 'scale_shift': forward read past its arguments (input_types gives it 1 argument tree; does "
+      "it take more?)";
+  expect_error<ValueError>([&] { spec.trace(); }, too_few);
+  engine::InferenceSession session;
+  expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); }, too_few);
 }
 
 // Row `is_device_graph`: the model replays a launch list built at init, and refuses capture.

@@ -1,5 +1,5 @@
 // GraphSpec with a ModuleV3: one test per ModuleV3 row of DESIGN.md's contract table (module,
-// input_types, weights, group, trace(into), auto_cast, signal_buffer_index).
+// input_types, weights, group, trace(into), is_device_graph, auto_cast, signal_buffer_index).
 #include <gtest/gtest.h>
 
 #include "test_util.h"
@@ -86,6 +86,15 @@ TEST(GraphSpecV3, ModuleForwardIsTracedThroughStageAndMatchesEager) {
   EXPECT_EQ(m->forward({nn::Tensor(x)}).leaf().to_vector<float>(), (std::vector<float>{1, 0, 2.5f}));
 }
 
+// Row `module`: a null ModuleV3 is a ValueError naming the spec, from each method.
+TEST(GraphSpecV3, NullModuleIsAValueErrorNamingTheSpec) {
+  auto spec = scale_shift_spec(std::shared_ptr<nn::ModuleV3>());
+  kiln::testing::expect_error<ValueError>([&] { spec.trace(); },
+                                          "GraphSpec 'scale_shift': trace: module is null");
+  kiln::testing::expect_error<ValueError>([&] { spec.weights_registry(); },
+                                          "GraphSpec 'scale_shift': weights_registry: module is null");
+}
+
 // Row `input_types`: a sequence, one type or tree per forward argument; the named-tree form is rejected.
 TEST(GraphSpecV3, InputTypesAreOneTreePerArgumentAndNotANamedTree) {
   pipelines::GraphSpec spec;
@@ -105,6 +114,18 @@ TEST(GraphSpecV3, InputTypesAreOneTreePerArgumentAndNotANamedTree) {
       << msg;
 }
 
+// Row `input_types`: fewer trees than forward takes is a ValueError naming the graph.
+TEST(GraphSpecV3, WrongArgumentCountIsAValueErrorNamingTheGraph) {
+  pipelines::GraphSpec spec;
+  spec.module = std::make_shared<TreeSum>();
+  spec.name = "sum";
+  spec.input_types = std::vector<nn::TypeTree>{f32(2)};  // its forward reads two
+  kiln::testing::expect_error<ValueError>(
+      [&] { spec.trace(); },
+      "ModuleV3::stage 'sum': forward read past its arguments (input_types gives it 1 argument tree; does it "
+      "take more?)");
+}
+
 // Row `weights`: nullopt binds the module's own parameters; a registry given replaces them.
 TEST(GraphSpecV3, WeightsDefaultToTheModulesOwnParameters) {
   auto m = std::make_shared<ScaleShiftV3>();
@@ -119,6 +140,35 @@ TEST(GraphSpecV3, WeightsDefaultToTheModulesOwnParameters) {
   auto models = pipelines::compile_graph_specs(session, {spec});
   EXPECT_EQ(models.at("scale_shift").execute({vec({1, 1, 1})}).at(0).to_vector<float>(),
             (std::vector<float>{9, 10, 11}));
+}
+
+// Row `weights`, default: a ModuleV3's weights are the parameters it has when staging begins, so a
+// parameter registered inside forward is refused, and the module is left without it.
+TEST(GraphSpecV3, AParameterRegisteredLazilyInForwardIsRefused) {
+  class Lazy : public nn::ModuleV3 {
+   public:
+    nn::TensorTree forward(const std::vector<nn::TensorTree>& args) override {
+      return args.at(0).leaf() + register_parameter("bias", vec({1, 2, 3}));
+    }
+  };
+  struct Holder : nn::ModuleV3 {
+    Holder() { inner = register_module("inner", std::make_shared<Lazy>()); }
+    nn::TensorTree forward(const std::vector<nn::TensorTree>& args) override { return inner->forward(args); }
+    std::shared_ptr<Lazy> inner;
+  };
+  auto m = std::make_shared<Holder>();
+  auto spec = scale_shift_spec(m);
+  const char* refused =
+      "register_parameter: parameter 'inner.bias' is registered while its module is being staged (register "
+      "parameters in the constructor)";
+  kiln::testing::expect_error<ValueError>([&] { spec.trace(); }, refused);
+  EXPECT_TRUE(m->parameters().empty());
+  engine::InferenceSession session;
+  kiln::testing::expect_error<ValueError>([&] { pipelines::compile_graph_specs(session, {spec}); }, refused);
+  // Eagerly, forward may register it (once): it is ordinary code then.
+  EXPECT_EQ(m->forward({nn::Tensor(vec({1, 1, 1}))}).leaf().to_vector<float>(),
+            (std::vector<float>{2, 3, 4}));
+  EXPECT_EQ(m->parameters().size(), 1u);
 }
 
 // Row `group`: a ModuleV3 compiles on its own.
@@ -140,6 +190,29 @@ TEST(GraphSpecV3, TraceIntoIsRejected) {
             std::string::npos)
       << msg;
   EXPECT_EQ(unit.size(), 0u);
+}
+
+// Row `is_device_graph`: the model replays a launch list built at init, computing what a plain
+// model's execute computes, and refuses capture.
+TEST(GraphSpecV3, DeviceGraphReplaysWhatExecuteComputesAndRefusesCapture) {
+  auto m = std::make_shared<ScaleShiftV3>();
+  auto spec = scale_shift_spec(m);
+  spec.is_device_graph = true;
+  auto plain = scale_shift_spec(m);
+  plain.name = "plain";
+  engine::InferenceSession session;
+  auto models = pipelines::compile_graph_specs(session, {spec, plain});
+  const engine::Model& model = models.at("scale_shift");
+  EXPECT_TRUE(model.is_device_graph());
+  EXPECT_FALSE(models.at("plain").is_device_graph());
+  // relu(x * [1, 2, 3] + [-1, 0, 1])
+  const kiln::Tensor x1 = vec({2, -1, 0.5f}), x2 = vec({1, 1, 1});
+  auto first = model.execute({x1}).at(0), second = model.execute({x2}).at(0);
+  EXPECT_EQ(first.to_vector<float>(), (std::vector<float>{1, 0, 2.5f}));  // not overwritten by the second
+  EXPECT_EQ(second.to_vector<float>(), (std::vector<float>{0, 2, 4}));
+  EXPECT_EQ(second.to_vector<float>(), models.at("plain").execute({x2}).at(0).to_vector<float>());
+  kiln::testing::expect_error<ValueError>([&] { model.capture("k", {x1}); },
+                                          {"graph 'scale_shift' is a device graph", "capture"});
 }
 
 // Row `auto_cast`: f32 <-> bf16 weights are cast to the parameters' dtypes, with one summary warning.
@@ -248,7 +321,10 @@ TEST(GraphSpecV3, SignalBufferIndexOutOfRangeIsAValueError) {
   EXPECT_NE(msg.find("signal_buffer_index 3 is out of range for a graph with 2 inputs (expected 0..2)"),
             std::string::npos)
       << msg;
-  EXPECT_THROW(two_device_spec(-1).trace(), ValueError);
+  msg = error_message<ValueError>([] { two_device_spec(-1).trace(); });
+  EXPECT_NE(msg.find("signal_buffer_index -1 is out of range for a graph with 2 inputs (expected 0..2)"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(GraphSpecV3, TwoDeviceSessionCompilesAndRunsAGraphTakingSignalBuffers) {
@@ -266,4 +342,9 @@ TEST(GraphSpecV3, TwoDeviceSessionCompilesAndRunsAGraphTakingSignalBuffers) {
     model.execute({vec({1, 2}), vec({1, 2}), signals[1], vec({1, 2})});
   });
   EXPECT_NE(msg.find("input 1"), std::string::npos) << msg;
+  // A session without cpu:1 refuses the graph (its signal buffer 1, input 2, is on cpu:1).
+  engine::InferenceSession only0;
+  kiln::testing::expect_error<ValueError>(
+      [&] { pipelines::compile_graph_specs(only0, {two_device_spec(1)}); },
+      {"init: graph 'sum': input 2 is on cpu:1, a device this session does not hold (its devices: [cpu:0]"});
 }

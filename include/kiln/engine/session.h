@@ -68,7 +68,9 @@ class InferenceSession {
                         const std::vector<std::filesystem::path>& extra_extensions) const;
   const std::vector<std::filesystem::path>& custom_extensions() const;
   // Binds weights: every weight of every graph present, dtype and shape equal, contiguous, on the
-  // right kind of device; each failure names the weight. Returns one Model per graph, by name.
+  // right kind of device; each failure names the weight. Every value of every graph, and every
+  // weight array bound, must be on one of devices() (ValueError naming the value and the device).
+  // Returns one Model per graph, by name.
   std::map<std::string, Model> init(const CompiledModel& compiled, const WeightsRegistry& weights) const;
   // As init, and each graph named in `device_graphs` becomes a device graph: its launch list is built
   // here (all input shapes must be static; ValueError naming the input otherwise) and every execute()

@@ -91,7 +91,9 @@ struct CompileOptions {
   std::optional<WeightsRegistry> weights = std::nullopt;  // nullopt: the module's own parameters
   bool auto_cast = false;  // cast f32 <-> bf16 weights to their parameters' dtypes
   std::vector<std::filesystem::path> custom_extensions = {};
-  bool is_device_graph = false;  // not supported yet: ValueError when set
+  // Build a device graph at init (InferenceSession::init's device_graphs): every call replays one
+  // launch list, so all input shapes must be static; Model::capture on it is refused.
+  bool is_device_graph = false;
   std::optional<int> signal_buffer_index = std::nullopt;
   // Where the graph is compiled and run (its thread pool, model cache and logger); the module's
   // devices() must all be among its devices. nullptr: default_eager_session().

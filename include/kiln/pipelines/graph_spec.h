@@ -34,20 +34,23 @@ struct GraphSpec {
   std::variant<std::shared_ptr<nn::Module>, std::shared_ptr<nn::ModuleV3>> module;
   std::string name;
   InputTypes input_types;
-  std::optional<WeightsRegistry> weights;  // nullopt: the module's state_dict() after tracing
+  std::optional<WeightsRegistry> weights;  // nullopt: the module's state_dict(), read after tracing
   std::optional<std::string> group;        // same group: one compile, a named submodel each
   std::vector<std::filesystem::path> custom_extensions;
   bool is_device_graph = false;
-  bool auto_cast = false;                   // ModuleV3 only
-  std::optional<int> signal_buffer_index;  // ModuleV3 on several devices only
+  // auto_cast and signal_buffer_index are ModuleV3 only: set on an nn::Module spec, either makes
+  // trace() and weights_registry() throw a ValueError naming it.
+  bool auto_cast = false;
+  std::optional<int> signal_buffer_index;  // where a ModuleV3 on several devices takes its signal buffers
 
   // Builds the graph: the module's forward is called inside it on its inputs (unflattened into
   // input_types' trees); its results, flattened, are the outputs. With `into`, the graph is added to
   // that compile unit (which must outlive the returned handle). ValueError for a ModuleV3 with `into`.
   graph::Graph trace(graph::Module* into = nullptr) const;
-  // The arrays the graph binds, by weight name: `weights` if set, else the module's state_dict()
-  // (valid after trace(), which is what fixes the weight names). A ModuleV3's auto_cast warning goes
-  // to `logger` (compile_graph_specs passes its session's).
+  // The arrays the graph binds, by weight name: `weights` if set, else the module's state_dict().
+  // Names are fixed when weights are registered; call it after trace() (compile_graph_specs does) so
+  // it also holds any weight forward registers on its first trace. A ModuleV3's auto_cast warning
+  // goes to `logger` (compile_graph_specs passes its session's).
   WeightsRegistry weights_registry(Logger& logger = *default_logger()) const;
 };
 
