@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <kiln/engine/compile_cache.h>
 #include <kiln/kiln.h>
+#include <kiln/version.h>
 #include <kiln/pipelines/gguf_model.h>
 #include <kiln/pipelines/hf_config.h>
 #include <kiln/pipelines/text_generation.h>
@@ -545,7 +546,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (app.got_subcommand("version")) {
-      std::cout << "kiln " << KILN_VERSION << "\n";
+      std::cout << "kiln " << KILN_VERSION_STRING << "\n";
     } else if (app.got_subcommand("check")) {
       graph::Module module = graph::parse_module(read_file(file));
       compiler::passes::verify(module);
