@@ -15,6 +15,7 @@
 #include "kiln/errors.h"
 #include "kiln/ext/extensions.h"
 #include "kiln/graph/text.h"
+#include "kiln/version.h"
 
 namespace kiln::compiler {
 
@@ -200,7 +201,7 @@ std::vector<ExtensionRef> CompiledModel::extensions() const {
 std::string cache_key(const graph::Module& module, const CompileOptions& options) {
   Fnv1a64 hash;
   hash.field(graph::print(module));
-  hash.field(KILN_VERSION);
+  hash.field(KILN_VERSION_STRING);
   hash.field(options.optimize ? "optimize" : "no-optimize");
   hash.field(options.kernels ? options.kernels->fingerprint() : "no-kernels");
   // Only the libraries this module calls: loading an extension must not invalidate other graphs.

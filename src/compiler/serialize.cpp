@@ -19,6 +19,7 @@
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/errors.h"
 #include "kiln/graph/text.h"
+#include "kiln/version.h"
 
 namespace kiln::compiler {
 
@@ -434,7 +435,7 @@ std::string CompiledModel::serialize() const {
   Writer w;
   w.pod(std::array<char, 8>{'K', 'I', 'L', 'N', 'A', 'R', 'T', '\0'});
   w.pod(kFormatVersion);
-  w.str(KILN_VERSION);
+  w.str(KILN_VERSION_STRING);
   w.str(ir_ ? graph::print(*ir_) : lazy_ir_ ? lazy_ir_->text : std::string());
   w.count(plans_.size());
   for (const auto& [name, plan] : plans_) write_plan(w, plan);
@@ -448,9 +449,9 @@ CompiledModel CompiledModel::deserialize(std::string_view bytes, std::string_vie
   auto format = r.pod<uint32_t>("format version");
   if (format != kFormatVersion) r.fail(fmt::format("format version {}, expected {}", format, kFormatVersion));
   std::string version = r.str("kiln version");
-  if (version != KILN_VERSION)
+  if (version != KILN_VERSION_STRING)
     r.fail(fmt::format("written by kiln {}, this is kiln {} (recompile the model)", version.substr(0, 40),
-                       KILN_VERSION));
+                       KILN_VERSION_STRING));
   std::string ir_text = r.str("compiled IR");
   std::map<std::string, GraphPlan> plans;
   size_t num_plans = r.count("plan", 30);

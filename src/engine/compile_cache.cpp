@@ -1,6 +1,7 @@
 // The persistent compile cache: one artifact file per key, written atomically, evicted LRU by mtime.
 #include "kiln/engine/compile_cache.h"
 
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -42,12 +43,17 @@ std::string cpu_features() {
   return features;
 }
 
-// Identifies the compiler build beyond KILN_VERSION, which stays the same across development builds:
-// the size and mtime of the running executable, so a relinked program (changed passes or kernels)
-// never reuses entries an older build made. A deployed binary keeps its entries across runs.
+// Identifies the compiler build beyond the version, which stays the same across development builds:
+// the path, size and mtime of the file that holds this code (libkiln.so, or the program kiln is
+// linked into), so a relinked library or program (changed passes or kernels) never reuses entries
+// an older build made. A deployed binary keeps its entries across runs.
 std::string build_id() {
   std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path exe;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&build_id), &info) != 0 && info.dli_fname && *info.dli_fname)
+    exe = fs::canonical(info.dli_fname, ec);
+  if (exe.empty() || ec) exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return "unknown-build";
   auto size = fs::file_size(exe, ec);
   auto time = fs::last_write_time(exe, ec);

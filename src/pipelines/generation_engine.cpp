@@ -317,8 +317,14 @@ std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesyst
     return std::make_unique<GenerationEngine>(info.config, weights, std::move(tokenizer), info.eos_token_ids,
                                               std::move(options));
   }
-  if (!std::filesystem::is_directory(model_dir))
-    throw LoadError(fmt::format("GenerationEngine: model directory '{}' does not exist", model_dir.string()));
+  std::error_code ec;
+  if (!std::filesystem::exists(model_dir, ec))
+    throw LoadError(fmt::format("GenerationEngine: '{}' does not exist (expected a model directory or a GGUF file)",
+                                model_dir.string()));
+  if (!std::filesystem::is_directory(model_dir, ec))
+    throw LoadError(fmt::format("GenerationEngine: '{}' is a file but not a GGUF file (no 'GGUF' magic); a "
+                                "Hugging Face model is a directory (config.json, model.safetensors, tokenizer)",
+                                model_dir.string()));
   report(options, "config", 0, kStages);
   ModelInfo info = load_model_info(model_dir);
   report(options, "weights", 1, kStages);

@@ -58,11 +58,17 @@ GenerationResult result_of(GenerationOutput out) {
   GenerationResult result;
   for (const GeneratedToken& t : out.tokens) result.ids.push_back(t.id);
   result.text = std::move(out.text);
-  GenerationStats& s = result.stats;
-  const RequestMetrics& m = out.metrics;
+  result.stats = generation_stats(out.metrics, out.finish);
+  return result;
+}
+
+}  // namespace
+
+GenerationStats generation_stats(const RequestMetrics& m, FinishReason finish) {
+  GenerationStats s;
   s.prompt_tokens = m.prompt_tokens;
   s.generated_tokens = m.generated_tokens;
-  s.finish_reason = out.finish;
+  s.finish_reason = finish;
   if (m.generated_tokens > 0) {
     s.prefill_seconds = m.first_token_s;
     s.decode_seconds = m.finish_s - m.first_token_s;
@@ -70,10 +76,8 @@ GenerationResult result_of(GenerationOutput out) {
   if (s.prefill_seconds > 0) s.prefill_tokens_per_s = static_cast<double>(s.prompt_tokens) / s.prefill_seconds;
   if (s.decode_seconds > 0 && s.generated_tokens > 1)
     s.decode_tokens_per_s = static_cast<double>(s.generated_tokens - 1) / s.decode_seconds;
-  return result;
+  return s;
 }
-
-}  // namespace
 
 GenerationResult TextGenerationPipeline::generate_ids(const std::vector<int64_t>& prompt_ids,
                                                       const GenerationOptions& options,

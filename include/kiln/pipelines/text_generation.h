@@ -61,6 +61,9 @@ struct GenerationStats {
   FinishReason finish_reason = FinishReason::length;
 };
 
+// A request's stats from its metrics (RequestMetrics, as an engine's RequestUpdate carries them).
+GenerationStats generation_stats(const RequestMetrics& metrics, FinishReason finish);
+
 struct GenerationResult {
   std::vector<int64_t> ids;  // the new tokens only (a final EOS included)
   std::string text;          // decoded new tokens, special tokens skipped (empty without a tokenizer)
