@@ -319,7 +319,7 @@ void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t
 }
 
 constexpr int kGemmMR = 6;
-// Blocks per pass over the activation rows: 16 blocks of a panel (18 KiB) stay in L1 meanwhile.
+// Blocks per pass over the activation rows: 16 blocks of a panel (17 KiB) stay in L1 meanwhile.
 constexpr int64_t kGemmBlocksPerPass = 16;
 
 void pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
