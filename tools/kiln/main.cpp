@@ -504,13 +504,9 @@ int generate(GenerateArgs args, Clock::time_point started) {
 struct ServeArgs {
   std::string model = default_model_dir();
   std::string model_name;  // default: the directory's or shape's name
-  std::string dtype;  // empty: the checkpoint's
   std::string host = "127.0.0.1";
   int port = 8000;
-  int threads = 0;
-  int64_t max_seq_len = 0;
-  double kv_cache_gb = 0;
-  std::string kv_dtype = "f32";
+  EngineArgs engine;
   int max_concurrency = 64;
   int max_queue = 256;
   double shutdown_grace_s = 10;
@@ -554,11 +550,7 @@ int serve_command(const ServeArgs& args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  pipelines::EngineOptions options{.max_seq_len = args.max_seq_len,
-                                   .num_threads = args.threads,
-                                   .weight_format = weight_format_option(args.dtype)};
-  options.kv_cache_dtype = parse_kv_dtype(args.kv_dtype);
-  options.kv_cache_bytes = kv_cache_bytes(args.kv_cache_gb);
+  pipelines::EngineOptions options = engine_options(args.engine);
   options.max_num_seqs = args.max_concurrency;
   LoadProgress progress;
   options.on_stage = [&](std::string_view stage, int index, int total) { progress.stage(stage, index, total); };
@@ -739,13 +731,9 @@ int main(int argc, char** argv) {
                    "model directory, or a random-weight shape (stories15M, stories110M, llama-1B: token-id prompts)")
       ->capture_default_str();
   serve_cmd->add_option("--model-name", serve_args.model_name, "the model's name in the API (default: --model's)");
-  serve_cmd->add_option("--dtype", serve_args.dtype, "weight format: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k (default: a GGUF file's own, else f32)");
   serve_cmd->add_option("--host", serve_args.host, "address to listen on")->capture_default_str();
   serve_cmd->add_option("--port", serve_args.port, "port (0: any free one)")->capture_default_str();
-  serve_cmd->add_option("-t,--threads", serve_args.threads, "engine threads (default: one per core)");
-  serve_cmd->add_option("-c,--ctx-size,--max-seq-len", serve_args.max_seq_len, "longest sequence, prompt + generated");
-  serve_cmd->add_option("--kv-cache-gb", serve_args.kv_cache_gb, "KV cache budget in GiB");
-  serve_cmd->add_option("--kv-dtype", serve_args.kv_dtype, "KV cache dtype: f32, bf16 or f16")->capture_default_str();
+  add_engine_options(serve_cmd, serve_args.engine);
   serve_cmd->add_option("--max-concurrency", serve_args.max_concurrency, "requests generating at once")
       ->capture_default_str();
   serve_cmd->add_option("--max-queue", serve_args.max_queue, "requests waiting beyond those (more get 429)")
