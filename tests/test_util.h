@@ -1,7 +1,11 @@
 // Shared test helpers: asserting on exceptions and their messages; the ChatML rendering by hand.
 #pragma once
 
+#include <unistd.h>
+
+#include <atomic>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +40,28 @@ template <class E, class F>
 void expect_error(F&& fn, const char* part) {
   expect_error<E>(fn, std::vector<std::string>{part});
 }
+
+// A fresh path under the system's temp directory (not created: a test may need it absent), removed
+// with everything in it at the end. Unique per process and object, so parallel tests never share one.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name = "test") {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("kiln_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // What tests/data/chat/chatml.jinja renders for (role, content) messages with
 // add_generation_prompt, written out by hand: the truth the chat tests compare with.

@@ -31,21 +31,7 @@ using kiln::testing::expect_error;
 namespace ops = kiln::graph::ops;
 namespace fs = std::filesystem;
 
-// A fresh directory per test, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("kiln_cache_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using kiln::testing::TempDir;
 
 SessionOptions cached_in(const fs::path& dir) {
   SessionOptions options;

@@ -22,6 +22,7 @@
 #include "engine/cpu/thread_pool.h"
 #include "kiln/engine/compile_cache.h"
 #include "kiln/kiln.h"
+#include "test_util.h"
 
 namespace {
 
@@ -445,19 +446,7 @@ const Tensor kProjX = Tensor::from_vector<float>({1, 2, 3, -1, 0, 1}, {2, 3});
 // relu(x @ w) by hand: [[2, 8], [0, 4]].
 std::vector<float> proj_expected(float offset) { return {2 + offset, 8 + offset, 0 + offset, 4 + offset}; }
 
-// A fresh directory, removed at the end.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() / ("kiln_concurrency_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using kiln::testing::TempDir;
 
 constexpr int kVariants = 3;
 float offset_of(int variant) { return 0.25f * static_cast<float>(variant + 1); }

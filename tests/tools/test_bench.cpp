@@ -1,9 +1,12 @@
 // `kiln bench`: the roofline arithmetic, the weight bytes a decode step reads, the measurements on
 // small sizes, and the command's output (JSON parsed back, table rows, errors).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
@@ -211,6 +214,12 @@ TEST(BenchConcurrency, EachLevelRunsThatManyRequestsTogether) {
   for (const ConcurrencyBenchResult& r : results) {
     EXPECT_EQ(r.output_tokens, r.concurrency * 4);
     EXPECT_GT(r.aggregate_decode_tokens_per_s, 0);
+    // The 5-token prompts fit one step, so every request decodes its 3 later tokens together; the
+    // window closes at the first finish, so it holds at least the finisher's 3 and one more per other
+    // request before that last step, and at most all of them.
+    EXPECT_GE(r.steady_decode_tokens, 3 + 2 * (r.concurrency - 1));
+    EXPECT_LE(r.steady_decode_tokens, 3 * r.concurrency);
+    EXPECT_GT(r.steady_decode_tokens_per_s, 0);
     EXPECT_NEAR(r.output_tokens_per_s, static_cast<double>(r.output_tokens) / r.seconds, 1e-9);
     EXPECT_GT(r.ttft_p50_s, 0);
     EXPECT_LE(r.ttft_p50_s, r.ttft_p99_s);
@@ -228,6 +237,84 @@ TEST(BenchConcurrency, EachLevelRunsThatManyRequestsTogether) {
   EXPECT_EQ(results[1].concurrency, 3);
   expect_error<ValueError>([] { bench_concurrency({.model = "stories15M", .threads = 1}, {0}); },
                            "--concurrency levels must be in [1, 4096], got 0");
+}
+
+// ---- --compare-llama-cpp, against stand-ins for llama-bench (shell scripts with known output) ----
+
+// Writes an executable script into dir; returns its path.
+std::filesystem::path write_script(const std::filesystem::path& dir, const std::string& name, const std::string& body) {
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path path = dir / name;
+  std::ofstream(path) << "#!/bin/sh\n" << body;
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+// What llama-bench -o json prints, cut to the fields read: a pp and a tg test per load mode.
+constexpr const char* kLlamaBenchJson = R"([
+  {"build_commit": "3f545becc", "n_threads": 2, "load_mode": "none", "n_prompt": 5, "n_gen": 0, "avg_ts": 100.5},
+  {"build_commit": "3f545becc", "n_threads": 2, "load_mode": "none", "n_prompt": 0, "n_gen": 3, "avg_ts": 20.0},
+  {"build_commit": "3f545becc", "n_threads": 2, "load_mode": "mmap", "n_prompt": 5, "n_gen": 0, "avg_ts": 90.0},
+  {"build_commit": "3f545becc", "n_threads": 2, "load_mode": "mmap", "n_prompt": 0, "n_gen": 3, "avg_ts": 25.0}
+])";
+
+TEST(BenchLlamaCpp, RunsLlamaBenchWithKilnsSettingsAndTakesItsBetterLoadMode) {
+  kiln::testing::TempDir dir("llama_bench");
+  const std::filesystem::path args = dir.path() / "args";
+  const std::filesystem::path gguf = dir.path() / "model.gguf";
+  const std::filesystem::path fake = write_script(
+      dir.path(), "llama-bench",
+      fmt::format("echo \"$@\" > '{}'\necho progress >&2\ncat <<'EOF'\n{}\nEOF\n", args.string(), kLlamaBenchJson));
+  std::ofstream(gguf) << "GGUF";
+  const LlamaCppBenchResult r = run_llama_bench(
+      {.llama_bench = fake, .gguf = gguf, .threads = 2, .prompt_tokens = 5, .gen_tokens = 3, .repetitions = 4});
+  std::ifstream in(args);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, fmt::format("-m {} -t 2 -p 5 -n 3 -r 4 -mmp 0,1 -o json", gguf.string()));
+  EXPECT_EQ(r.prefill_tokens_per_s, 100.5);  // the better load mode of each test
+  EXPECT_EQ(r.decode_tokens_per_s, 25.0);
+  EXPECT_EQ(r.prompt_tokens, 5);
+  EXPECT_EQ(r.gen_tokens, 3);
+  EXPECT_EQ(r.threads, 2);
+  EXPECT_EQ(r.build_commit, "3f545becc");
+
+  ModelBenchResult kiln_run;
+  kiln_run.prefill_tokens_per_s = 201;
+  kiln_run.decode_tokens_per_s = 30;
+  const LlamaCppComparison c = compare(kiln_run, r);
+  EXPECT_DOUBLE_EQ(c.prefill_ratio, 2.0);
+  EXPECT_DOUBLE_EQ(c.decode_ratio, 1.2);
+  const nlohmann::json json = to_json(c);
+  EXPECT_EQ(json.at("kind"), "llama_cpp");
+  EXPECT_DOUBLE_EQ(json.at("decode_ratio").get<double>(), 1.2);
+  const std::string row = table_row(c);
+  EXPECT_NE(row.find("llama.cpp 3f545becc"), std::string::npos) << row;
+  EXPECT_NE(row.find("2.00x"), std::string::npos) << row;
+  EXPECT_NE(row.find("1.20x"), std::string::npos) << row;
+}
+
+TEST(BenchLlamaCpp, FailuresNameTheProgramAndWhatWentWrong) {
+  kiln::testing::TempDir dir("llama_bench_errors");
+  const std::filesystem::path gguf = dir.path() / "model.gguf";
+  const auto failing = write_script(dir.path(), "failing", "echo 'error: unknown model architecture' >&2\nexit 3\n");
+  std::ofstream(gguf) << "GGUF";
+  auto options = [&](const std::filesystem::path& program) {
+    return LlamaCppBenchOptions{.llama_bench = program, .gguf = gguf, .threads = 1, .prompt_tokens = 4, .gen_tokens = 2};
+  };
+  expect_error<ExecutionError>([&] { run_llama_bench(options(failing)); },
+                               {failing.string(), "exit status 3", "unknown model architecture"});
+  const auto chatty = write_script(dir.path(), "chatty", "echo 'not json'\n");
+  expect_error<ExecutionError>([&] { run_llama_bench(options(chatty)); }, {chatty.string(), "not JSON"});
+  const auto no_tg = write_script(dir.path(), "no_tg", "echo '[{\"n_prompt\": 4, \"n_gen\": 0, \"avg_ts\": 9}]'\n");
+  expect_error<ExecutionError>([&] { run_llama_bench(options(no_tg)); }, "no prompt (pp) and generation (tg) test");
+  const auto no_speed = write_script(dir.path(), "no_speed", "echo '[{\"n_prompt\": 4, \"n_gen\": 0}]'\n");
+  expect_error<ExecutionError>([&] { run_llama_bench(options(no_speed)); }, "test 0 has no number 'avg_ts'");
+  expect_error<ValueError>([&] { run_llama_bench(options(gguf)); }, "is not an executable file");
+  expect_error<ValueError>([&] { run_llama_bench(options(dir.path() / "absent")); }, "is not an executable file");
+  LlamaCppBenchOptions no_model = options(chatty);
+  no_model.gguf = dir.path() / "absent.gguf";
+  expect_error<ValueError>([&] { run_llama_bench(no_model); }, "no GGUF file");
 }
 
 TEST(BenchModel, MoreTokensThanTheModelsPositionsIsAClearError) {
@@ -282,6 +369,37 @@ TEST(BenchCommand, GemmJsonIsOneObjectPerThreadCount) {
     EXPECT_GT(lines[i]["gflops"].get<double>(), 0);
     EXPECT_TRUE(lines[i]["onednn_gflops"].is_number() || lines[i]["onednn_gflops"].is_null());
   }
+}
+
+// The one-command comparison: a model row, then llama-bench's figures and kiln's over them.
+TEST(BenchCommand, CompareLlamaCppPrintsLlamaBenchsFiguresAndTheRatios) {
+  kiln::testing::TempDir dir("bench_compare");
+  const std::filesystem::path gguf = dir.path() / "stories15M.gguf";
+  const auto fake = write_script(dir.path(), "llama-bench", fmt::format("cat <<'EOF'\n{}\nEOF\n", kLlamaBenchJson));
+  std::ofstream(gguf) << "GGUF";
+  const std::vector<std::string> common = {"--model", "stories15M", "--threads", "1", "--prompt-tokens", "5",
+                                           "--gen-tokens", "3", "--repetitions", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  auto lines = json_lines(run_bench(with({"--compare-llama-cpp", fake.string(), "--llama-cpp-model", gguf.string(), "--json"})));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["kind"], "model");
+  EXPECT_EQ(lines[1]["kind"], "llama_cpp");
+  EXPECT_EQ(lines[1]["gguf"], gguf.string());
+  EXPECT_DOUBLE_EQ(lines[1]["decode_ratio"].get<double>(), lines[0]["decode_tokens_per_s"].get<double>() / 25.0);
+  EXPECT_DOUBLE_EQ(lines[1]["prefill_ratio"].get<double>(), lines[0]["prefill_tokens_per_s"].get<double>() / 100.5);
+  expect_error<ValueError>([&] { run_bench(with({"--compare-llama-cpp", fake.string()})); },
+                           "--compare-llama-cpp needs a GGUF file: 'stories15M' is not one");
+  expect_error<ValueError>([&] { run_bench(with({"--llama-cpp-model", gguf.string()})); },
+                           "--llama-cpp-model is the file --compare-llama-cpp runs");
+  expect_error<ValueError>(
+      [&] {
+        run_bench(with({"--compare-llama-cpp", fake.string(), "--llama-cpp-model", gguf.string(), "--concurrency", "2"}));
+      },
+      "--compare-llama-cpp compares single streams");
 }
 
 TEST(BenchCommand, BandwidthJsonAndTable) {

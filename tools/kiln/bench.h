@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -127,6 +128,11 @@ struct ConcurrencyBenchResult {
   // The decode phase: every token after each request's first, over the time from the first request's
   // first token to the last request's last (0 when no request made a second token).
   double aggregate_decode_tokens_per_s = 0;
+  // Every request decoding: tokens made from the moment the last request had its first token to the
+  // moment the first one finished, over that time (0 when the two do not overlap). No prefill of
+  // this level falls inside it, so this is the rate of `concurrency` streams decoding together.
+  double steady_decode_tokens_per_s = 0;
+  int64_t steady_decode_tokens = 0;  // the tokens of that window
   double ttft_p50_s = 0, ttft_p99_s = 0;     // time to first token, over the requests
   double tpot_p50_s = 0, tpot_p99_s = 0;     // time per output token after the first
   int64_t kv_blocks_peak = 0;                // most KV blocks in use at once
@@ -138,6 +144,43 @@ struct ConcurrencyBenchResult {
 // One engine for all levels (its max_num_seqs is the highest level). ValueError for bad options.
 std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& options,
                                                       const std::vector<int64_t>& levels);
+
+// ---- llama.cpp beside kiln (--compare-llama-cpp) -------------------------------------------------------
+
+struct LlamaCppBenchOptions {
+  std::filesystem::path llama_bench;  // llama.cpp's llama-bench executable
+  std::filesystem::path gguf;         // the model file it runs
+  int threads = 1;
+  int64_t prompt_tokens = 128;
+  int64_t gen_tokens = 64;
+  int repetitions = 3;
+};
+
+struct LlamaCppBenchResult {
+  std::string llama_bench, gguf, build_commit;
+  int threads = 0;
+  int64_t prompt_tokens = 0, gen_tokens = 0;
+  // llama-bench's mean over its repetitions; the better of its two load modes (mmap, and weights
+  // read into memory), as shared/anchors/README.md takes llama.cpp's figure.
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;
+};
+
+// Runs `llama-bench -m GGUF -t T -p P -n N -r R -mmp 0,1 -o json` (no shell) and reads its figures.
+// ValueError for a path that is not an executable or a GGUF file that is not there; ExecutionError
+// when it fails (its exit status and the tail of its stderr) or prints no pp and tg speeds.
+LlamaCppBenchResult run_llama_bench(const LlamaCppBenchOptions& options);
+// The figures of llama-bench's JSON output; `source` names it in errors.
+LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::string& source);
+
+// kiln's figures over llama.cpp's, both from the same run.
+struct LlamaCppComparison {
+  ModelBenchResult kiln;
+  LlamaCppBenchResult llama_cpp;
+  double prefill_ratio = 0;  // kiln / llama.cpp
+  double decode_ratio = 0;
+};
+LlamaCppComparison compare(const ModelBenchResult& kiln, const LlamaCppBenchResult& llama_cpp);
 
 // ---- GEMM benchmark ----------------------------------------------------------------------------------
 
@@ -204,6 +247,8 @@ std::string table_row(const ModelBenchResult& r);
 std::string profile_table(const ModelBenchResult& r);
 std::string gemm_table_header();
 std::string table_row(const GemmBenchResult& r);
+nlohmann::json to_json(const LlamaCppComparison& c);
+std::string table_row(const LlamaCppComparison& c);  // two lines: llama.cpp's figures, then the ratios
 std::string bandwidth_table_header();
 std::string table_row(const BandwidthResult& r);
 
@@ -230,6 +275,8 @@ class BenchCommand {
   uint64_t seed_ = 0;
   bool profile_ = false;
   std::vector<int64_t> concurrency_;
+  std::string compare_llama_cpp_;  // llama-bench's path
+  std::string llama_cpp_model_;    // the GGUF it runs, when --model is not one
   std::vector<int64_t> m_{1024};
   int64_t n_ = 1024, k_ = 1024;
   std::vector<std::string> weights_;

@@ -11,6 +11,7 @@
 #include "bench.h"
 #include "bench_internal.h"
 #include "kiln/errors.h"
+#include "kiln/pipelines/gguf.h"
 #include "kiln/pipelines/text_generation.h"
 
 namespace kiln::bench {
@@ -61,6 +62,14 @@ BenchCommand::BenchCommand(CLI::App& app) {
                    "requests submitted together to the generation engine, comma-separated levels (e.g. "
                    "1,4,16,64): aggregate tokens/s, TTFT and TPOT per level")
       ->delimiter(',');
+  bench_
+      ->add_option("--compare-llama-cpp", compare_llama_cpp_,
+                   "llama.cpp's llama-bench: after each kiln run, run it on the same GGUF file (--model, or "
+                   "--llama-cpp-model for a named shape), threads and token counts, and print kiln / llama.cpp")
+      ->check(CLI::ExistingFile);
+  bench_->add_option("--llama-cpp-model", llama_cpp_model_,
+                     "the GGUF file llama-bench runs when --model is a named shape or a directory")
+      ->check(CLI::ExistingFile);
   bench_->add_flag("--profile", profile_,
                    "after the timed runs, profile one more generation's decode: each op's time per token");
 
@@ -150,6 +159,23 @@ int BenchCommand::run() const {
     formats.push_back(name == "stored" ? std::nullopt : std::optional(nn::parse_weight_format(name)));
   if (formats.empty()) formats.push_back(std::nullopt);
   for (const auto& model : models_) resolve_model_config(model);
+  if (!llama_cpp_model_.empty() && compare_llama_cpp_.empty())
+    throw ValueError("kiln bench: --llama-cpp-model is the file --compare-llama-cpp runs; give both");
+  // The GGUF llama-bench runs for a --model: that very file, or --llama-cpp-model's.
+  auto llama_cpp_file = [&](const std::string& model) -> std::string {
+    if (!llama_cpp_model_.empty()) return llama_cpp_model_;
+    if (pipelines::is_gguf_file(model)) return model;
+    throw ValueError(fmt::format("kiln bench: --compare-llama-cpp needs a GGUF file: '{}' is not one; give "
+                                 "--llama-cpp-model FILE.gguf (the same shape)",
+                                 model));
+  };
+  if (!compare_llama_cpp_.empty()) {
+    if (!concurrency_.empty())
+      throw ValueError("kiln bench: --compare-llama-cpp compares single streams; leave out --concurrency");
+    if (models_.size() > 1 && !llama_cpp_model_.empty())
+      throw ValueError("kiln bench: --llama-cpp-model is one file; give one --model with it");
+    for (const auto& model : models_) llama_cpp_file(model);
+  }
   print_preamble(json_);
   auto options_for = [&](const std::string& model, std::optional<WeightFormat> format, int t) {
     return ModelBenchOptions{.model = model,
@@ -185,6 +211,16 @@ int BenchCommand::run() const {
         if (after.read_bytes_per_s > r.read_bytes_per_s) set_bandwidth(r, after.read_bytes_per_s);
         emit(to_json(r), table_row(r));
         if (!json_ && !r.decode_profile.empty()) std::cout << profile_table(r) << std::flush;
+        if (!compare_llama_cpp_.empty()) {
+          const LlamaCppBenchResult l = run_llama_bench({.llama_bench = compare_llama_cpp_,
+                                                         .gguf = llama_cpp_file(model),
+                                                         .threads = t,
+                                                         .prompt_tokens = prompt_tokens_,
+                                                         .gen_tokens = gen_tokens_,
+                                                         .repetitions = repetitions_});
+          const LlamaCppComparison c = compare(r, l);
+          emit(to_json(c), table_row(c));
+        }
       }
   return 0;
 }

@@ -316,17 +316,29 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
     std::vector<double> ttft, tpot;
     int64_t output_tokens = 0, decode_tokens = 0;
     double first_token = std::numeric_limits<double>::infinity(), last_token = 0;  // since the submission
+    // When each update's tokens arrived (seconds since the submission, tokens): the window in which
+    // every request is decoding is known only at the end.
+    std::vector<std::pair<double, int64_t>> arrivals;
+    double all_decoding = 0, first_finish = std::numeric_limits<double>::infinity();
     const pipelines::EngineStats before = engine->stats();
     if (o.profile)
       for (const auto& [name, model] : engine->models()) model.start_profiling();
     std::vector<pipelines::GenerationRequest> batch;
+    Clock::time_point start;
     for (int64_t i = 0; i < level; ++i) {
       pipelines::GenerationRequest r = request(o.gen_tokens + 1);
-      r.on_update = [&](const pipelines::RequestUpdate& u) {
+      r.on_update = [&, start = &start, seen_first = false](const pipelines::RequestUpdate& u) mutable {
         const int64_t in_use = engine->stats().kv_blocks_in_use;
+        const double now = seconds_since(*start);
         std::lock_guard lock(mutex);
         peak_blocks = std::max(peak_blocks, in_use);
+        if (!u.tokens.empty()) {
+          arrivals.emplace_back(now, static_cast<int64_t>(u.tokens.size()));
+          if (!seen_first) all_decoding = std::max(all_decoding, now);
+          seen_first = true;
+        }
         if (!u.finish) return;
+        first_finish = std::min(first_finish, now);
         const pipelines::RequestMetrics& m = u.metrics;
         ttft.push_back(m.first_token_s);
         if (m.generated_tokens > 1)
@@ -340,7 +352,7 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
       };
       batch.push_back(std::move(r));
     }
-    const auto start = Clock::now();
+    start = Clock::now();
     engine->submit(std::move(batch));  // together: the first step can take them all
     std::unique_lock lock(mutex);
     done.wait(lock, [&] { return finished == level; });
@@ -356,6 +368,11 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
     r.output_tokens_per_s = static_cast<double>(output_tokens) / r.seconds;
     if (last_token > first_token)
       r.aggregate_decode_tokens_per_s = static_cast<double>(decode_tokens) / (last_token - first_token);
+    if (first_finish > all_decoding) {
+      for (const auto& [t, n] : arrivals)
+        if (t > all_decoding && t <= first_finish) r.steady_decode_tokens += n;
+      r.steady_decode_tokens_per_s = static_cast<double>(r.steady_decode_tokens) / (first_finish - all_decoding);
+    }
     r.ttft_p50_s = percentile(ttft, 50);
     r.ttft_p99_s = percentile(ttft, 99);
     r.tpot_p50_s = percentile(tpot, 50);

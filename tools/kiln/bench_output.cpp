@@ -82,6 +82,34 @@ std::string table_row(const ModelBenchResult& r) {
       r.read_bytes_per_s * 1e-9, r.roofline_tokens_per_s, 100.0 * r.roofline_fraction);
 }
 
+nlohmann::json to_json(const LlamaCppComparison& c) {
+  const LlamaCppBenchResult& l = c.llama_cpp;
+  return {{"kind", "llama_cpp"},
+          {"model", c.kiln.model},
+          {"dtype", c.kiln.dtype},
+          {"gguf", l.gguf},
+          {"llama_bench", l.llama_bench},
+          {"build_commit", l.build_commit},
+          {"threads", l.threads},
+          {"prompt_tokens", l.prompt_tokens},
+          {"gen_tokens", l.gen_tokens},
+          {"prefill_tokens_per_s", l.prefill_tokens_per_s},
+          {"decode_tokens_per_s", l.decode_tokens_per_s},
+          {"kiln_prefill_tokens_per_s", c.kiln.prefill_tokens_per_s},
+          {"kiln_decode_tokens_per_s", c.kiln.decode_tokens_per_s},
+          {"prefill_ratio", c.prefill_ratio},
+          {"decode_ratio", c.decode_ratio}};
+}
+
+// Under the model table's columns: llama.cpp's pp and tg figures, then kiln's over them.
+std::string table_row(const LlamaCppComparison& c) {
+  const LlamaCppBenchResult& l = c.llama_cpp;
+  const std::string build = l.build_commit.empty() ? "" : " " + l.build_commit;
+  return fmt::format("{:<24} {:>7} {:>9} {:>12} {:>12.1f} {:>12.1f}\n{:<24} {:>7} {:>9} {:>12} {:>11.2f}x {:>11.2f}x",
+                     "  llama.cpp" + build, l.threads, "", "", l.prefill_tokens_per_s, l.decode_tokens_per_s,
+                     "  kiln / llama.cpp", l.threads, "", "", c.prefill_ratio, c.decode_ratio);
+}
+
 namespace {
 
 // `unit`: what the rows count per ("token" of a single stream, "step" of the engine).
@@ -161,6 +189,8 @@ nlohmann::json to_json(const ConcurrencyBenchResult& r) {
           {"output_tokens", r.output_tokens},
           {"output_tokens_per_s", r.output_tokens_per_s},
           {"aggregate_decode_tokens_per_s", r.aggregate_decode_tokens_per_s},
+          {"steady_decode_tokens_per_s", r.steady_decode_tokens_per_s},
+          {"steady_decode_tokens", r.steady_decode_tokens},
           {"ttft_p50_s", r.ttft_p50_s},
           {"ttft_p99_s", r.ttft_p99_s},
           {"tpot_p50_s", r.tpot_p50_s},
@@ -172,15 +202,15 @@ nlohmann::json to_json(const ConcurrencyBenchResult& r) {
 }
 
 std::string concurrency_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
-  return fmt::format("{:<14} {:<9} {:>7} {:>6} {:>14} {:>12} {:>19} {:>19} {:>13}  (prompt {}, gen {} per request)",
-                     "model", "dtype", "threads", "conc", "decode tok/s", "out tok/s", "ttft p50/p99 ms",
+  return fmt::format("{:<14} {:<9} {:>7} {:>6} {:>14} {:>13} {:>12} {:>19} {:>19} {:>13}  (prompt {}, gen {} per request)",
+                     "model", "dtype", "threads", "conc", "decode tok/s", "steady tok/s", "out tok/s", "ttft p50/p99 ms",
                      "tpot p50/p99 ms", "kv blocks", prompt_tokens, gen_tokens);
 }
 
 std::string table_row(const ConcurrencyBenchResult& r) {
-  return fmt::format("{:<14} {:<9} {:>7} {:>6} {:>14.1f} {:>12.1f} {:>19} {:>19} {:>13}", r.model,
+  return fmt::format("{:<14} {:<9} {:>7} {:>6} {:>14.1f} {:>13.1f} {:>12.1f} {:>19} {:>19} {:>13}", r.model,
                      r.dtype, r.threads, r.concurrency, r.aggregate_decode_tokens_per_s,
-                     r.output_tokens_per_s,
+                     r.steady_decode_tokens_per_s, r.output_tokens_per_s,
                      fmt::format("{:.1f}/{:.1f}", r.ttft_p50_s * 1e3, r.ttft_p99_s * 1e3),
                      fmt::format("{:.2f}/{:.2f}", r.tpot_p50_s * 1e3, r.tpot_p99_s * 1e3),
                      fmt::format("{}/{}", r.kv_blocks_peak, r.kv_blocks_total));

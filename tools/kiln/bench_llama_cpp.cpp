@@ -1,0 +1,156 @@
+// `kiln bench --compare-llama-cpp PATH`: llama.cpp's llama-bench run on the same GGUF file, threads
+// and token counts as kiln's run, right after it, so the two figures share the machine's state.
+#include <poll.h>
+#include <signal.h>
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "bench.h"
+#include "kiln/errors.h"
+
+extern char** environ;
+
+namespace kiln::bench {
+
+namespace {
+
+// Runs argv[0] with the arguments, its stdout captured (stderr, llama-bench's progress and warnings,
+// thrown away unless it fails: then its tail is in the error). No shell: arguments go as they are.
+std::string run_capturing_stdout(const std::vector<std::string>& argv) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0)
+    throw ExecutionError(fmt::format("{}: pipe failed: {}", argv[0], std::strerror(errno)));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
+  for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) posix_spawn_file_actions_addclose(&actions, fd);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (spawned != 0) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    throw ValueError(fmt::format("kiln bench: --compare-llama-cpp: cannot run '{}': {}", argv[0],
+                                 std::strerror(spawned)));
+  }
+  // Both pipes drained together: a child that fills one while we block on the other would hang.
+  std::string out, err;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  char buffer[65536];
+  while (fds[0].fd >= 0 || fds[1].fd >= 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      const ssize_t n = read(fds[i].fd, buffer, sizeof buffer);
+      if (n <= 0) {
+        fds[i].fd = -1;  // poll skips negative descriptors; the pipe is closed below
+        continue;
+      }
+      std::string& sink = i == 0 ? out : err;
+      sink.append(buffer, static_cast<size_t>(n));
+      if (i == 1 && err.size() > (1u << 20)) err.erase(0, err.size() - (1u << 16));  // its tail is enough
+    }
+    if (out.size() > (64u << 20)) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      close(out_pipe[0]);
+      close(err_pipe[0]);
+      throw ExecutionError(fmt::format("{}: more than 64 MiB of output; is it llama-bench?", argv[0]));
+    }
+  }
+  close(out_pipe[0]);
+  close(err_pipe[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const std::string tail = err.size() > 2000 ? err.substr(err.size() - 2000) : err;
+    throw ExecutionError(fmt::format("{} {}: {}; its last output:\n{}", argv[0], WIFEXITED(status) ? "failed" : "was killed",
+                                     WIFEXITED(status) ? fmt::format("exit status {}", WEXITSTATUS(status))
+                                                       : fmt::format("signal {}", WTERMSIG(status)),
+                                     tail));
+  }
+  return out;
+}
+
+}  // namespace
+
+LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::string& source) {
+  nlohmann::json tests;
+  try {
+    tests = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ExecutionError(fmt::format("{}: its output is not JSON ({})", source, e.what()));
+  }
+  if (!tests.is_array() || tests.empty())
+    throw ExecutionError(fmt::format("{}: expected a JSON array of tests (llama-bench -o json)", source));
+  LlamaCppBenchResult r;
+  for (size_t i = 0; i < tests.size(); ++i) {
+    const nlohmann::json& t = tests[i];
+    auto number = [&](const char* key) {
+      if (!t.is_object() || !t.contains(key) || !t.at(key).is_number())
+        throw ExecutionError(fmt::format("{}: test {} has no number '{}'", source, i, key));
+      return t.at(key).get<double>();
+    };
+    const double n_prompt = number("n_prompt"), n_gen = number("n_gen"), tokens_per_s = number("avg_ts");
+    if (t.contains("n_threads") && t.at("n_threads").is_number()) r.threads = t.at("n_threads").get<int>();
+    if (t.contains("build_commit") && t.at("build_commit").is_string())
+      r.build_commit = t.at("build_commit").get<std::string>();
+    // llama-bench runs each test as a prompt-only (pp) or a generation-only (tg) test; the best
+    // over its load modes (mmap and not) is llama.cpp's figure.
+    if (n_prompt > 0 && n_gen == 0) {
+      r.prompt_tokens = static_cast<int64_t>(n_prompt);
+      r.prefill_tokens_per_s = std::max(r.prefill_tokens_per_s, tokens_per_s);
+    } else if (n_gen > 0 && n_prompt == 0) {
+      r.gen_tokens = static_cast<int64_t>(n_gen);
+      r.decode_tokens_per_s = std::max(r.decode_tokens_per_s, tokens_per_s);
+    }
+  }
+  if (r.prefill_tokens_per_s <= 0 || r.decode_tokens_per_s <= 0)
+    throw ExecutionError(fmt::format("{}: no prompt (pp) and generation (tg) test with a speed in its output", source));
+  return r;
+}
+
+LlamaCppBenchResult run_llama_bench(const LlamaCppBenchOptions& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_regular_file(o.llama_bench, ec) || access(o.llama_bench.c_str(), X_OK) != 0)
+    throw ValueError(fmt::format("kiln bench: --compare-llama-cpp: '{}' is not an executable file (give llama.cpp's "
+                                 "llama-bench)",
+                                 o.llama_bench.string()));
+  if (!fs::is_regular_file(o.gguf, ec))
+    throw ValueError(fmt::format("kiln bench: --compare-llama-cpp: no GGUF file '{}'", o.gguf.string()));
+  const std::vector<std::string> argv = {o.llama_bench.string(), "-m", o.gguf.string(), "-t", std::to_string(o.threads),
+                                         "-p", std::to_string(o.prompt_tokens), "-n", std::to_string(o.gen_tokens),
+                                         "-r", std::to_string(o.repetitions), "-mmp", "0,1", "-o", "json"};
+  LlamaCppBenchResult r = parse_llama_bench_json(run_capturing_stdout(argv), o.llama_bench.string());
+  r.llama_bench = o.llama_bench.string();
+  r.gguf = o.gguf.string();
+  if (r.threads == 0) r.threads = o.threads;
+  return r;
+}
+
+LlamaCppComparison compare(const ModelBenchResult& kiln, const LlamaCppBenchResult& llama_cpp) {
+  return {.kiln = kiln,
+          .llama_cpp = llama_cpp,
+          .prefill_ratio = kiln.prefill_tokens_per_s / llama_cpp.prefill_tokens_per_s,
+          .decode_ratio = kiln.decode_tokens_per_s / llama_cpp.decode_tokens_per_s};
+}
+
+}  // namespace kiln::bench
