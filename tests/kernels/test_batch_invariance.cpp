@@ -3,17 +3,20 @@
 // quantized encoding and grouped_matmul give each row bitwise the result that row gets alone (M = 1),
 // whatever the other rows and M are, on every ISA level this CPU supports and on 1 or 2 threads: the continuous-batching
 // engine gives a request the same tokens alone or in a batch of steps up to 8 rows (docs/batching.md;
-// above 8 rows the blocked GEMM rounds in another order). Q8_0 weights fixed at build, as a model's
+// above 8 rows the blocked GEMM rounds in another order, except for f16 / bf16 weights, which stream
+// in chunks of 8 rows up to 32). Q8_0 weights fixed at build, as a model's
 // are, run on their packed panels from 3 rows where VNNI is: rows then match at every M. The results alone are checked against a double-precision loop (the tolerance of test_gemm.cpp;
 // for Q8_0 also the activations' quantization error, half a step d_x per element).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/quantized.h"
 #include "kernels/forced_isa.h"
 #include "kernels/kernel_test_util.h"
@@ -83,22 +86,23 @@ struct Product {
   }
 };
 
-// Every row of every M is bitwise the row's result alone; the results alone match `reference`
-// (per result i, row m, column n: value and tolerance).
+// Every row of every M (of `Ms`, at most x's rows) is bitwise the row's result alone; the results
+// alone match `reference` (per result i, row m, column n: value and tolerance).
 template <class Reference>
-void expect_batch_invariant(const Product& p, const HostTensor& x, const std::string& what, Isa isa, Reference&& reference) {
+void expect_batch_invariant(const Product& p, const HostTensor& x, const std::string& what, Isa isa, Reference&& reference,
+                            std::span<const int64_t> Ms = kMs) {
   ThreadedParallel two(2);
-  const int64_t K = x.shape[1];
+  const int64_t K = x.shape[1], rows = x.shape[0];
   std::vector<std::vector<HostTensor>> alone;  // [row][result]
-  for (int64_t m = 0; m < kRows; ++m) alone.push_back(p.run(x, m, 1, nullptr));
+  for (int64_t m = 0; m < rows; ++m) alone.push_back(p.run(x, m, 1, nullptr));
   for (size_t i = 0; i < p.widths.size(); ++i)
-    for (int64_t m = 0; m < kRows; ++m)
+    for (int64_t m = 0; m < rows; ++m)
       for (int64_t n = 0; n < p.widths[i]; ++n) {
         const auto [want, tolerance] = reference(i, m, n);
         ASSERT_NEAR(alone[static_cast<size_t>(m)][i].at<float>(n), want, tolerance)
             << label(isa, what, 1, K, p.widths[i], 1) << ": row " << m << " result " << i << " column " << n;
       }
-  for (int64_t M : kMs)
+  for (int64_t M : Ms)
     for (int threads : {1, 2}) {
       const std::vector<HostTensor> out = p.run(x, 0, M, threads == 2 ? &two : nullptr);
       for (size_t i = 0; i < p.widths.size(); ++i) {
@@ -155,6 +159,47 @@ TEST(BatchInvariance, MatmulRowsMatchTheRowAloneForEveryWeightDtype) {
           const std::string what = std::string("f32 x ") + std::string(dtype_name(dtype)) + (transpose_b ? " transpose_b" : " plain");
           expect_batch_invariant(p, x, what, isa, [&](size_t, int64_t m, int64_t n) { return float_reference(x, w, m, n); });
         }
+    }
+  }
+}
+
+// f16 / bf16 weights stream as chunks of at most 8 rows up to gemm::kNarrowSmallMMax (32) rows, so every
+// row of those steps too is bitwise the row alone, both layouts, fixed or not, single or grouped.
+// N = 300 at K = 1120 spans three of the chunks' column blocks. CPUs with AMX run bf16 above 8
+// rows on the tiles (activations rounded to bf16): bf16 is checked there at 8 rows or fewer only.
+TEST(BatchInvariance, NarrowWeightsGiveEveryRowItsBitsAloneUpTo32Rows) {
+  static_assert(gemm::kNarrowSmallMMax == 32);
+  const int64_t kMany = 32;
+  const int64_t many_ms[] = {9, 17, 32};  // uneven chunks (5 + 4, 6 + 6 + 5) and the most
+  uint32_t seed = 130;
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (const Shape& s : {Shape{1120, 300}, Shape{300, 40}}) {
+      const HostTensor x =
+          kernel_test::tensor_from_doubles(DType::f32, {kMany, s.K}, kernel_test::pseudo_random(kMany * s.K, seed++));
+      for (DType dtype : {DType::f16, DType::bf16}) {
+        const bool amx_takes_bf16 = dtype == DType::bf16 && amx::available() && isa == gemm::best_isa();
+        const std::span<const int64_t> ms = amx_takes_bf16 ? std::span<const int64_t>(kMs) : many_ms;
+        for (bool transpose_b : {true, false})
+          for (bool fixed : {false, true}) {
+            std::vector<double> w;
+            Product p{Op::matmul, {{"transpose_b", int64_t{transpose_b}}}, {}, {s.N}, fixed};
+            p.weights.push_back(float_weight(dtype, s.N, s.K, transpose_b, seed++, w));
+            const std::string what = std::string(fixed ? "fixed " : "") + "f32 x " + std::string(dtype_name(dtype)) +
+                                     (transpose_b ? " transpose_b" : " plain");
+            expect_batch_invariant(
+                p, x, what, isa, [&](size_t, int64_t m, int64_t n) { return float_reference(x, w, m, n); }, ms);
+          }
+        // Grouped (q/k/v widths): each result's rows, at every M, the single product's row alone.
+        const std::vector<int64_t> widths{300, 70, 70};
+        std::vector<std::vector<double>> w(widths.size());
+        Product group{Op::grouped_matmul, {{"transpose_b", int64_t{1}}}, {}, widths, true};
+        for (size_t i = 0; i < widths.size(); ++i)
+          group.weights.push_back(float_weight(dtype, widths[i], s.K, true, seed++, w[i]));
+        expect_batch_invariant(
+            group, x, "fixed grouped f32 x " + std::string(dtype_name(dtype)), isa,
+            [&](size_t i, int64_t m, int64_t n) { return float_reference(x, w[i], m, n); }, ms);
+      }
     }
   }
 }

@@ -59,9 +59,6 @@ struct ThreadScratch {
 };
 thread_local ThreadScratch t_scratch;
 
-bool small_m_applies(const Problem& p) {
-  return p.M <= kSmallM && p.b_storage != BStorage::q8_0 && (p.b_row == 1 || p.b_col == 1);
-}
 
 // Columns [n0, n1) of a small-M problem, on the calling thread.
 void run_small_m(const IsaKernels& k, const Problem& p, int64_t n0, int64_t n1) {
@@ -209,6 +206,12 @@ bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
     for (int64_t t = begin; t < end; ++t) run_units(t * units / parts, (t + 1) * units / parts);
   });
   return true;
+}
+
+bool small_m_applies(const Problem& p) {
+  const bool narrow = p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16;
+  return (p.M <= kSmallM || (narrow && p.M <= kNarrowSmallMMax)) && p.b_storage != BStorage::q8_0 &&
+         (p.b_row == 1 || p.b_col == 1);
 }
 
 bool run(const KernelContext& ctx, const Problem& p) {

@@ -92,7 +92,7 @@ struct IsaKernels {
   // C rows [m0, m1) x columns [n0, n1) of p, all of K: pack, multiply, store. n0 is a multiple of
   // nr when p.packed_b is set.
   void (*gemm)(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws);
-  // Small M (<= kSmallM), columns [n0, n1): streams B once. False when B's layout has neither unit
+  // Small M (<= kSmallM; f16 / bf16 storage: <= kNarrowSmallMMax), columns [n0, n1): streams B once. False when B's layout has neither unit
   // stride, or B is Q8_0 (the caller then runs gemm; quantized.h has the int8 GEMV). ws.packed_a
   // holds >= M * K floats (A rows converted to f32).
   bool (*small_m)(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws);
@@ -100,6 +100,13 @@ struct IsaKernels {
   void (*pack_b)(const Problem& p, float* dst);
 };
 inline constexpr int64_t kSmallM = 8;
+// f16 / bf16 weights with f32 activations take the small-M path up to this many rows too: the rows
+// in chunks of at most kSmallM, each chunk over a block of weight columns that stays in L2, so the
+// weight is read from memory once and every row gets the bits it gets at M = 1. Without AMX the GEMM
+// widens the whole weight into f32 panels on every call: 16 rows of 8192 x 2048 bf16 took 11.3 ms
+// that way and 7.8 ms in chunks on one Xeon thread; 32 rows 16.6 and 15.3, 64 rows 25.1 and 30.0
+// (docs/batching.md). CPUs with AMX run bf16 above 8 rows on the tiles instead (matmul.cpp).
+inline constexpr int64_t kNarrowSmallMMax = 32;
 // A GEMV is cut into up to this many parts per thread, claimed by whichever thread is free: it is
 // bound by memory, and a thread slowed by its neighbours then does not hold the others up at the end.
 inline constexpr int64_t kGemvPartsPerThread = 4;
@@ -111,11 +118,14 @@ const IsaKernels* avx512_bf16_kernels();
 // Runs one 2-D problem (the caller loops over batches), threaded over ctx.parallel. False when the
 // active level is `generic` or the dtype is not f32/f16/bf16: the caller computes it another way.
 bool run(const KernelContext& ctx, const Problem& p);
+// Whether p runs on the small-M (streaming) path rather than the GEMM.
+bool small_m_applies(const Problem& p);
 // Several small-M problems (grouped_matmul's decode: q, k and v reading one activation) as ONE
 // parallel job: their columns, in whole vectors of 16, are concatenated and cut into up to
 // kGemvPartsPerThread parts per thread, claimed dynamically (run() sends one small-M problem here
 // too). Each result is bit-identical to run() on its problem alone. False (nothing computed) unless every problem is
-// supported and takes the small-M path (M <= kSmallM, B not Q8_0, a unit stride in B).
+// supported and takes the small-M path (small_m_applies: M <= kSmallM, or <= kNarrowSmallMMax for
+// f16 / bf16 storage; B not Q8_0, a unit stride in B).
 bool run_group(const KernelContext& ctx, std::span<const Problem> problems);
 // Many independent problems of one shape (attention's per-head products): one per thread at a time.
 bool run_batched(const KernelContext& ctx, int64_t count, const std::function<Problem(int64_t)>& problem);

@@ -767,7 +767,30 @@ template <class T, class TB = T> bool small_m_typed(const Problem& p, int64_t n0
     }
   }
 #endif
-  small_m_dispatch<T, 1, TB>(p, rows_f32<T>(p, ws.packed_a), n0, n1);
+  const float* x = rows_f32<T>(p, ws.packed_a);
+  if (p.M <= kSmallM) {
+    small_m_dispatch<T, 1, TB>(p, x, n0, n1);
+    return true;
+  }
+  // More rows (f16 / bf16 weights, gemm.h's kNarrowSmallMMax): chunks of at most kSmallM rows, as
+  // even as possible, each over a block of columns whose weights (kNarrowBlockBytes) stay in L2
+  // while every chunk reads them, so the weight comes from memory once. Each row's sums are the
+  // chunk kernel's, which are the M = 1 kernel's.
+  constexpr int64_t kNarrowBlockBytes = 256 << 10;
+  const int64_t chunks = (p.M + kSmallM - 1) / kSmallM;
+  const int64_t column_bytes = p.K * static_cast<int64_t>(sizeof(TB));
+  const int64_t fit = kNarrowBlockBytes / (column_bytes + 1) / 16 * 16;  // whole vectors of 16 columns
+  const int64_t block = fit > 16 ? fit : 16;
+  for (int64_t nb = n0; nb < n1; nb += block) {
+    const int64_t ne = lo(n1, nb + block);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t m0 = c * p.M / chunks, m1 = (c + 1) * p.M / chunks;
+      Problem rows = p;
+      rows.M = m1 - m0;
+      rows.c = static_cast<T*>(p.c) + m0 * p.ldc;
+      small_m_dispatch<T, 1, TB>(rows, x + m0 * p.K, nb, ne);
+    }
+  }
   return true;
 }
 

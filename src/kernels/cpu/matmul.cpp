@@ -292,8 +292,13 @@ std::optional<gemm::Problem> matmul_gemv_problem(bool transpose_b, const TensorV
   if (gemm::active_isa() == gemm::Isa::generic || (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16))
     return std::nullopt;
   fold_batch_into_rows(p);
-  if (p.batch != 1 || p.M > gemm::kSmallM) return std::nullopt;
-  return gemm_problem(p, a.dtype, b.dtype, a.data, b.data, out.data, 0);
+  if (p.batch != 1) return std::nullopt;
+  // Above kMinRows a bf16 weight runs on AMX tiles where there are any (matmul_bf16_amx), not here.
+  if (p.M > amx::kMinRows && b.dtype == DType::bf16 && amx::available() && gemm::active_isa() == gemm::best_isa())
+    return std::nullopt;
+  gemm::Problem problem = gemm_problem(p, a.dtype, b.dtype, a.data, b.data, out.data, 0);
+  if (!gemm::small_m_applies(problem)) return std::nullopt;
+  return problem;
 }
 
 void register_cpu_matmul(KernelRegistry& r) {

@@ -22,7 +22,8 @@ bool matmul_transpose_b(const KernelInit& init);
 
 // The GEMV that matmul(a, rhs) (rhs read transposed when `transpose_b`) runs, as one problem of the
 // SIMD GEMM: f32/f16/bf16 (or f32 with f16/bf16 weights) on a SIMD level, batches folded into at
-// most gemm::kSmallM rows. nullopt when matmul runs it some other way. Bad operands throw matmul's
+// most gemm::kSmallM rows (gemm::kNarrowSmallMMax for f16/bf16 weights, unless AMX takes bf16 ones).
+// nullopt when matmul runs it some other way. Bad operands throw matmul's
 // errors.
 std::optional<gemm::Problem> matmul_gemv_problem(bool transpose_b, const TensorView& a, const TensorView& rhs,
                                                  const TensorView& out);

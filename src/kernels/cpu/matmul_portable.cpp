@@ -1,7 +1,7 @@
 // The portable matmul GEMM: no SIMD level, any dtype. f32 and f64 run a cache-blocked GEMM (packed
 // A and B panels, a 6 x 2-vector register tile written with GCC vector extensions so it vectorizes
-// at the baseline ISA), or GEMVs when M <= gemm::kSmallM (each row the M == 1 GEMV, so a row's result
-// does not depend on the batch it is in); f16/bf16 widen to f32 and round once at the end.
+// at the baseline ISA), or GEMVs when M <= gemm::kSmallM (kNarrowSmallMMax for f16/bf16 weights; each
+// row the M == 1 GEMV, so a row's result does not depend on the batch it is in); f16/bf16 widen to f32 and round once at the end.
 // Integers accumulate in their own type with wrap-around, computed in unsigned arithmetic so
 // overflow is defined. matmul.cpp runs it where the SIMD GEMM of gemm.h does not apply.
 #include <algorithm>
@@ -223,8 +223,11 @@ void gemv(const MatmulProblem& p, const T* x, const T* B, T* y, int64_t n0, int6
 // Multiply-adds per parallel chunk: below this, threading costs more than it saves.
 constexpr int64_t kFlopGrain = 64 * 1024;
 
+// GEMVs up to `gemv_rows` rows (gemm.h: kSmallM; kNarrowSmallMMax for weights widened from f16 /
+// bf16, as the SIMD levels stream those).
 template <class T>
-void matmul_float(const KernelContext& ctx, MatmulProblem p, const T* A, const T* Bm, T* C) {
+void matmul_float(const KernelContext& ctx, MatmulProblem p, const T* A, const T* Bm, T* C,
+                  int64_t gemv_rows = gemm::kSmallM) {
   using B = Blocking<T>;
   fold_batch_into_rows(p);
   const int64_t MN = p.M * p.N;
@@ -235,7 +238,7 @@ void matmul_float(const KernelContext& ctx, MatmulProblem p, const T* A, const T
   }
   const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
 
-  if (p.M <= gemm::kSmallM) {
+  if (p.M <= gemv_rows) {
     // GEMVs, a row at a time (batch invariance: the blocked GEMM sums in another order), all rows of
     // one column block in turn while it is in cache. Each (batch, column block) is independent.
     // Columns per task: enough work to pay for a chunk, and wide enough to stream B rows.
@@ -385,7 +388,8 @@ void matmul_portable(const KernelContext& ctx, const MatmulProblem& p, const Ten
   if (a.dtype != b.dtype) {  // f32 x f16/bf16 without SIMD: widen the weights, then the f32 GEMM
     std::vector<float> b32 = b.dtype == DType::f16 ? widen<f16_t>(ctx, b) : widen<bf16_t>(ctx, b);
     const TensorView bv = contiguous_f32_view(b32, b);
-    matmul_float<float>(ctx, plan_matmul(a, bv, out), a.as<float>(), b32.data(), out.as<float>());
+    matmul_float<float>(ctx, plan_matmul(a, bv, out), a.as<float>(), b32.data(), out.as<float>(),
+                        gemm::kNarrowSmallMMax);
     return;
   }
   visit_dtype(a.dtype, [&]<class T>() {
