@@ -215,6 +215,15 @@ TEST(Cli, TheStatisticsAddLoadAndTotalTimes) {
   EXPECT_TRUE(std::regex_search(r.err, std::regex("\nload: [0-9.]+ s\n"))) << r.err;
   EXPECT_TRUE(std::regex_search(r.err, std::regex("\ntotal: [0-9.]+ s\n"))) << r.err;
   EXPECT_EQ(stat_tokens(r.err, "generated"), 24) << r.err;
+  // The first token comes after the load, and the process holds at least its embedded model's
+  // weights (about 4 MiB of f32) and far less than a gigabyte.
+  std::smatch first, load, rss;
+  ASSERT_TRUE(std::regex_search(r.err, first, std::regex("\nfirst token: ([0-9.]+) s after start"))) << r.err;
+  ASSERT_TRUE(std::regex_search(r.err, load, std::regex("\nload: ([0-9.]+) s\n"))) << r.err;
+  EXPECT_GE(std::stod(first[1]), std::stod(load[1])) << r.err;
+  ASSERT_TRUE(std::regex_search(r.err, rss, std::regex("\npeak memory: ([0-9.]+) MiB resident\n"))) << r.err;
+  EXPECT_GT(std::stod(rss[1]), 4.0) << r.err;
+  EXPECT_LT(std::stod(rss[1]), 1024.0) << r.err;
 }
 
 // Each bad value is refused before the model loads (the missing model is never reached), with the

@@ -31,6 +31,7 @@
 #include <kiln/serve/server.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -384,7 +385,13 @@ void print_stats(const pipelines::GenerationStats& s, double load_seconds, doubl
                static_cast<long long>(s.prompt_tokens), s.prefill_seconds, s.prefill_tokens_per_s);
   std::fprintf(stderr, "generated: %lld tokens, decode %.3f s (%.1f tokens/s)\n",
                static_cast<long long>(s.generated_tokens), s.decode_seconds, s.decode_tokens_per_s);
+  // From the start to the first token, and the most memory the process held: what a user waits for
+  // and what the machine must have (docs/performance.md compares both with llama.cpp's).
+  std::fprintf(stderr, "first token: %.3f s after start (load + prefill)\n", load_seconds + s.prefill_seconds);
   std::fprintf(stderr, "total: %.3f s\n", total_seconds);
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0)
+    std::fprintf(stderr, "peak memory: %.1f MiB resident\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
   std::fprintf(stderr, "finish: %s%s\n", pipelines::finish_reason_name(s.finish_reason),
                interrupted ? " (interrupted)" : "");
 }
