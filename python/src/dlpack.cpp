@@ -89,6 +89,26 @@ py::tuple shape_tuple(const std::vector<int64_t>& shape) {
   return out;
 }
 
+// numpy (before 2.0) refuses to export a read-only array through DLPack (np.from_dlpack's results are
+// read-only): such an array is taken through its __array_interface__ instead, still without a copy.
+Tensor from_array_interface(py::handle obj) {
+  py::dict iface = obj.attr("__array_interface__");
+  const DType dtype = py::module_::import("kiln._kiln.dtype").attr("DType").attr("from_numpy")(obj.attr("dtype")).cast<DType>();
+  auto* data = reinterpret_cast<void*>(py::cast<py::tuple>(iface["data"])[0].cast<uintptr_t>());
+  std::vector<int64_t> shape = iface["shape"].cast<std::vector<int64_t>>();
+  std::vector<int64_t> strides;
+  if (!iface["strides"].is_none())
+    for (int64_t bytes : iface["strides"].cast<std::vector<int64_t>>()) strides.push_back(bytes / static_cast<int64_t>(dtype_size(dtype)));
+  // The array stays referenced while the tensor lives; the reference is dropped with the GIL held.
+  std::shared_ptr<void> keep(new py::object(py::reinterpret_borrow<py::object>(obj)), [](void* p) {
+    if (!Py_IsInitialized()) return;
+    PyGILState_STATE state = PyGILState_Ensure();
+    delete static_cast<py::object*>(p);
+    PyGILState_Release(state);
+  });
+  return Tensor::view(std::move(keep), data, dtype, shape, strides);
+}
+
 }  // namespace
 
 Tensor tensor_from_python(py::handle obj) {
@@ -101,8 +121,14 @@ Tensor tensor_from_python(py::handle obj) {
   try {
     capsule = obj.attr("__dlpack__")("max_version"_a = py::make_tuple(1, 0));
   } catch (py::error_already_set& e) {
+    if (e.matches(PyExc_BufferError) && py::hasattr(obj, "__array_interface__")) return from_array_interface(obj);
     if (!e.matches(PyExc_TypeError)) throw;  // a producer before DLPack 1.0 has no max_version
-    capsule = obj.attr("__dlpack__")();
+    try {
+      capsule = obj.attr("__dlpack__")();
+    } catch (py::error_already_set& again) {
+      if (again.matches(PyExc_BufferError) && py::hasattr(obj, "__array_interface__")) return from_array_interface(obj);
+      throw;
+    }
   }
   return from_capsule(capsule);
 }

@@ -13,6 +13,19 @@ using namespace pybind11::literals;
 using graph::Dim;
 using graph::TensorValue;
 
+// Binds the arguments to the signature first, so a forward that takes more than input_types gives
+// fails as kiln words it (the caller's out_of_range handler), not with a bare TypeError.
+void check_arity(const py::object& fn, const py::tuple& args) {
+  try {
+    py::module_::import("inspect").attr("signature")(fn).attr("bind")(*args);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_ValueError)) throw;
+    std::string why = py::str(e.value());
+    if (why.find("missing") != std::string::npos) throw std::out_of_range(why);
+    // Otherwise (no signature to read, too many arguments) the call itself says what is wrong.
+  }
+}
+
 }  // namespace
 
 // A signature that takes more arguments than input_types gives becomes the out_of_range that
@@ -20,13 +33,7 @@ using graph::TensorValue;
 nn::Values call_python_forward(const py::object& fn, const std::vector<nn::Values>& args) {
   py::tuple pyargs(args.size());
   for (size_t i = 0; i < args.size(); ++i) pyargs[i] = values_to_python(args[i]);
-  try {
-    py::module_::import("inspect").attr("signature")(fn).attr("bind")(*pyargs);
-  } catch (py::error_already_set& e) {
-    if (!e.matches(PyExc_TypeError)) throw;  // no signature to read (a builtin): just call it
-    std::string why = py::str(e.value());
-    if (why.find("missing") != std::string::npos) throw std::out_of_range(why);
-  }
+  check_arity(fn, pyargs);
   py::object result = fn(*pyargs);
   return values_from_python(result);
 }
@@ -83,6 +90,7 @@ class PyModuleV3 : public nn::ModuleV3 {
     py::tuple pyargs(args.size());
     for (size_t i = 0; i < args.size(); ++i)
       pyargs[i] = tree_to_python(args[i], [](const nn::Tensor& t) { return py::cast(t); });
+    check_arity(fn, pyargs);  // as a C++ forward's at(): stage() words it in the graph's terms
     py::object result = fn(*pyargs);
     return tree_from_python<nn::Tensor>(result, [](py::handle leaf) { return leaf.cast<nn::Tensor>(); });
   }
