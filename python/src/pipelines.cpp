@@ -245,7 +245,13 @@ void bind_pipelines(py::module_& m) {
       }), "model_path"_a)
       .def("generate", [](GenerationEngine& engine, const py::object& prompts, const py::object& on_text,
                           const py::kwargs& sampling) -> py::object {
-        const bool one = py::isinstance<py::str>(prompts);
+        // One prompt is text or a list of ids; anything else is a list of prompts.
+        auto is_ids = [](const py::object& p) {
+          if (!py::isinstance<py::list>(p) && !py::isinstance<py::tuple>(p)) return false;
+          py::sequence seq = p;
+          return seq.size() > 0 && py::isinstance<py::int_>(seq[0]);
+        };
+        const bool one = py::isinstance<py::str>(prompts) || is_ids(prompts);
         std::vector<pipelines::GenerationRequest> requests;
         pipelines::SamplingParams params = sampling_params(sampling);
         if (one) requests.push_back(make_request(prompts, params));
