@@ -3,13 +3,12 @@
 // The bindings use kiln's public headers only.
 #pragma once
 
+#include <kiln/kiln.h>
 #include <pybind11/functional.h>
 #include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
-
-#include <kiln/kiln.h>
 
 namespace kiln::python {
 
@@ -92,80 +91,119 @@ void bind_pipelines(py::module_& m);
 
 // The op lists graph::ops and nn::functional share (same names, same signatures), bound once each
 // for graph values and for ModuleV3 tensors.
-#define KILN_PY_UNARY_OPS(X)                                                                         \
-  X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(sigmoid) X(silu) X(relu)     \
-  X(erf) X(floor) X(ceil) X(round) X(reciprocal) X(square) X(logical_not) X(is_nan)
-#define KILN_PY_BINARY_OPS(X)                                                                        \
-  X(add) X(sub) X(mul) X(div) X(mod) X(pow) X(maximum) X(minimum) X(equal) X(not_equal) X(greater) \
-  X(greater_equal) X(less) X(less_equal) X(logical_and) X(logical_or) X(logical_xor) X(matmul)
+#define KILN_PY_UNARY_OPS(X)                                                                             \
+  X(neg)                                                                                                 \
+  X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(sigmoid) X(silu) X(relu) X(erf) X(floor) \
+      X(ceil) X(round) X(reciprocal) X(square) X(logical_not) X(is_nan)
+#define KILN_PY_BINARY_OPS(X)                                                                                \
+  X(add)                                                                                                     \
+  X(sub) X(mul) X(div) X(mod) X(pow) X(maximum) X(minimum) X(equal) X(not_equal) X(greater) X(greater_equal) \
+      X(less) X(less_equal) X(logical_and) X(logical_or) X(logical_xor) X(matmul)
 #define KILN_PY_AXIS_OPS(X) X(sum) X(mean) X(max) X(min) X(argmax) X(argmin) X(softmax) X(log_softmax)
 
 // Binds the shared ops into py::module_ `m`, for the value type `T` from the namespace `NS` (both
 // aliases the caller declares: `using T = graph::TensorValue; namespace NS = graph::ops;`).
-#define KILN_PY_DEF_UNARY_(name) kiln_py_ops_.def(#name, [](const T& x) { return NS::name(x); }, "x"_a);
+#define KILN_PY_DEF_UNARY_(name) \
+  kiln_py_ops_.def(              \
+      #name, [](const T& x) { return NS::name(x); }, "x"_a);
 #define KILN_PY_DEF_BINARY_(name) \
-  kiln_py_ops_.def(#name, [](const T& a, const T& b) { return NS::name(a, b); }, "lhs"_a, "rhs"_a);
+  kiln_py_ops_.def(               \
+      #name, [](const T& a, const T& b) { return NS::name(a, b); }, "lhs"_a, "rhs"_a);
 #define KILN_PY_DEF_AXIS_(name) \
-  kiln_py_ops_.def(#name, [](const T& x, int64_t axis) { return NS::name(x, axis); }, "x"_a, "axis"_a = -1);
-#define KILN_PY_BIND_SHARED_OPS(m)                                                                       \
-  do {                                                                                                   \
-    py::module_& kiln_py_ops_ = (m);                                                                     \
-    KILN_PY_UNARY_OPS(KILN_PY_DEF_UNARY_)                                                                \
-    KILN_PY_BINARY_OPS(KILN_PY_DEF_BINARY_)                                                              \
-    KILN_PY_AXIS_OPS(KILN_PY_DEF_AXIS_)                                                                  \
-    kiln_py_ops_.def("gelu", [](const T& x, const std::string& approximate) {                                      \
-      if (approximate != "none" && approximate != "tanh")                                                \
-        throw ValueError("gelu: approximate must be 'none' or 'tanh', got '" + approximate + "'");     \
-      return NS::gelu(x, approximate == "tanh");                                                        \
-    }, "x"_a, "approximate"_a = "none");                                                                 \
-    kiln_py_ops_.def("where", [](const T& c, const T& x, const T& y) { return NS::where(c, x, y); },               \
-          "condition"_a, "x"_a, "y"_a);                                                                  \
-    kiln_py_ops_.def("cast", [](const T& x, DType d) { return NS::cast(x, d); }, "x"_a, "dtype"_a);                \
-    kiln_py_ops_.def("cumsum", [](const T& x, int64_t a, bool e, bool r) { return NS::cumsum(x, a, e, r); },       \
-          "x"_a, "axis"_a = -1, "exclusive"_a = false, "reverse"_a = false);                            \
-    kiln_py_ops_.def("top_k", [](const T& x, int64_t k, int64_t a) { return NS::top_k(x, k, a); },                 \
-          "input"_a, "k"_a, "axis"_a = -1);                                                              \
-    kiln_py_ops_.def("rms_norm", [](const T& x, const T& w, double e) { return NS::rms_norm(x, w, e); },          \
-          "input"_a, "weight"_a, "epsilon"_a = 1e-6);                                                    \
-    kiln_py_ops_.def("layer_norm", [](const T& x, const T& g, const T& b, double e) {                              \
-      return NS::layer_norm(x, g, b, e); }, "input"_a, "gamma"_a, "beta"_a, "epsilon"_a = 1e-5);        \
-    kiln_py_ops_.def("reshape", [](const T& x, const std::vector<graph::Dim>& s) {                                \
-      return NS::reshape(x, graph::Shape(s)); }, "x"_a, "shape"_a);                                     \
-    kiln_py_ops_.def("transpose", [](const T& x, int64_t a, int64_t b) { return NS::transpose(x, a, b); },         \
-          "x"_a, "axis_1"_a, "axis_2"_a);                                                                \
-    kiln_py_ops_.def("permute", [](const T& x, const std::vector<int64_t>& p) { return NS::permute(x, p); },       \
-          "x"_a, "dims"_a);                                                                              \
-    kiln_py_ops_.def("broadcast_to", [](const T& x, const std::vector<graph::Dim>& s) {                           \
-      return NS::broadcast_to(x, graph::Shape(s)); }, "x"_a, "shape"_a);                                \
-    kiln_py_ops_.def("concat", [](const std::vector<T>& xs, int64_t a) { return NS::concat(xs, a); },              \
-          "original_vals"_a, "axis"_a = 0);                                                              \
-    kiln_py_ops_.def("split", [](const T& x, const std::vector<graph::Dim>& s, int64_t a) {                       \
-      return NS::split(x, s, a); }, "x"_a, "split_sizes"_a, "axis"_a = 0);                              \
-    kiln_py_ops_.def("gather", [](const T& x, const T& i, int64_t a) { return NS::gather(x, i, a); },              \
-          "input"_a, "indices"_a, "axis"_a = 0);                                                         \
-    kiln_py_ops_.def("scatter", [](const T& x, const T& u, const T& i, int64_t a) {                                \
-      return NS::scatter(x, u, i, a); }, "input"_a, "updates"_a, "indices"_a, "axis"_a = 0);            \
-    kiln_py_ops_.def("transfer_to", [](const T& x, DeviceRef d) { return NS::transfer_to(x, d); }, "x"_a,          \
-          "device"_a);                                                                                   \
+  kiln_py_ops_.def(             \
+      #name, [](const T& x, int64_t axis) { return NS::name(x, axis); }, "x"_a, "axis"_a = -1);
+#define KILN_PY_BIND_SHARED_OPS(m)                                                                           \
+  do {                                                                                                       \
+    py::module_& kiln_py_ops_ = (m);                                                                         \
+    KILN_PY_UNARY_OPS(KILN_PY_DEF_UNARY_)                                                                    \
+    KILN_PY_BINARY_OPS(KILN_PY_DEF_BINARY_)                                                                  \
+    KILN_PY_AXIS_OPS(KILN_PY_DEF_AXIS_)                                                                      \
+    kiln_py_ops_.def(                                                                                        \
+        "gelu",                                                                                              \
+        [](const T& x, const std::string& approximate) {                                                     \
+          if (approximate != "none" && approximate != "tanh")                                                \
+            throw ValueError("gelu: approximate must be 'none' or 'tanh', got '" + approximate + "'");       \
+          return NS::gelu(x, approximate == "tanh");                                                         \
+        },                                                                                                   \
+        "x"_a, "approximate"_a = "none");                                                                    \
+    kiln_py_ops_.def(                                                                                        \
+        "where", [](const T& c, const T& x, const T& y) { return NS::where(c, x, y); }, "condition"_a,       \
+        "x"_a, "y"_a);                                                                                       \
+    kiln_py_ops_.def(                                                                                        \
+        "cast", [](const T& x, DType d) { return NS::cast(x, d); }, "x"_a, "dtype"_a);                       \
+    kiln_py_ops_.def(                                                                                        \
+        "cumsum", [](const T& x, int64_t a, bool e, bool r) { return NS::cumsum(x, a, e, r); }, "x"_a,       \
+        "axis"_a = -1, "exclusive"_a = false, "reverse"_a = false);                                          \
+    kiln_py_ops_.def(                                                                                        \
+        "top_k", [](const T& x, int64_t k, int64_t a) { return NS::top_k(x, k, a); }, "input"_a, "k"_a,      \
+        "axis"_a = -1);                                                                                      \
+    kiln_py_ops_.def(                                                                                        \
+        "rms_norm", [](const T& x, const T& w, double e) { return NS::rms_norm(x, w, e); }, "input"_a,       \
+        "weight"_a, "epsilon"_a = 1e-6);                                                                     \
+    kiln_py_ops_.def(                                                                                        \
+        "layer_norm",                                                                                        \
+        [](const T& x, const T& g, const T& b, double e) { return NS::layer_norm(x, g, b, e); }, "input"_a,  \
+        "gamma"_a, "beta"_a, "epsilon"_a = 1e-5);                                                            \
+    kiln_py_ops_.def(                                                                                        \
+        "reshape",                                                                                           \
+        [](const T& x, const std::vector<graph::Dim>& s) { return NS::reshape(x, graph::Shape(s)); }, "x"_a, \
+        "shape"_a);                                                                                          \
+    kiln_py_ops_.def(                                                                                        \
+        "transpose", [](const T& x, int64_t a, int64_t b) { return NS::transpose(x, a, b); }, "x"_a,         \
+        "axis_1"_a, "axis_2"_a);                                                                             \
+    kiln_py_ops_.def(                                                                                        \
+        "permute", [](const T& x, const std::vector<int64_t>& p) { return NS::permute(x, p); }, "x"_a,       \
+        "dims"_a);                                                                                           \
+    kiln_py_ops_.def(                                                                                        \
+        "broadcast_to",                                                                                      \
+        [](const T& x, const std::vector<graph::Dim>& s) { return NS::broadcast_to(x, graph::Shape(s)); },   \
+        "x"_a, "shape"_a);                                                                                   \
+    kiln_py_ops_.def(                                                                                        \
+        "concat", [](const std::vector<T>& xs, int64_t a) { return NS::concat(xs, a); }, "original_vals"_a,  \
+        "axis"_a = 0);                                                                                       \
+    kiln_py_ops_.def(                                                                                        \
+        "split", [](const T& x, const std::vector<graph::Dim>& s, int64_t a) { return NS::split(x, s, a); }, \
+        "x"_a, "split_sizes"_a, "axis"_a = 0);                                                               \
+    kiln_py_ops_.def(                                                                                        \
+        "gather", [](const T& x, const T& i, int64_t a) { return NS::gather(x, i, a); }, "input"_a,          \
+        "indices"_a, "axis"_a = 0);                                                                          \
+    kiln_py_ops_.def(                                                                                        \
+        "scatter", [](const T& x, const T& u, const T& i, int64_t a) { return NS::scatter(x, u, i, a); },    \
+        "input"_a, "updates"_a, "indices"_a, "axis"_a = 0);                                                  \
+    kiln_py_ops_.def(                                                                                        \
+        "transfer_to", [](const T& x, DeviceRef d) { return NS::transfer_to(x, d); }, "x"_a, "device"_a);    \
   } while (0)
 
 // Python's arithmetic operators on a value class `cls` of type `T` (TensorValue, nn::Tensor): the
 // types' own C++ operators, with Python scalars on either side.
 template <class T, class Class>
 void bind_arithmetic(Class& cls) {
-  cls.def("__add__", [](const T& a, const T& b) { return a + b; }, py::is_operator())
-      .def("__add__", [](const T& a, double b) { return a + b; }, py::is_operator())
-      .def("__radd__", [](const T& a, double b) { return b + a; }, py::is_operator())
-      .def("__sub__", [](const T& a, const T& b) { return a - b; }, py::is_operator())
-      .def("__sub__", [](const T& a, double b) { return a - b; }, py::is_operator())
-      .def("__rsub__", [](const T& a, double b) { return b - a; }, py::is_operator())
-      .def("__mul__", [](const T& a, const T& b) { return a * b; }, py::is_operator())
-      .def("__mul__", [](const T& a, double b) { return a * b; }, py::is_operator())
-      .def("__rmul__", [](const T& a, double b) { return b * a; }, py::is_operator())
-      .def("__truediv__", [](const T& a, const T& b) { return a / b; }, py::is_operator())
-      .def("__truediv__", [](const T& a, double b) { return a / b; }, py::is_operator())
-      .def("__rtruediv__", [](const T& a, double b) { return b / a; }, py::is_operator())
-      .def("__neg__", [](const T& a) { return -a; }, py::is_operator());
+  cls.def(
+         "__add__", [](const T& a, const T& b) { return a + b; }, py::is_operator())
+      .def(
+          "__add__", [](const T& a, double b) { return a + b; }, py::is_operator())
+      .def(
+          "__radd__", [](const T& a, double b) { return b + a; }, py::is_operator())
+      .def(
+          "__sub__", [](const T& a, const T& b) { return a - b; }, py::is_operator())
+      .def(
+          "__sub__", [](const T& a, double b) { return a - b; }, py::is_operator())
+      .def(
+          "__rsub__", [](const T& a, double b) { return b - a; }, py::is_operator())
+      .def(
+          "__mul__", [](const T& a, const T& b) { return a * b; }, py::is_operator())
+      .def(
+          "__mul__", [](const T& a, double b) { return a * b; }, py::is_operator())
+      .def(
+          "__rmul__", [](const T& a, double b) { return b * a; }, py::is_operator())
+      .def(
+          "__truediv__", [](const T& a, const T& b) { return a / b; }, py::is_operator())
+      .def(
+          "__truediv__", [](const T& a, double b) { return a / b; }, py::is_operator())
+      .def(
+          "__rtruediv__", [](const T& a, double b) { return b / a; }, py::is_operator())
+      .def(
+          "__neg__", [](const T& a) { return -a; }, py::is_operator());
 }
 
 }  // namespace kiln::python

@@ -1,7 +1,7 @@
 // kiln.driver: Tensor (kiln::Tensor) with DLPack import and export, zero-copy both ways, and CPU().
-#include "bindings.h"
-
 #include <fmt/format.h>
+
+#include "bindings.h"
 
 namespace kiln::python {
 
@@ -54,8 +54,9 @@ Tensor from_capsule(py::handle capsule) {
     PyCapsule_SetName(cap, kLegacyUsedName);
     return import_managed(managed);
   }
-  throw ValueError("from_dlpack: not an unused DLPack capsule ('dltensor' or 'dltensor_versioned'; each "
-                   "capsule can be consumed once)");
+  throw ValueError(
+      "from_dlpack: not an unused DLPack capsule ('dltensor' or 'dltensor_versioned'; each "
+      "capsule can be consumed once)");
 }
 
 // The capsule's destructor frees a tensor no consumer took.
@@ -93,12 +94,16 @@ py::tuple shape_tuple(const std::vector<int64_t>& shape) {
 // read-only): such an array is taken through its __array_interface__ instead, still without a copy.
 Tensor from_array_interface(py::handle obj) {
   py::dict iface = obj.attr("__array_interface__");
-  const DType dtype = py::module_::import("kiln._kiln.dtype").attr("DType").attr("from_numpy")(obj.attr("dtype")).cast<DType>();
+  const DType dtype = py::module_::import("kiln._kiln.dtype")
+                          .attr("DType")
+                          .attr("from_numpy")(obj.attr("dtype"))
+                          .cast<DType>();
   auto* data = reinterpret_cast<void*>(py::cast<py::tuple>(iface["data"])[0].cast<uintptr_t>());
   std::vector<int64_t> shape = iface["shape"].cast<std::vector<int64_t>>();
   std::vector<int64_t> strides;
   if (!iface["strides"].is_none())
-    for (int64_t bytes : iface["strides"].cast<std::vector<int64_t>>()) strides.push_back(bytes / static_cast<int64_t>(dtype_size(dtype)));
+    for (int64_t bytes : iface["strides"].cast<std::vector<int64_t>>())
+      strides.push_back(bytes / static_cast<int64_t>(dtype_size(dtype)));
   // The array stays referenced while the tensor lives; the reference is dropped with the GIL held.
   std::shared_ptr<void> keep(new py::object(py::reinterpret_borrow<py::object>(obj)), [](void* p) {
     if (!Py_IsInitialized()) return;
@@ -121,12 +126,14 @@ Tensor tensor_from_python(py::handle obj) {
   try {
     capsule = obj.attr("__dlpack__")("max_version"_a = py::make_tuple(1, 0));
   } catch (py::error_already_set& e) {
-    if (e.matches(PyExc_BufferError) && py::hasattr(obj, "__array_interface__")) return from_array_interface(obj);
+    if (e.matches(PyExc_BufferError) && py::hasattr(obj, "__array_interface__"))
+      return from_array_interface(obj);
     if (!e.matches(PyExc_TypeError)) throw;  // a producer before DLPack 1.0 has no max_version
     try {
       capsule = obj.attr("__dlpack__")();
     } catch (py::error_already_set& again) {
-      if (again.matches(PyExc_BufferError) && py::hasattr(obj, "__array_interface__")) return from_array_interface(obj);
+      if (again.matches(PyExc_BufferError) && py::hasattr(obj, "__array_interface__"))
+        return from_array_interface(obj);
       throw;
     }
   }
@@ -136,7 +143,8 @@ Tensor tensor_from_python(py::handle obj) {
 WeightsRegistry registry_from_python(const py::object& weights) {
   WeightsRegistry out;
   if (weights.is_none()) return out;
-  for (auto [name, array] : py::cast<py::dict>(weights)) out.emplace(py::cast<std::string>(name), tensor_from_python(array));
+  for (auto [name, array] : py::cast<py::dict>(weights))
+    out.emplace(py::cast<std::string>(name), tensor_from_python(array));
   return out;
 }
 
@@ -163,24 +171,39 @@ void bind_driver(py::module_& m) {
   py::class_<Tensor>(m, "Tensor", "Memory on a device with a dtype, shape and strides; DLPack both ways.")
       .def(py::init([](py::handle array) { return tensor_from_python(array); }), "array"_a,
            "A tensor sharing the memory of any DLPack array (numpy, PyTorch, kiln).")
-      .def_static("from_dlpack", [](py::handle array) { return tensor_from_python(array); }, "array"_a)
-      .def_static("from_numpy", [](py::handle array) { return tensor_from_python(array); }, "array"_a)
-      .def_static("zeros", [](const std::vector<int64_t>& shape, DType dtype, DeviceRef device) {
-        return Tensor::zeros(dtype, shape, device); }, "shape"_a, "dtype"_a = DType::f32, "device"_a = DeviceRef::CPU())
-      .def("__dlpack__", [](const Tensor& t, const py::object& /*stream*/, const py::object& max_version,
-                            const py::object& /*dl_device*/, const py::object& copy) {
-        if (!copy.is_none() && copy.cast<bool>())
-          throw py::buffer_error("kiln.driver.Tensor.__dlpack__: copy=True is not supported (exports share memory)");
-        return to_capsule(t, max_version);
-      }, py::kw_only(), "stream"_a = py::none(), "max_version"_a = py::none(), "dl_device"_a = py::none(),
-         "copy"_a = py::none())
+      .def_static(
+          "from_dlpack", [](py::handle array) { return tensor_from_python(array); }, "array"_a)
+      .def_static(
+          "from_numpy", [](py::handle array) { return tensor_from_python(array); }, "array"_a)
+      .def_static(
+          "zeros",
+          [](const std::vector<int64_t>& shape, DType dtype, DeviceRef device) {
+            return Tensor::zeros(dtype, shape, device);
+          },
+          "shape"_a, "dtype"_a = DType::f32, "device"_a = DeviceRef::CPU())
+      .def(
+          "__dlpack__",
+          [](const Tensor& t, const py::object& /*stream*/, const py::object& max_version,
+             const py::object& /*dl_device*/, const py::object& copy) {
+            if (!copy.is_none() && copy.cast<bool>())
+              throw py::buffer_error(
+                  "kiln.driver.Tensor.__dlpack__: copy=True is not supported (exports share memory)");
+            return to_capsule(t, max_version);
+          },
+          py::kw_only(), "stream"_a = py::none(), "max_version"_a = py::none(), "dl_device"_a = py::none(),
+          "copy"_a = py::none())
       .def("__dlpack_device__", &dlpack_device)
-      .def("to_numpy", [](const Tensor& t) { return py::module_::import("numpy").attr("from_dlpack")(py::cast(t)); },
-           "A numpy array sharing this tensor's memory.")
-      .def("__array__", [](const Tensor& t, const py::object& dtype) {
-        py::object array = py::module_::import("numpy").attr("from_dlpack")(py::cast(t));
-        return dtype.is_none() ? array : array.attr("astype")(dtype);
-      }, "dtype"_a = py::none())
+      .def(
+          "to_numpy",
+          [](const Tensor& t) { return py::module_::import("numpy").attr("from_dlpack")(py::cast(t)); },
+          "A numpy array sharing this tensor's memory.")
+      .def(
+          "__array__",
+          [](const Tensor& t, const py::object& dtype) {
+            py::object array = py::module_::import("numpy").attr("from_dlpack")(py::cast(t));
+            return dtype.is_none() ? array : array.attr("astype")(dtype);
+          },
+          "dtype"_a = py::none())
       .def_property_readonly("shape", [](const Tensor& t) { return shape_tuple(t.shape()); })
       .def_property_readonly("strides", [](const Tensor& t) { return shape_tuple(t.strides()); })
       .def_property_readonly("dtype", &Tensor::dtype)
@@ -188,15 +211,20 @@ void bind_driver(py::module_& m) {
       .def_property_readonly("rank", &Tensor::rank)
       .def_property_readonly("num_elements", &Tensor::numel)
       .def_property_readonly("is_contiguous", &Tensor::is_contiguous)
-      .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()); },
-           "The address of the first element (what zero-copy exchanges keep).")
+      .def(
+          "data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()); },
+          "The address of the first element (what zero-copy exchanges keep).")
       .def("contiguous", &Tensor::contiguous)
       .def("copy", &Tensor::clone, "A packed copy with its own memory.")
       .def("__repr__", &Tensor::to_string);
 
-  m.def("CPU", [](int id) { return DeviceRef::CPU(id); }, "id"_a = 0, "The host CPU (id > 0: a logical CPU device).");
-  m.def("accelerator_count", [] { return 0; }, "kiln's backends are CPU-only for now.");
-  m.def("from_dlpack", [](py::handle array) { return tensor_from_python(array); }, "array"_a);
+  m.def(
+      "CPU", [](int id) { return DeviceRef::CPU(id); }, "id"_a = 0,
+      "The host CPU (id > 0: a logical CPU device).");
+  m.def(
+      "accelerator_count", [] { return 0; }, "kiln's backends are CPU-only for now.");
+  m.def(
+      "from_dlpack", [](py::handle array) { return tensor_from_python(array); }, "array"_a);
 }
 
 }  // namespace kiln::python
