@@ -23,6 +23,9 @@ py::dict registry_to_python(const WeightsRegistry& registry);
 py::list tensors_to_python(const std::vector<Tensor>& tensors);
 std::vector<Tensor> tensors_from_python(const py::args& args);
 
+// ---- models (engine.cpp) -----------------------------------------------------------------------------
+py::dict models_to_python(std::map<std::string, engine::Model> models);  // name -> Model
+
 // ---- graph values (graph.cpp) --------------------------------------------------------------------
 // A TensorValue or BufferValue Python object for a graph value.
 py::object value_to_python(const graph::Value& value);

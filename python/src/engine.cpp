@@ -30,12 +30,6 @@ std::vector<std::filesystem::path> paths_from_python(const py::object& paths) {
   return out;
 }
 
-py::dict models_to_python(std::map<std::string, Model> models) {
-  py::dict out;
-  for (auto& [name, model] : models) out[py::str(name)] = py::cast(std::move(model));
-  return out;
-}
-
 py::list execute(const Model& model, const py::args& args) {
   std::vector<Tensor> inputs = tensors_from_python(args);
   std::vector<Tensor> outputs;
@@ -47,6 +41,12 @@ py::list execute(const Model& model, const py::args& args) {
 }
 
 }  // namespace
+
+py::dict models_to_python(std::map<std::string, Model> models) {
+  py::dict out;
+  for (auto& [name, model] : models) out[py::str(name)] = py::cast(std::move(model));
+  return out;
+}
 
 void bind_engine(py::module_& m) {
   py::class_<compiler::CompiledModel>(m, "CompiledModel", "An executable plan; init() binds weights to it.")

@@ -45,6 +45,10 @@ class CallableModule : public nn::Module {
  public:
   explicit CallableModule(py::object fn) : fn_(std::move(fn)) {}
   ~CallableModule() override {
+    if (!Py_IsInitialized()) {  // at interpreter exit: Python has freed it already
+      fn_.release();
+      return;
+    }
     py::gil_scoped_acquire gil;  // the last reference may go with the GIL released
     fn_ = py::object();
   }

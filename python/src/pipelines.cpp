@@ -233,9 +233,7 @@ void bind_pipelines(py::module_& m) {
           py::gil_scoped_release release;  // a Python module's trace takes it back
           models = pipelines::compile_graph_specs(session, plain);
         }
-        py::dict out;
-        for (auto& [name, model] : models) out[py::str(name)] = py::cast(std::move(model));
-        return out;
+        return models_to_python(std::move(models));
       },
       "session"_a, "specs"_a);
 

@@ -57,23 +57,24 @@ def test_ctrl_c_interrupts_a_long_generation(tmp_path):
         engine = GenerationEngine({MODEL!r}, num_threads=1)
         prompts = ["Once upon a time %d" % i for i in range(64)]
         print("started", flush=True)
-        start = time.perf_counter()
         try:
             for _ in range(10):   # about 30 s of work on one thread
                 engine.generate(prompts, temperature=0.8, seed=1, max_new_tokens=10000, ignore_eos=True)
             print("finished", flush=True)
         except KeyboardInterrupt:
-            elapsed = time.perf_counter() - start
-            time.sleep(0.2)       # the cancelled requests leave at the engine's next step
+            print("interrupted", flush=True)
+            time.sleep(0.5)       # the cancelled requests leave at the engine's next step
             stats = engine.stats()
-            print(f"interrupted {{elapsed:.2f}} running={{stats.running}} waiting={{stats.waiting}}", flush=True)
+            print(f"running={{stats.running}} waiting={{stats.waiting}}", flush=True)
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
     assert child.stdout.readline().strip() == "started"
-    time.sleep(1.0)
+    time.sleep(1.0)                          # into the first batch
+    sent = time.perf_counter()
     child.send_signal(signal.SIGINT)
-    out, _ = child.communicate(timeout=60)
-    words = out.split()
-    assert words[0] == "interrupted", out
-    assert float(words[1]) < 5, out          # it stopped soon after the signal, not after 30 s
-    assert words[2:] == ["running=0", "waiting=0"], out
+    first = child.stdout.readline().strip()
+    waited = time.perf_counter() - sent
+    rest, _ = child.communicate(timeout=60)
+    assert first == "interrupted", first + rest
+    assert waited < 3, waited                # soon after the signal, not after the 30 s of work
+    assert rest.split() == ["running=0", "waiting=0"], rest
