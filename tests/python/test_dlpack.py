@@ -100,3 +100,11 @@ def test_a_read_only_numpy_array_is_taken_without_a_copy(session):
     assert not read_only.flags.writeable
     again = Tensor.from_dlpack(read_only)    # ... and will not export them: kiln reads its array interface
     assert again.data_ptr() == y.data_ptr() == read_only.ctypes.data
+
+
+def test_bfloat16_crosses_to_and_from_torch_without_a_copy():
+    t = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    k = Tensor.from_dlpack(t)
+    assert k.dtype == DType.bfloat16 and k.data_ptr() == t.data_ptr()
+    back = torch.from_dlpack(k)
+    assert back.dtype == torch.bfloat16 and back.data_ptr() == t.data_ptr()

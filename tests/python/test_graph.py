@@ -93,3 +93,17 @@ def test_op_errors_are_kiln_exception_classes_with_kiln_messages():
             ops.softmax(a, axis=5)
     with pytest.raises(ValueError):
         ops.constant(1.0, DType.float32)  # no graph entered: MAX's ValueError too
+
+
+def test_shape_helpers_match_numpy(session):
+    with Graph("shapes", input_types=[TensorType(DType.float32, ["n", 2, 3])]) as g:
+        x = g.inputs[0]
+        g.output(ops.flatten(x, 1), ops.squeeze(ops.unsqueeze(x, -1), -1), ops.stack([x, x * 2], axis=1))
+    a = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    flat, same, stacked = session.load(g).execute(a)
+    np.testing.assert_array_equal(np.asarray(flat), a.reshape(4, 6))
+    np.testing.assert_array_equal(np.asarray(same), a)
+    np.testing.assert_array_equal(np.asarray(stacked), np.stack([a, a * 2], axis=1))
+    with Graph("bad_squeeze", input_types=[TensorType(DType.float32, [2])]) as g:
+        with pytest.raises(ValueError, match="squeeze: dim 0 of f32\\[2\\] is 2, not 1"):
+            ops.squeeze(g.inputs[0], 0)

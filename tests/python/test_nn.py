@@ -60,6 +60,18 @@ def test_a_python_module_runs_and_matches_numpy(session):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_a_loaded_weight_outlives_the_array_name_it_came_from(session):
+    m = Affine(2, 2)
+    weight, bias = np.eye(2, dtype=np.float32) * 3, np.ones(2, np.float32)
+    m.load_state_dict({"weight": weight, "bias": bias})
+    del weight, bias
+    import gc
+    gc.collect()
+    spec = GraphSpec(module=m, name="affine", input_types=[TensorType(DType.float32, [1, 2])])
+    out = compile_graph_specs(session, [spec])["affine"].execute(np.array([[1, 2]], np.float32))[0]
+    np.testing.assert_array_equal(np.asarray(out), [[4, 7]])
+
+
 def test_load_state_dict_checks_names_shapes_and_dtypes():
     m = Affine(2, 3)
     with pytest.raises(ValueError, match="bias") as e:
