@@ -1,6 +1,8 @@
 """GraphSpec from Python: one test per row of DESIGN.md's contract table, with Python modules (and
 ModuleV3s), as tests/pipelines/test_graph_spec*.cpp pins them in C++. The messages are kiln's own:
 the spec is kiln's GraphSpec, so each ValueError is the one C++ raises."""
+import os
+
 import numpy as np
 import pytest
 
@@ -373,3 +375,24 @@ def test_v3_signal_buffer_index_out_of_range_is_a_value_error():
     spec.signal_buffer_index = 5
     with pytest.raises(ValueError, match="signal_buffer_index"):
         spec.trace()
+
+
+# Row `custom_extensions`: the spec's libraries are loaded for its compile; ops.custom resolves there.
+@pytest.mark.skipif(not os.environ.get("KILN_EXAMPLE_EXTENSION"), reason="KILN_EXAMPLE_EXTENSION (ctest sets it)")
+def test_a_specs_custom_extension_serves_its_custom_ops(session):
+    def scale_add(x, y):
+        return ops.custom("scale_add", [x, y], [x.type], parameters={"scale": 3.0})[0]
+
+    spec = scale_shift_spec(scale_add, "custom")
+    spec.custom_extensions = [os.environ["KILN_EXAMPLE_EXTENSION"]]
+    out = compile_graph_specs(session, [spec])["custom"].execute(vec(1, 2, 3), vec(1, 1, 1))[0]
+    np.testing.assert_array_equal(np.asarray(out), [4, 7, 10])
+
+
+def test_an_exception_in_call_reaches_the_caller_unchanged(session):
+    class Broken(nn.Module):
+        def __call__(self, x, offset):
+            raise KeyError("no such layer")
+
+    with pytest.raises(KeyError, match="no such layer"):
+        compile_graph_specs(session, [scale_shift_spec(Broken())])
