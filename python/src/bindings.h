@@ -84,6 +84,48 @@ struct GraphHandle {
 // A graph compile unit (graph::Module) shared with the graphs traced into it.
 using ModuleHandle = std::shared_ptr<graph::Module>;
 
+// Graph values point into their graph (as in C++), so each Python value keeps the Python object that
+// owns its compile unit alive: a Graph, or the Module a graph was traced into. note_graph_owner records
+// that object (weakly) for its unit; value_owner finds it (None when the unit has no Python owner, as
+// inside GraphSpec.trace before its Graph is returned).
+void note_graph_owner(const graph::Module* unit, py::handle owner);
+py::object value_owner(const graph::Value& value);
+// A Graph's Python object, noted as its unit's owner.
+py::object graph_to_python(std::shared_ptr<GraphHandle> handle);
+
+}  // namespace kiln::python
+
+namespace pybind11::detail {
+
+// Casting a graph value to Python ties the new object to its graph's owner (above).
+template <class V>
+struct graph_value_caster : type_caster_base<V> {
+  static handle cast(const V& src, return_value_policy policy, handle parent) {
+    return tie(type_caster_base<V>::cast(src, policy, parent), src);
+  }
+  static handle cast(V&& src, return_value_policy policy, handle parent) {
+    const V copy = src;
+    return tie(type_caster_base<V>::cast(std::move(src), policy, parent), copy);
+  }
+  static handle tie(handle result, const V& value) {
+    if (result) {
+      object owner = kiln::python::value_owner(value);
+      if (!owner.is_none()) keep_alive_impl(result, owner);
+    }
+    return result;
+  }
+};
+template <>
+struct type_caster<kiln::graph::Value> : graph_value_caster<kiln::graph::Value> {};
+template <>
+struct type_caster<kiln::graph::TensorValue> : graph_value_caster<kiln::graph::TensorValue> {};
+template <>
+struct type_caster<kiln::graph::BufferValue> : graph_value_caster<kiln::graph::BufferValue> {};
+
+}  // namespace pybind11::detail
+
+namespace kiln::python {
+
 void bind_errors(py::module_& m);
 void bind_dtype(py::module_& m);
 void bind_driver(py::module_& m);
@@ -94,13 +136,15 @@ void bind_pipelines(py::module_& m);
 
 // The op lists graph::ops and nn::functional share (same names, same signatures), bound once each
 // for graph values and for ModuleV3 tensors.
-#define KILN_PY_UNARY_OPS(X)                                                                             \
-  X(neg)                                                                                                 \
-  X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(sigmoid) X(silu) X(relu) X(erf) X(floor) \
-      X(ceil) X(round) X(reciprocal) X(square) X(logical_not) X(is_nan)
-#define KILN_PY_BINARY_OPS(X)                                                                                \
-  X(add)                                                                                                     \
-  X(sub) X(mul) X(div) X(mod) X(pow) X(maximum) X(minimum) X(equal) X(not_equal) X(greater) X(greater_equal) \
+#define KILN_PY_UNARY_OPS(X)                                                                              \
+  X(neg)                                                                                                  \
+  X(abs)                                                                                                  \
+  X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(sigmoid) X(silu) X(relu) X(erf) X(floor) X(ceil) \
+      X(round) X(reciprocal) X(square) X(logical_not) X(is_nan)
+#define KILN_PY_BINARY_OPS(X)                                                                         \
+  X(add)                                                                                              \
+  X(sub)                                                                                              \
+  X(mul) X(div) X(mod) X(pow) X(maximum) X(minimum) X(equal) X(not_equal) X(greater) X(greater_equal) \
       X(less) X(less_equal) X(logical_and) X(logical_or) X(logical_xor) X(matmul)
 #define KILN_PY_AXIS_OPS(X) X(sum) X(mean) X(max) X(min) X(argmax) X(argmin) X(softmax) X(log_softmax)
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 
 #include "bindings.h"
 
@@ -108,6 +109,37 @@ py::list values_list(const std::vector<graph::Value>& values) {
 }
 
 }  // namespace
+
+// Weak references, so a graph's Python object dies when its last value and name do; under the GIL.
+// Never freed: its references must not be dropped after the interpreter is gone.
+std::unordered_map<const graph::Module*, py::object>& graph_owners() {
+  static auto* owners = new std::unordered_map<const graph::Module*, py::object>();
+  return *owners;
+}
+
+void note_graph_owner(const graph::Module* unit, py::handle owner) {
+  auto& owners = graph_owners();
+  auto it = owners.find(unit);
+  // A unit's first live owner stays (a Module outlives the Graphs traced into it); a dead one is
+  // replaced, since its address may be a new unit's.
+  if (it != owners.end() && !it->second().is_none()) return;
+  owners[unit] = py::weakref(owner);
+}
+
+py::object value_owner(const graph::Value& value) {
+  auto& owners = graph_owners();
+  auto it = owners.find(value.module());
+  if (it == owners.end()) return py::none();
+  return it->second();
+}
+
+py::object graph_to_python(std::shared_ptr<GraphHandle> handle) {
+  const graph::Module* unit = &handle->graph.module();
+  if (!handle->keep_alive.is_none()) note_graph_owner(unit, handle->keep_alive);  // traced into a Module
+  py::object obj = py::cast(std::move(handle));
+  note_graph_owner(unit, obj);
+  return obj;
+}
 
 py::object value_to_python(const graph::Value& value) {
   return value.is_buffer() ? py::cast(BufferValue(value)) : py::cast(TensorValue(value));
@@ -371,6 +403,7 @@ void bind_graph(py::module_& m) {
              auto handle =
                  std::make_shared<GraphHandle>(graph::Graph(name, input_types, into ? into->get() : nullptr),
                                                into ? py::cast(*into) : py::none());
+             if (into) note_graph_owner(into->get(), handle->keep_alive);
              if (!forward.is_none()) {
                graph::Graph::Scope scope(handle->graph);
                py::list inputs = values_list(handle->graph.inputs());
@@ -387,16 +420,23 @@ void bind_graph(py::module_& m) {
            "name"_a, "forward"_a = py::none(), "input_types"_a = std::vector<graph::Type>{}, py::kw_only(),
            "into"_a = py::none())
       .def("__enter__",
-           [](std::shared_ptr<GraphHandle> g) {
-             g->scopes.push_back(std::make_unique<graph::Graph::Scope>(g->graph));
-             return g;
+           [](py::object self) {
+             GraphHandle& g = self.cast<GraphHandle&>();
+             note_graph_owner(&g.graph.module(), self);
+             g.scopes.push_back(std::make_unique<graph::Graph::Scope>(g.graph));
+             return self;
            })
       .def("__exit__",
            [](GraphHandle& g, py::args) {
              if (!g.scopes.empty()) g.scopes.pop_back();
            })
       .def_property_readonly("name", [](const GraphHandle& g) { return g.graph.name(); })
-      .def_property_readonly("inputs", [](const GraphHandle& g) { return values_list(g.graph.inputs()); })
+      .def_property_readonly("inputs",
+                             [](py::object self) {
+                               GraphHandle& g = self.cast<GraphHandle&>();
+                               note_graph_owner(&g.graph.module(), self);
+                               return values_list(g.graph.inputs());
+                             })
       .def("output",
            [](GraphHandle& g, const py::args& results) {
              std::vector<graph::Value> outputs;

@@ -411,7 +411,7 @@ void bind_nn(py::module_& m) {
             std::vector<nn::TypeTree> types = type_trees(input_types);
             nn::StageOptions options;
             options.name = name;
-            return std::make_shared<GraphHandle>(self.stage(types, options));
+            return graph_to_python(std::make_shared<GraphHandle>(self.stage(types, options)));
           },
           py::kw_only(), "name"_a = "forward")
       .def(

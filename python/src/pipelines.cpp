@@ -216,8 +216,10 @@ void bind_pipelines(py::module_& m) {
       .def(
           "trace",
           [](const PyGraphSpec& s, const std::optional<ModuleHandle>& into) {
+            py::object unit = into ? py::cast(*into) : py::none();
+            if (into) note_graph_owner(into->get(), unit);  // values made while tracing keep it alive
             graph::Graph g = s.spec.trace(into ? into->get() : nullptr);
-            return std::make_shared<GraphHandle>(std::move(g), into ? py::cast(*into) : py::none());
+            return graph_to_python(std::make_shared<GraphHandle>(std::move(g), unit));
           },
           "into"_a = py::none())
       .def("weights_registry",

@@ -107,3 +107,21 @@ def test_shape_helpers_match_numpy(session):
     with Graph("bad_squeeze", input_types=[TensorType(DType.float32, [2])]) as g:
         with pytest.raises(ValueError, match="squeeze: dim 0 of f32\\[2\\] is 2, not 1"):
             ops.squeeze(g.inputs[0], 0)
+
+
+def test_a_value_keeps_its_graph_alive():
+    import gc
+    import weakref
+
+    def build():
+        with Graph("kept", input_types=[TensorType(DType.float32, ["n", 2])]) as g:
+            y = ops.relu(g.inputs[0]) * 2 + ops.constant(1.0, DType.float32)
+        return y, weakref.ref(g)
+
+    y, graph = build()
+    gc.collect()
+    assert graph() is not None                       # the value holds it ...
+    assert [str(d) for d in y.shape] == ["n", "2"]   # ... so using the value is safe
+    del y
+    gc.collect()
+    assert graph() is None                           # and lets it go with the last value
