@@ -11,7 +11,10 @@ packages=(build-essential cmake ninja-build pkg-config
           libcli11-dev libhwy-dev libdnnl-dev libsentencepiece-dev libopenmpi-dev openmpi-bin
           libcpp-httplib-dev libpcre2-dev libutf8proc-dev
           curl             # the server's client tests (tests/serve/clients) drive it with curl too
-          python3-jinja2)  # test oracle: the Jinja that transformers renders chat templates with
+          python3-jinja2   # test oracle: the Jinja that transformers renders chat templates with
+          # the kiln Python package (python/) and its tests: bindings, numpy/torch interop, pip install .
+          python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-torch
+          python3-venv python3-setuptools python3-wheel)
 # node and npm for the tests' data and clients (tools/test-deps); Debian's unless a node is there.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 # The fuzz preset's compiler and libFuzzer runtime (tools/fuzz.sh); only for that preset.

@@ -8,6 +8,10 @@
                                              the built binary from SOURCE_DIR; a few kinds are skipped,
                                              each for a reason printed beside it (SKIPS below)
   doc_examples.py headers SOURCE_DIR         kiln/kiln.h includes every public header (README says so)
+  doc_examples.py python SOURCE_DIR          every ```python block, each run on its own from SOURCE_DIR
+                                             with this interpreter (the build's kiln package on its
+                                             PYTHONPATH); `<!-- doc-test: skip (why) -->` before a block
+                                             skips it (MAX's own code, shown beside kiln's)
 
 A C++ block is written as if after `using namespace kiln; namespace ops = kiln::graph::ops;` (its
 #include lines are gathered at the top of the program). An HTML comment right before a block, which a
@@ -183,6 +187,32 @@ def shell(source, kiln_binary):
 
 # ---- kiln/kiln.h ---------------------------------------------------------------------------------
 
+# ---- Python --------------------------------------------------------------------------------------
+
+def python(source):
+    source = pathlib.Path(source)
+    failed = ran = 0
+    for path in doc_files(source):
+        for language, line, body, directive in blocks(path):
+            if language != "python":
+                continue
+            where = f"{path.relative_to(source)}:{line}"
+            if directive and directive.strip().startswith("skip"):
+                print(f"skipped {where}: {directive.strip()[len('skip'):].strip() or '(no reason given)'}")
+                continue
+            ran += 1
+            # Its own process: each block is a program a reader could paste, imports included.
+            result = subprocess.run([sys.executable, "-c", "\n".join(body)], cwd=source, capture_output=True,
+                                    text=True, timeout=300)
+            if result.returncode != 0:
+                failed += 1
+                print(f"doc example {where} failed:\n{result.stdout}{result.stderr}")
+            else:
+                print(f"ran {where}")
+    print(f"{failed} of {ran} Python doc examples failed")
+    return 1 if failed or not ran else 0
+
+
 def headers(source):
     include = pathlib.Path(source) / "include"
     umbrella = (include / "kiln" / "kiln.h").read_text()
@@ -203,5 +233,7 @@ if __name__ == "__main__":
         sys.exit(shell(sys.argv[2], sys.argv[3]))
     elif mode == "headers" and len(sys.argv) == 3:
         sys.exit(headers(sys.argv[2]))
+    elif mode == "python" and len(sys.argv) == 3:
+        sys.exit(python(sys.argv[2]))
     else:
         sys.exit(__doc__)
