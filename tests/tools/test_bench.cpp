@@ -169,6 +169,14 @@ TEST(BenchModel, ReportsSpeedsAndTheirRooflineFraction) {
   EXPECT_DOUBLE_EQ(r.roofline_fraction, r.decode_tokens_per_s / r.roofline_tokens_per_s);
 }
 
+// Every repetition (and the warm-up) runs the same prompt; none may take it from the prefix cache,
+// or the prefill figure would time a prefill that did not happen. 40 tokens: two full KV blocks.
+TEST(BenchModel, RepeatedPromptsArePrefilledEveryTime) {
+  const ModelBenchResult r = bench_model(
+      {.model = "stories15M", .threads = 1, .prompt_tokens = 40, .gen_tokens = 2, .repetitions = 3}, BandwidthResult{});
+  EXPECT_EQ(r.cached_prompt_tokens, 0);
+}
+
 // The decode profile of stories15M (6 layers): per token one model run with one attention per layer
 // and two RMS norms per layer plus the final one, one greedy argmax; the parts add up to the step.
 TEST(BenchModel, ProfileSplitsTheDecodeStepByOp) {

@@ -101,6 +101,9 @@ struct ModelBenchResult {
   double roofline_tokens_per_s = 0;
   double roofline_fraction = 0;  // decode_tokens_per_s / roofline_tokens_per_s
   std::vector<DecodeProfileEntry> decode_profile;  // with ModelBenchOptions::profile, slowest first
+  // Prompt tokens the engine took from its prefix cache over the runs: 0, since the bench turns the
+  // cache off (every repetition repeats the prompt, and a hit would skip the prefill it times).
+  int64_t cached_prompt_tokens = 0;
 };
 
 // The model's config for a name or a directory; ValueError listing the known names otherwise.

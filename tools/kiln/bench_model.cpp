@@ -220,6 +220,8 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
       .max_seq_len = std::max<int64_t>(needed, std::min<int64_t>(config.max_position_embeddings, 2048)),
       .num_threads = o.threads,
       .weight_format = o.format};
+  // Every repetition runs the same prompt: from the prefix cache it would skip its prefill.
+  pipeline_options.enable_prefix_caching = false;
   auto pipe = pipelines::named_config(o.model)
                   ? pipelines::TextGenerationPipeline::from_config(
                         config, pipelines::random_weights(config, o.seed, weight_dtype), nullptr, {},
@@ -242,6 +244,7 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
     r.decode_tokens_per_s = std::max(r.decode_tokens_per_s, s.decode_tokens_per_s);
   }
   if (o.profile) r.decode_profile = profile_decode(pipe, prompt, gen);
+  r.cached_prompt_tokens = pipe.engine().stats().cached_prompt_tokens;
   r.model = o.model;
   r.dtype = formats_label(format, config.weight_formats);
   r.threads = o.threads;

@@ -76,7 +76,8 @@ void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
   // Columns, when there are enough of them: each thread packs only its own B panels, but all of A.
   // Rows, when B was packed at init and A is at least as large: no thread packs more than its share
   // of A, and B is only read (1024^3 on 2 threads: 94% of peak against 92%; M = 128 prefers columns).
-  const bool split_rows = (p.packed_b && p.M >= p.N && row_tiles >= 4 * parts) ||
+  const bool packed = p.packed_b || p.packed_b_narrow;
+  const bool split_rows = (packed && p.M >= p.N && row_tiles >= 4 * parts) ||
                           (panels < 4 * parts && panels < row_tiles);
   if (!split_rows) {
     n0 = std::min(p.N, t * panels / parts * b.nr);
@@ -87,7 +88,7 @@ void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
   }
   if (m0 >= m1 || n0 >= n1) return;
   Workspace ws{t_scratch.a.get(static_cast<size_t>((std::min(b.mc, m1 - m0) + b.mr) * b.kc)),
-               p.packed_b ? nullptr : t_scratch.b.get(static_cast<size_t>(b.kc * b.nc)), nullptr};
+               packed ? nullptr : t_scratch.b.get(static_cast<size_t>(b.kc * b.nc)), nullptr};
   if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.get(static_cast<size_t>((m1 - m0) * b.nc));
   k.gemm(p, m0, m1, n0, n1, ws);
 }
@@ -159,7 +160,29 @@ void force_isa_for_testing(std::optional<Isa> isa) {
 std::optional<PackedB> pack_b(const Problem& p) {
   const IsaKernels* k = kernels_of(active_isa());
   if (!k || p.dtype != DType::f32 || p.b_storage == BStorage::q8_0 || p.K <= 0 || p.N <= 0) return std::nullopt;
-  const int64_t panels = (p.N + k->blocking.nr - 1) / k->blocking.nr;
+  const int64_t nr = k->blocking.nr, panels = (p.N + nr - 1) / nr;
+  if (p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16) {
+    // The 16-bit elements moved as they are: B[k, n] -> panel n / nr, row k, lane n % nr.
+    const size_t bytes = static_cast<size_t>(panels * nr * p.K) * sizeof(uint16_t);
+    void* data = allocate_aligned(bytes);
+    if (!data) throw std::bad_alloc();
+    std::shared_ptr<uint16_t> narrow(static_cast<uint16_t*>(data), [](uint16_t* d) { std::free(d); });
+    const auto* B = static_cast<const uint16_t*>(p.b);
+    uint16_t* dst = narrow.get();
+    for (int64_t q = 0; q < panels; ++q) {
+      uint16_t* panel = dst + q * p.K * nr;
+      for (int64_t j = 0; j < nr; ++j) {
+        const int64_t n = q * nr + j;
+        if (n >= p.N) {
+          for (int64_t kk = 0; kk < p.K; ++kk) panel[kk * nr + j] = 0;
+          continue;
+        }
+        const uint16_t* column = B + n * p.b_col;  // walked along k (contiguous for transpose_b)
+        for (int64_t kk = 0; kk < p.K; ++kk) panel[kk * nr + j] = column[kk * p.b_row];
+      }
+    }
+    return PackedB{k->isa, p.K, p.N, nullptr, std::move(narrow)};
+  }
   const size_t bytes = static_cast<size_t>(panels * k->blocking.nr * p.K) * sizeof(float);
   void* data = allocate_aligned(bytes);
   if (!data) throw std::bad_alloc();
@@ -209,7 +232,8 @@ bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
 }
 
 bool small_m_applies(const Problem& p) {
-  const bool narrow = p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16;
+  // f16 / bf16 above kSmallM rows: the chunks unless B was packed ahead (the GEMM is faster then).
+  const bool narrow = (p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16) && !p.packed_b_narrow;
   return (p.M <= kSmallM || (narrow && p.M <= kNarrowSmallMMax)) && p.b_storage != BStorage::q8_0 &&
          (p.b_row == 1 || p.b_col == 1);
 }

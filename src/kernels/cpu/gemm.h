@@ -55,15 +55,21 @@ struct Problem {
   // B already in the GEMM's panel layout (PackedB::panels, packed by the active level), or nullptr:
   // the GEMM (M > kSmallM) then skips packing; small M still streams `b`. Same results either way.
   const float* packed_b = nullptr;
+  // Or B (f16 / bf16 storage, `b_storage`) packed ahead in that layout but as stored, 16 bits an
+  // element (PackedB::narrow): the GEMM widens it in registers. Same results as packing here.
+  const uint16_t* packed_b_narrow = nullptr;
 };
 
 // A fixed B (a weight) packed once, at init, into the panels the GEMM reads: [ceil(N / nr)][K][nr]
 // f32, zero past N, nr the level's register tile width. Costs K * ceil(N / nr) * nr * 4 bytes beside
 // the original (which small M still reads).
+// An f16 / bf16 B keeps its 16-bit elements in the same layout (`narrow`, `panels` empty): the
+// copy costs the weight's own size, and the GEMM widens it in registers instead of per call.
 struct PackedB {
   Isa isa = Isa::generic;  // the level it was packed for (another level's nr may differ)
   int64_t K = 0, N = 0;
   std::shared_ptr<const float> panels;
+  std::shared_ptr<const uint16_t> narrow;
 };
 // p's B (its a, c and M are not read) packed for the active level; nullopt when that level has no
 // SIMD kernels or p's B cannot be packed (Q8_0, dtype not f32 with f32/f16/bf16 storage).

@@ -167,11 +167,11 @@ template <class T> void store_rows(const float* src, int64_t ld, int64_t rows, i
 
 constexpr int64_t kLineFloats = 64 / sizeof(float);  // one cache line
 
-// One step of the hot loop: NV vectors of B row k, times each A row's element k broadcast (folded
-// into the FMA's memory operand).
-template <int R>
+// One step of the hot loop: NV vectors of B row k (f32, or f16 / bf16 panels widened as loaded),
+// times each A row's element k broadcast (folded into the FMA's memory operand).
+template <int R, class BT>
 [[gnu::always_inline]] inline void micro_step(V (&acc)[R][kNV], const float* __restrict a, int64_t lda,
-                                              const float* __restrict b, int64_t k) {
+                                              const BT* __restrict b, int64_t k) {
   V bv[kNV];
 #pragma GCC unroll 8
   for (int v = 0; v < kNV; ++v) bv[v] = Vec::load(b + k * kNR + v * kL);
@@ -185,9 +185,10 @@ template <int R>
 
 // C[R x nr] (+)= A[R rows, lda apart][kc] . Bp[kc][NR]. Meanwhile fetches `pf_lines` cache lines
 // from `pf` into L2 (this call's share of the B micro-panel that comes next), one per k step.
-template <int R>
-void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const float* __restrict b, float* c,
-                int64_t ldc, int64_t nr, bool accumulate, const float* pf, int64_t pf_lines) {
+template <int R, class BT>
+void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const BT* __restrict b, float* c,
+                int64_t ldc, int64_t nr, bool accumulate, const BT* pf, int64_t pf_lines) {
+  constexpr int64_t kLine = 64 / sizeof(BT);  // elements of B per cache line
   V acc[R][kNV];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i) {
@@ -199,7 +200,7 @@ void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const float*
   }
   const int64_t kp = lo(kc, pf_lines);
   for (int64_t k = 0; k < kp; ++k) {
-    _mm_prefetch(reinterpret_cast<const char*>(pf + k * kLineFloats), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(pf + k * kLine), _MM_HINT_T1);
     micro_step(acc, a, lda, b, k);
   }
   for (int64_t k = kp; k < kc; ++k) micro_step(acc, a, lda, b, k);
@@ -224,8 +225,9 @@ void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const float*
 
 // C[mr x nr] (+)= A[mr rows, lda apart][kc] . Bp[kc][NR], for mr <= MR: a last, partial row tile
 // runs a kernel of its own height, not the full one on zero rows.
-void micro_f32(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, int64_t mr,
-               int64_t nr, bool accumulate, const float* pf, int64_t pf_lines) {
+template <class BT>
+void micro_f32(int64_t kc, const float* a, int64_t lda, const BT* b, float* c, int64_t ldc, int64_t mr,
+               int64_t nr, bool accumulate, const BT* pf, int64_t pf_lines) {
   static_assert(kMR == 6, "micro_f32 dispatches on 1..6 rows");
   switch (mr) {
     case 6: return micro_rows<6>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
@@ -330,7 +332,7 @@ template <class T> void pack_a_f32(const Problem& p, int64_t m0, int64_t mr, int
 // B micro-panel (kc x NR, in L2) the micro-kernel sweeps the block's rows, MR at a time, from the
 // A block held in L2; B is read from memory once per row block. Every C element sums its
 // products in the same order (k blocks in turn, k ascending within one) whether B was packed here
-// or ahead (p.packed_b), so both give identical bits.
+// or ahead (p.packed_b, or p.packed_b_narrow for f16 / bf16), so both give identical bits.
 // T: A and C's element type; TB: B's (float, f16_t, bf16_t or Q8_0Rows), converted while packing.
 template <class T, class TB = T>
 void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
@@ -345,45 +347,53 @@ void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
     const int64_t nc = lo(kNC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kKC) {
       const int64_t kc = lo(kKC, p.K - pc);
-      const float* b_block;
-      int64_t panel_stride;  // floats between the block's successive micro-panels
+      // The block's micro-panels, `panel_stride` elements apart: packed ahead (f32, or f16 / bf16 as
+      // stored, widened as loaded), or packed here. `ahead`: the ahead-packed whole, for the prefetch
+      // of the next depth block.
+      auto sweep = [&]<class BT>(const BT* b_block, int64_t panel_stride, const BT* ahead) {
+        constexpr int64_t kLine = 64 / sizeof(BT);  // elements per cache line
+        for (int64_t ic = m0; ic < m1; ic += mc_step) {
+          const int64_t mc = lo(mc_step, m1 - ic);
+          for (int64_t ir = 0; ir < mc; ir += kMR) pack_a_f32<T>(p, ic + ir, lo(kMR, mc - ir), pc, kc, ws.packed_a + ir * kc);
+          for (int64_t jr = 0; jr < nc; jr += kNR) {
+            const BT* bp = b_block + jr / kNR * panel_stride;
+            const int64_t nr = lo(kNR, nc - jr);
+            // The B micro-panel after this one (or the next depth block's first, when ahead-packed),
+            // fetched into L2 a share per row tile: its first pass would otherwise wait on memory.
+            const BT* next_b = jr + kNR < nc ? bp + panel_stride
+                               : ahead && pc + kc < p.K ? ahead + jc / kNR * p.K * kNR + (pc + kc) * kNR
+                                                        : nullptr;
+            const int64_t next_lines = next_b ? (jr + kNR < nc ? kc : lo(kKC, p.K - pc - kc)) * kNR / kLine : 0;
+            const int64_t tiles = (mc + kMR - 1) / kMR, lines_per_tile = (next_lines + tiles - 1) / tiles;
+            for (int64_t ir = 0; ir < mc; ir += kMR) {
+              const int64_t mr = lo(kMR, mc - ir);
+              const float* a = ws.packed_a + ir * kc;
+              const int64_t pf_first = lo(ir / kMR * lines_per_tile, next_lines);
+              const BT* pf = next_b ? next_b + pf_first * kLine : nullptr;
+              const int64_t pf_lines = lo(lines_per_tile, next_lines - pf_first);
+              if constexpr (kF32)
+                micro_f32(kc, a, kc, bp, static_cast<float*>(p.c) + (ic + ir) * p.ldc + jc + jr, p.ldc, mr, nr, pc > 0,
+                          pf, pf_lines);
+              else
+                micro_f32(kc, a, kc, bp, ws.c_acc + (ic + ir - m0) * kNC + jr, kNC, mr, nr, pc > 0, pf, pf_lines);
+            }
+          }
+        }
+      };
+      constexpr bool kNarrowB = std::is_same_v<TB, f16_t> || std::is_same_v<TB, bf16_t>;
       if (p.packed_b) {
-        b_block = p.packed_b + jc / kNR * p.K * kNR + pc * kNR;
-        panel_stride = p.K * kNR;
+        sweep(p.packed_b + jc / kNR * p.K * kNR + pc * kNR, p.K * kNR, p.packed_b);
+      } else if (kNarrowB && p.packed_b_narrow) {
+        if constexpr (kNarrowB) {
+          const TB* packed = reinterpret_cast<const TB*>(p.packed_b_narrow);
+          sweep(packed + jc / kNR * p.K * kNR + pc * kNR, p.K * kNR, packed);
+        }
       } else {
         if constexpr (std::is_same_v<TB, Q8_0Rows>)
           pack_b_q8_0(p, pc, kc, jc, nc, ws.packed_b);
         else
           pack_b_f32<TB>(p, pc, kc, jc, nc, ws.packed_b);
-        b_block = ws.packed_b;
-        panel_stride = kc * kNR;
-      }
-      for (int64_t ic = m0; ic < m1; ic += mc_step) {
-        const int64_t mc = lo(mc_step, m1 - ic);
-        for (int64_t ir = 0; ir < mc; ir += kMR) pack_a_f32<T>(p, ic + ir, lo(kMR, mc - ir), pc, kc, ws.packed_a + ir * kc);
-        for (int64_t jr = 0; jr < nc; jr += kNR) {
-          const float* bp = b_block + jr / kNR * panel_stride;
-          const int64_t nr = lo(kNR, nc - jr);
-          // The B micro-panel after this one (or the next depth block's first, when ahead-packed),
-          // fetched into L2 a share per row tile: its first pass would otherwise wait on memory.
-          const float* next_b = jr + kNR < nc ? bp + panel_stride
-                                : p.packed_b && pc + kc < p.K ? p.packed_b + jc / kNR * p.K * kNR + (pc + kc) * kNR
-                                                             : nullptr;
-          const int64_t next_lines = next_b ? (jr + kNR < nc ? kc : lo(kKC, p.K - pc - kc)) * kNR / kLineFloats : 0;
-          const int64_t tiles = (mc + kMR - 1) / kMR, lines_per_tile = (next_lines + tiles - 1) / tiles;
-          for (int64_t ir = 0; ir < mc; ir += kMR) {
-            const int64_t mr = lo(kMR, mc - ir);
-            const float* a = ws.packed_a + ir * kc;
-            const int64_t pf_first = lo(ir / kMR * lines_per_tile, next_lines);
-            const float* pf = next_b ? next_b + pf_first * kLineFloats : nullptr;
-            const int64_t pf_lines = lo(lines_per_tile, next_lines - pf_first);
-            if constexpr (kF32)
-              micro_f32(kc, a, kc, bp, static_cast<float*>(p.c) + (ic + ir) * p.ldc + jc + jr, p.ldc, mr, nr, pc > 0,
-                        pf, pf_lines);
-            else
-              micro_f32(kc, a, kc, bp, ws.c_acc + (ic + ir - m0) * kNC + jr, kNC, mr, nr, pc > 0, pf, pf_lines);
-          }
-        }
+        sweep(static_cast<const float*>(ws.packed_b), kc * kNR, static_cast<const float*>(nullptr));
       }
     }
     if constexpr (!kF32) store_rows(ws.c_acc, kNC, m1 - m0, nc, static_cast<T*>(p.c) + m0 * p.ldc + jc, p.ldc);

@@ -136,8 +136,10 @@ bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b
   auto problem = [&](int64_t bi) { return gemm_problem(p, dtype, b_dtype, A, Bm, C, bi); };
   if (p.batch == 1) {
     gemm::Problem one = problem(0);
-    if (packed_b && packed_b->isa == gemm::active_isa() && packed_b->K == p.K && packed_b->N == p.N)
+    if (packed_b && packed_b->isa == gemm::active_isa() && packed_b->K == p.K && packed_b->N == p.N) {
       one.packed_b = packed_b->panels.get();
+      one.packed_b_narrow = packed_b->narrow.get();
+    }
     return gemm::run(ctx, one);
   }
   // Large matrices: each is split between the threads; small ones (attention's per-head products)
@@ -200,17 +202,21 @@ TensorView rhs_view(bool transpose_b, const TensorView& b) {
   return t;
 }
 
-// A fixed f32 rhs (a weight) packed once into the SIMD GEMM's panels, with the view it was packed
-// from: a launch uses it only when its rhs is that same view.
-struct PackedF32Rhs {
+// A fixed rhs (a weight) packed once into the SIMD GEMM's panels, with the view it was packed from:
+// a launch uses it only when its rhs is that same view.
+struct PackedSimdRhs {
   TensorView rhs;  // after transpose_b, as the launch sees it
   gemm::PackedB packed;
 };
 
-// f32 activations times a fixed rank-2 rhs that is f32 (f16/bf16 weights stay narrow: packing them as
-// f32 would cost twice their memory again). The packed copy costs the weight's size once more.
-std::optional<PackedF32Rhs> pack_f32_rhs(const TensorView& a, const TensorView& w, bool transpose_b) {
-  if (a.dtype != DType::f32 || w.dtype != DType::f32 || w.shape.size() != 2) return std::nullopt;
+// f32 activations times a fixed rank-2 rhs in f32, f16 or bf16. f16 / bf16 panels keep the 16-bit
+// elements (widening them to f32 would cost twice their memory again). The packed copy costs the
+// weight's size once more; without it the GEMM packs the weight on every call, which for a decode
+// batch of 9-64 rows costs more than the products (docs/batching.md).
+std::optional<PackedSimdRhs> pack_simd_rhs(const TensorView& a, const TensorView& w, bool transpose_b) {
+  if (a.dtype != DType::f32 || w.shape.size() != 2 ||
+      (w.dtype != DType::f32 && w.dtype != DType::f16 && w.dtype != DType::bf16))
+    return std::nullopt;
   const TensorView b = rhs_view(transpose_b, w);
   const int64_t K = b.shape[0], N = b.shape[1];
   // Only a GEMM with more than kSmallM rows reads the panels: skip lhs shapes that never have that.
@@ -219,23 +225,24 @@ std::optional<PackedF32Rhs> pack_f32_rhs(const TensorView& a, const TensorView& 
     for (size_t d = 0; d + 1 < a.shape.size(); ++d) rows *= a.shape[d];
     if (rows <= gemm::kSmallM) return std::nullopt;
   }
-  const gemm::Problem problem{DType::f32, nullptr, 0, 0, b.data, b.strides[0], b.strides[1], nullptr, 0, 0, N, K};
+  const gemm::BStorage storage = w.dtype == DType::f32   ? gemm::BStorage::same
+                                 : w.dtype == DType::f16 ? gemm::BStorage::f16
+                                                         : gemm::BStorage::bf16;
+  const gemm::Problem problem{DType::f32, nullptr, 0, 0, b.data, b.strides[0], b.strides[1], nullptr, 0, 0, N, K, storage};
   std::optional<gemm::PackedB> packed = gemm::pack_b(problem);
   if (!packed) return std::nullopt;
-  return PackedF32Rhs{b, std::move(*packed)};
+  return PackedSimdRhs{b, std::move(*packed)};
 }
 
 class MatmulKernel final : public Kernel {
  public:
-  // A fixed rhs is packed for the path a launch will take with it: an f32 weight into the SIMD GEMM's
-  // panels, a bf16 weight into AMX tiles (where the CPU has them; f16 weights are not packed).
+  // A fixed rhs is packed for the path a launch will take with it: a bf16 weight into AMX tiles where
+  // the CPU has them, any other f32 / f16 / bf16 weight into the SIMD GEMM's panels.
   explicit MatmulKernel(const KernelInit& init) : transpose_b_(matmul_transpose_b(init)) {
     if (init.inputs.size() != 2 || !init.is_fixed(1)) return;  // the launch reports bad operands
     const TensorView &a = init.inputs[0], &w = init.inputs[1];
-    if (w.dtype == DType::bf16)
-      amx_ = amx::pack_matmul_rhs(a, w, transpose_b_);
-    else
-      f32_ = pack_f32_rhs(a, w, transpose_b_);
+    if (w.dtype == DType::bf16) amx_ = amx::pack_matmul_rhs(a, w, transpose_b_);
+    if (!amx_) simd_ = pack_simd_rhs(a, w, transpose_b_);
   }
 
   void run(const KernelContext& ctx, std::span<const TensorView> inputs,
@@ -248,25 +255,26 @@ class MatmulKernel final : public Kernel {
     const MatmulProblem p = plan_matmul(a, b, out);
     if (matmul_bf16_amx(ctx, p, a, b, out, amx_ ? &*amx_ : nullptr)) return;
     if ((a.dtype == DType::f32 || a.dtype == DType::f16 || a.dtype == DType::bf16) &&
-        matmul_simd(ctx, p, a.dtype, b.dtype, a.data, b.data, out.data, f32_panels_for(b)))
+        matmul_simd(ctx, p, a.dtype, b.dtype, a.data, b.data, out.data, simd_panels_for(b)))
       return;
     matmul_portable(ctx, p, a, b, out);
   }
 
   MatmulPacking packing() const {
-    return f32_ ? MatmulPacking::f32_panels : amx_ ? MatmulPacking::amx_tiles : MatmulPacking::none;
+    if (simd_) return simd_->packed.narrow ? MatmulPacking::narrow_panels : MatmulPacking::f32_panels;
+    return amx_ ? MatmulPacking::amx_tiles : MatmulPacking::none;
   }
 
  private:
-  const gemm::PackedB* f32_panels_for(const TensorView& b) const {
-    if (!f32_ || f32_->rhs.data != b.data || f32_->rhs.dtype != b.dtype || f32_->rhs.shape != b.shape ||
-        f32_->rhs.strides != b.strides)
+  const gemm::PackedB* simd_panels_for(const TensorView& b) const {
+    if (!simd_ || simd_->rhs.data != b.data || simd_->rhs.dtype != b.dtype || simd_->rhs.shape != b.shape ||
+        simd_->rhs.strides != b.strides)
       return nullptr;
-    return &f32_->packed;
+    return &simd_->packed;
   }
 
   bool transpose_b_;
-  std::optional<PackedF32Rhs> f32_;
+  std::optional<PackedSimdRhs> simd_;
   std::optional<amx::PackedRhs> amx_;
 };
 

@@ -29,7 +29,9 @@ std::optional<gemm::Problem> matmul_gemv_problem(bool transpose_b, const TensorV
                                                  const TensorView& out);
 
 // Tests: what a matmul kernel (make_matmul_kernel) packed at build from its fixed rhs.
-enum class MatmulPacking { none, f32_panels, amx_tiles };
+// f32_panels: an f32 weight in the SIMD GEMM's panels; narrow_panels: an f16 / bf16 one in that
+// layout, 16 bits an element; amx_tiles: a bf16 one in AMX tiles.
+enum class MatmulPacking { none, f32_panels, narrow_panels, amx_tiles };
 MatmulPacking matmul_packing(const Kernel& matmul);
 // Tests: the matmul (qmatmul) kernel a grouped_matmul kernel built for rhs `index`; nullptr if none.
 const Kernel* grouped_matmul_part(const Kernel& grouped, size_t index);
