@@ -183,12 +183,12 @@ std::optional<PackedB> pack_b(const Problem& p) {
     }
     return PackedB{k->isa, p.K, p.N, nullptr, std::move(narrow)};
   }
-  const size_t bytes = static_cast<size_t>(panels * k->blocking.nr * p.K) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(panels * nr * p.K) * sizeof(float);
   void* data = allocate_aligned(bytes);
   if (!data) throw std::bad_alloc();
   std::shared_ptr<float> panels_data(static_cast<float*>(data), [](float* f) { std::free(f); });
   k->pack_b(p, panels_data.get());
-  return PackedB{k->isa, p.K, p.N, std::move(panels_data)};
+  return PackedB{k->isa, p.K, p.N, std::move(panels_data), nullptr};
 }
 
 bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {

@@ -98,7 +98,7 @@ struct IsaKernels {
   // C rows [m0, m1) x columns [n0, n1) of p, all of K: pack, multiply, store. n0 is a multiple of
   // nr when p.packed_b is set.
   void (*gemm)(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws);
-  // Small M (<= kSmallM; f16 / bf16 storage: <= kNarrowSmallMMax), columns [n0, n1): streams B once. False when B's layout has neither unit
+  // Small M (small_m_applies), columns [n0, n1): streams B once. False when B's layout has neither unit
   // stride, or B is Q8_0 (the caller then runs gemm; quantized.h has the int8 GEMV). ws.packed_a
   // holds >= M * K floats (A rows converted to f32).
   bool (*small_m)(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws);
@@ -106,12 +106,13 @@ struct IsaKernels {
   void (*pack_b)(const Problem& p, float* dst);
 };
 inline constexpr int64_t kSmallM = 8;
-// f16 / bf16 weights with f32 activations take the small-M path up to this many rows too: the rows
-// in chunks of at most kSmallM, each chunk over a block of weight columns that stays in L2, so the
-// weight is read from memory once and every row gets the bits it gets at M = 1. Without AMX the GEMM
-// widens the whole weight into f32 panels on every call: 16 rows of 8192 x 2048 bf16 took 11.3 ms
-// that way and 7.8 ms in chunks on one Xeon thread; 32 rows 16.6 and 15.3, 64 rows 25.1 and 30.0
-// (docs/batching.md). CPUs with AMX run bf16 above 8 rows on the tiles instead (matmul.cpp).
+// f16 / bf16 weights with f32 activations that were not packed at init take the small-M path up to
+// this many rows too: the rows in chunks of at most kSmallM, each chunk over a block of weight
+// columns that stays in L2, so the weight is read from memory once and every row gets the bits it
+// gets at M = 1. Unpacked, the GEMM widens the whole weight into f32 panels on every call: 16 rows of
+// 8192 x 2048 bf16 took 11.3 ms that way and 7.8 ms in chunks on one Xeon thread; 32 rows 16.6 and
+// 15.3, 64 rows 25.1 and 30.0 (docs/batching.md). A weight packed at init (PackedB::narrow) runs the
+// GEMM above kSmallM rows (5.4 ms for 16 rows); CPUs with AMX run bf16 there on the tiles (matmul.cpp).
 inline constexpr int64_t kNarrowSmallMMax = 32;
 // A GEMV is cut into up to this many parts per thread, claimed by whichever thread is free: it is
 // bound by memory, and a thread slowed by its neighbours then does not hold the others up at the end.

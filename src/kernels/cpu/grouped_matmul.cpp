@@ -39,19 +39,11 @@ template <class Fn> void naming_rhs(size_t index, Fn&& fn) {
   }
 }
 
-// Rows of a lhs [..., K]: every dim but the last.
-int64_t rows_of(const TensorView& lhs) {
-  int64_t rows = 1;
-  for (size_t d = 0; d + 1 < lhs.shape.size(); ++d) rows *= lhs.shape[d];
-  return rows;
-}
-
 class GroupedMatmulKernel final : public Kernel {
  public:
   // Each rhs gets the kernel matmul (qmatmul, with `encoding`) builds for it as a step of its own.
   explicit GroupedMatmulKernel(const KernelInit& init)
       : quantized_(init.has_attr("encoding")),
-        transpose_b_(!quantized_ && matmul_transpose_b(init)),
         encoding_(quantized_ ? graph::parse_encoding(init.attr<std::string>("encoding"))
                              : graph::QuantizationEncoding::q8_0) {
     for (size_t i = 1; i < init.inputs.size(); ++i) {
@@ -82,15 +74,10 @@ class GroupedMatmulKernel final : public Kernel {
   // (matmul_gemv_problem), all of them as one job. False when one does not apply (nothing computed).
   bool run_float_group(const KernelContext& ctx, std::span<const TensorView> inputs,
                        std::span<const TensorView> outputs) const {
-    // Above kSmallM rows a weight packed at build runs its own kernel's GEMM (f16 / bf16 would
-    // otherwise stream in chunks: gemm.h's kNarrowSmallMMax), so each result keeps matmul's bits.
-    if (rows_of(inputs[0]) > gemm::kSmallM)
-      for (const auto& part : parts_)
-        if (matmul_packing(*part) != MatmulPacking::none) return false;
     std::vector<gemm::Problem> problems;
     for (size_t i = 1; i < inputs.size(); ++i) {
       std::optional<gemm::Problem> problem;
-      naming_rhs(i - 1, [&] { problem = matmul_gemv_problem(transpose_b_, inputs[0], inputs[i], outputs[i - 1]); });
+      naming_rhs(i - 1, [&] { problem = matmul_gemv_problem(*parts_[i - 1], inputs[0], inputs[i], outputs[i - 1]); });
       if (!problem) return false;
       problems.push_back(*problem);
     }
@@ -134,7 +121,6 @@ class GroupedMatmulKernel final : public Kernel {
   }
 
   bool quantized_;    // qmatmul products (the `encoding` attribute), else matmul
-  bool transpose_b_;  // matmul's
   graph::QuantizationEncoding encoding_;  // qmatmul's
   std::vector<std::unique_ptr<const Kernel>> parts_;  // by rhs
 };

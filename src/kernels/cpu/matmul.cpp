@@ -128,6 +128,13 @@ gemm::Problem gemm_problem(const MatmulProblem& p, DType dtype, DType b_dtype, c
                        static_cast<char*>(C) + bi * p.M * p.N * size, p.N, p.M, p.N, p.K, b_storage};
 }
 
+// Points `one` at the weight packed at init when it was packed for this problem on the active level.
+void use_packed(gemm::Problem& one, const gemm::PackedB* packed_b) {
+  if (!packed_b || packed_b->isa != gemm::active_isa() || packed_b->K != one.K || packed_b->N != one.N) return;
+  one.packed_b = packed_b->panels.get();
+  one.packed_b_narrow = packed_b->narrow.get();
+}
+
 // False when no SIMD level applies (the portable path then runs).
 bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b_dtype, const void* A, const void* Bm,
                  void* C, const gemm::PackedB* packed_b = nullptr) {
@@ -136,10 +143,7 @@ bool matmul_simd(const KernelContext& ctx, MatmulProblem p, DType dtype, DType b
   auto problem = [&](int64_t bi) { return gemm_problem(p, dtype, b_dtype, A, Bm, C, bi); };
   if (p.batch == 1) {
     gemm::Problem one = problem(0);
-    if (packed_b && packed_b->isa == gemm::active_isa() && packed_b->K == p.K && packed_b->N == p.N) {
-      one.packed_b = packed_b->panels.get();
-      one.packed_b_narrow = packed_b->narrow.get();
-    }
+    use_packed(one, packed_b);
     return gemm::run(ctx, one);
   }
   // Large matrices: each is split between the threads; small ones (attention's per-head products)
@@ -265,7 +269,9 @@ class MatmulKernel final : public Kernel {
     return amx_ ? MatmulPacking::amx_tiles : MatmulPacking::none;
   }
 
- private:
+  bool transpose_b() const { return transpose_b_; }
+
+  // The weight packed at init, when `b` (the rhs as a launch sees it) is the view it was packed from.
   const gemm::PackedB* simd_panels_for(const TensorView& b) const {
     if (!simd_ || simd_->rhs.data != b.data || simd_->rhs.dtype != b.dtype || simd_->rhs.shape != b.shape ||
         simd_->rhs.strides != b.strides)
@@ -273,6 +279,7 @@ class MatmulKernel final : public Kernel {
     return &simd_->packed;
   }
 
+ private:
   bool transpose_b_;
   std::optional<PackedSimdRhs> simd_;
   std::optional<amx::PackedRhs> amx_;
@@ -293,9 +300,11 @@ MatmulPacking matmul_packing(const Kernel& matmul) {
   return kernel ? kernel->packing() : MatmulPacking::none;
 }
 
-std::optional<gemm::Problem> matmul_gemv_problem(bool transpose_b, const TensorView& a, const TensorView& rhs,
+std::optional<gemm::Problem> matmul_gemv_problem(const Kernel& matmul, const TensorView& a, const TensorView& rhs,
                                                  const TensorView& out) {
-  const TensorView b = rhs_view(transpose_b, rhs);
+  const auto* kernel = dynamic_cast<const MatmulKernel*>(&matmul);
+  if (!kernel) return std::nullopt;
+  const TensorView b = rhs_view(kernel->transpose_b(), rhs);
   MatmulProblem p = plan_matmul(a, b, out);
   if (gemm::active_isa() == gemm::Isa::generic || (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16))
     return std::nullopt;
@@ -305,6 +314,7 @@ std::optional<gemm::Problem> matmul_gemv_problem(bool transpose_b, const TensorV
   if (p.M > amx::kMinRows && b.dtype == DType::bf16 && amx::available() && gemm::active_isa() == gemm::best_isa())
     return std::nullopt;
   gemm::Problem problem = gemm_problem(p, a.dtype, b.dtype, a.data, b.data, out.data, 0);
+  use_packed(problem, kernel->simd_panels_for(b));  // a weight packed for the GEMM takes it above kSmallM
   if (!gemm::small_m_applies(problem)) return std::nullopt;
   return problem;
 }

@@ -20,12 +20,12 @@ std::unique_ptr<const Kernel> make_matmul_kernel(const KernelInit& init);
 // matmul's transpose_b attribute (0 when absent).
 bool matmul_transpose_b(const KernelInit& init);
 
-// The GEMV that matmul(a, rhs) (rhs read transposed when `transpose_b`) runs, as one problem of the
-// SIMD GEMM: f32/f16/bf16 (or f32 with f16/bf16 weights) on a SIMD level, batches folded into at
-// most gemm::kSmallM rows (gemm::kNarrowSmallMMax for f16/bf16 weights, unless AMX takes bf16 ones).
-// nullopt when matmul runs it some other way. Bad operands throw matmul's
-// errors.
-std::optional<gemm::Problem> matmul_gemv_problem(bool transpose_b, const TensorView& a, const TensorView& rhs,
+// The GEMV that the matmul kernel `matmul` (make_matmul_kernel's) runs for (a, rhs), as one problem
+// of the SIMD GEMM: f32/f16/bf16 (or f32 with f16/bf16 weights) on a SIMD level, batches folded into
+// at most gemm::kSmallM rows (gemm::kNarrowSmallMMax for f16/bf16 weights that were not packed at
+// init, unless AMX takes bf16 ones). nullopt when the kernel runs it some other way (or is not a
+// matmul kernel). Bad operands throw matmul's errors.
+std::optional<gemm::Problem> matmul_gemv_problem(const Kernel& matmul, const TensorView& a, const TensorView& rhs,
                                                  const TensorView& out);
 
 // Tests: what a matmul kernel (make_matmul_kernel) packed at build from its fixed rhs.
