@@ -5,7 +5,8 @@
 // engine gives a request the same tokens alone or in a batch of steps up to 8 rows (docs/batching.md;
 // above 8 rows the blocked GEMM rounds in another order, except for f16 / bf16 weights, which stream
 // in chunks of 8 rows up to 32). Q8_0 weights fixed at build, as a model's
-// are, run on their packed panels from 3 rows where VNNI is: rows then match at every M. The results alone are checked against a double-precision loop (the tolerance of test_gemm.cpp;
+// are, run on their packed panels from 3 rows where VNNI is: rows then match at every M; the other
+// encodings' block GEMM (above 8 rows, where VNNI is) likewise at every M above 8. The results alone are checked against a double-precision loop (the tolerance of test_gemm.cpp;
 // for Q8_0 also the activations' quantization error, half a step d_x per element).
 #include <gtest/gtest.h>
 
@@ -261,6 +262,53 @@ TEST(BatchInvariance, QmatmulRowsMatchTheRowAloneForEveryEncoding) {
   }
 }
 
+// A group of `widths` weights of encoding e [width, K] from `seed`, as grouped_matmul (the first
+// product) and as qmatmul of each (the others); `w` gets each one's decoded values. Fixed at build
+// as a model's weights are, or not.
+std::vector<Product> grouped_and_alone(graph::QuantizationEncoding e, const std::vector<int64_t>& widths, int64_t K,
+                                       uint32_t seed, bool fixed, std::vector<std::vector<double>>& w) {
+  w.assign(widths.size(), {});
+  Product group{Op::grouped_matmul, {{"encoding", std::string(graph::encoding_name(e))}}, {}, widths, fixed};
+  for (size_t i = 0; i < widths.size(); ++i) group.weights.push_back(quantized_weight(e, widths[i], K, seed++, w[i]));
+  std::vector<Product> products{group};
+  for (size_t i = 0; i < widths.size(); ++i)
+    products.push_back(Product{Op::qmatmul, group.attrs, {group.weights[i]}, {widths[i]}, fixed});
+  return products;
+}
+
+// Each product (grouped_and_alone's) at M = x's rows is within q8_reference's tolerance (activation
+// blocks of `block`), and at every M of `Ms` on 1 or 2 threads each row has bitwise its bits there.
+void expect_rows_the_same_at_every_m(const std::vector<Product>& products, const std::vector<std::vector<double>>& w,
+                                     const HostTensor& x, std::span<const int64_t> Ms, int64_t block,
+                                     const std::string& what) {
+  ThreadedParallel two(2);
+  const int64_t many = x.shape[0], K = x.shape[1];
+  for (size_t p = 0; p < products.size(); ++p) {
+    const Product& product = products[p];
+    const std::string name = (p == 0 ? "grouped " : "") + what;
+    const std::vector<HostTensor> all = product.run(x, 0, many, nullptr);
+    for (size_t i = 0; i < product.widths.size(); ++i) {
+      const size_t weight = p == 0 ? i : p - 1;
+      for (int64_t m = 0; m < many; ++m)
+        for (int64_t n = 0; n < product.widths[i]; ++n) {
+          const auto [want, tolerance] = q8_reference(x, w[weight], m, n, block);
+          ASSERT_NEAR(all[i].at<float>(m * product.widths[i] + n), want, tolerance)
+              << name << ": row " << m << " result " << i << " column " << n;
+        }
+    }
+    for (int64_t M : Ms)
+      for (int threads : {1, 2}) {
+        const std::vector<HostTensor> out = product.run(x, 0, M, threads == 2 ? &two : nullptr);
+        for (size_t i = 0; i < product.widths.size(); ++i) {
+          const auto& want = all[i].bytes;
+          ASSERT_TRUE(std::equal(out[i].bytes.begin(), out[i].bytes.end(), want.begin()))
+              << label(Isa::avx512, name, M, K, product.widths[i], threads) << ": result " << i
+              << " differs from its rows at M = " << many;
+        }
+      }
+  }
+}
+
 // A model's Q8_0 weights (fixed at build) on VNNI CPUs: steps of 3 rows or more run the packed GEMM
 // (quantized::kPackedGemmMinRows), whose rows never depend on the batch: each row of every M from 3
 // to 20 (across its 6-row tiles and kGemmRows panels) is bitwise that row at M = 20, and within the
@@ -269,41 +317,34 @@ TEST(BatchInvariance, FixedQ8_0WeightsGiveEveryRowTheSameBitsAtEveryMFromThree) 
   if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
     GTEST_SKIP() << "this CPU has no AVX512-VNNI: no packed Q8_0 GEMM to check";
   ForcedIsa forced(Isa::avx512);
-  const int64_t kMany = 20, K = 1120;
-  const std::vector<int64_t> widths{70, 40, 33};
-  uint32_t seed = 110;
-  const HostTensor x =
-      kernel_test::tensor_from_doubles(DType::f32, {kMany, K}, kernel_test::pseudo_random(kMany * K, seed++));
-  std::vector<std::vector<double>> w(widths.size());
-  Product group{Op::grouped_matmul, {{"encoding", std::string("q8_0")}}, {}, widths, true};
-  for (size_t i = 0; i < widths.size(); ++i) group.weights.push_back(q8_weight(widths[i], K, seed++, w[i]));
-  std::vector<Product> products{group};
-  for (size_t i = 0; i < widths.size(); ++i)
-    products.push_back(Product{Op::qmatmul, group.attrs, {group.weights[i]}, {widths[i]}, true});
-  ThreadedParallel two(2);
-  for (size_t p = 0; p < products.size(); ++p) {
-    const Product& product = products[p];
-    const std::string what = p == 0 ? "fixed grouped f32 x q8_0" : "fixed f32 x q8_0";
-    const std::vector<HostTensor> all = product.run(x, 0, kMany, nullptr);
-    for (size_t i = 0; i < product.widths.size(); ++i) {
-      const size_t weight = p == 0 ? i : p - 1;
-      for (int64_t m = 0; m < kMany; ++m)
-        for (int64_t n = 0; n < product.widths[i]; ++n) {
-          const auto [want, tolerance] = q8_reference(x, w[weight], m, n);
-          ASSERT_NEAR(all[i].at<float>(m * product.widths[i] + n), want, tolerance)
-              << what << ": row " << m << " result " << i << " column " << n;
-        }
-    }
-    for (int64_t M : {3, 5, 6, 7, 8, 9, 12, 13, 19})
-      for (int threads : {1, 2}) {
-        const std::vector<HostTensor> out = product.run(x, 0, M, threads == 2 ? &two : nullptr);
-        for (size_t i = 0; i < product.widths.size(); ++i) {
-          const auto& want = all[i].bytes;
-          ASSERT_TRUE(std::equal(out[i].bytes.begin(), out[i].bytes.end(), want.begin()))
-              << label(Isa::avx512, what, M, K, product.widths[i], threads) << ": result " << i
-              << " differs from its rows at M = 20";
-        }
-      }
+  const int64_t K = 1120;
+  const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {20, K}, kernel_test::pseudo_random(20 * K, 110));
+  std::vector<std::vector<double>> w;
+  const std::vector<Product> products =
+      grouped_and_alone(graph::QuantizationEncoding::q8_0, {70, 40, 33}, K, 111, /*fixed=*/true, w);
+  const int64_t Ms[] = {3, 5, 6, 7, 8, 9, 12, 13, 19};
+  expect_rows_the_same_at_every_m(products, w, x, Ms, 32, "fixed f32 x q8_0");
+}
+
+// Q4_0 and the K-quants on VNNI CPUs: steps of more than 8 rows run the block GEMM (quantized.h),
+// whose rows never depend on the batch either: each row of every M from 9 to 40 (6-row tiles,
+// kGemmRows panels, passes of 16 chunks over K) is bitwise that row at M = 40, within the
+// reference's tolerance; grouped too (its parts then run one after another).
+TEST(BatchInvariance, BlockGemmGivesEveryRowTheSameBitsAtEveryMAboveEight) {
+  if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: no block GEMM to check";
+  ForcedIsa forced(Isa::avx512);
+  uint32_t seed = 130;
+  for (graph::QuantizationEncoding e : graph::kAllEncodings) {
+    if (e == graph::QuantizationEncoding::q8_0) continue;
+    const int64_t K = graph::block_size(e) == graph::kKQuantBlockSize ? 4352 : 1120;  // 17 super-blocks; 35 blocks
+    const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {40, K}, kernel_test::pseudo_random(40 * K, seed++));
+    std::vector<std::vector<double>> w;
+    const std::vector<Product> products = grouped_and_alone(e, {70, 40, 9}, K, seed, /*fixed=*/true, w);
+    seed += 3;
+    const int64_t Ms[] = {9, 12, 13, 20, 39};
+    expect_rows_the_same_at_every_m(products, w, x, Ms, quantized::activation_block(e),
+                                    "fixed f32 x " + std::string(graph::encoding_name(e)));
   }
 }
 

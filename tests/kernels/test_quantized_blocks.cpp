@@ -1,6 +1,7 @@
 // qmatmul and dequantize for Q4_0, Q4_K, Q5_K and Q6_K weights (quantized.h's last section), on every
 // ISA level this CPU supports (the portable kernels, the AVX2 ones where the CPU has AVX2, and the
-// K-quants' AVX-512 decode GEMV where it has AVX512_VNNI), against double-precision loops over the weights as
+// K-quants' AVX-512 decode GEMV and every encoding's block GEMM above 8 rows where it has
+// AVX512_VNNI), against double-precision loops over the weights as
 // graph::dequantize_row decodes them (itself checked bit for bit against the layouts in
 // tests/graph/test_quantization.cpp).
 //
@@ -104,8 +105,11 @@ TEST(QMatmulBlocks, MatchesDecodedWeightsWithinActivationRoundingOnEveryIsa) {
     int64_t M, K, N;
   };
   // K: one super-block, two, and 17 (4096 + 256); M: decode (1, 3) and prefill (17, one row past two
-  // passes of 8); N not a multiple of anything. Q4_0 also at K = 32 and 288 (a partial group of 8 blocks).
-  const Case k_cases[] = {{1, 256, 37}, {3, 512, 65}, {17, 4352, 9}, {1, 4352, 33}, {3, 256, 1}, {17, 512, 20}};
+  // passes of 8; 9 and 40: the block GEMM's partial and whole 6-row tiles); N not a multiple of
+  // anything, below one 16-row half of a GEMM panel, between 16 and 32, and over several panels.
+  // Q4_0 also at K = 32 and 288 (a partial group of 8 blocks).
+  const Case k_cases[] = {{1, 256, 37}, {3, 512, 65}, {17, 4352, 9}, {1, 4352, 33}, {3, 256, 1},
+                          {17, 512, 20}, {9, 512, 70}, {40, 256, 33}};
   const Case q4_0_cases[] = {{1, 32, 5}, {3, 288, 37}, {17, 96, 9}};
   for (Isa isa : supported_isas()) {
     ForcedIsa forced(isa);

@@ -5,10 +5,11 @@
 // quantized::kPackedGemmMinRows rows, batched decode included. Otherwise few rows (decode) run the
 // int8 GEMV, reading the weights in place, and more
 // rows (prefill) the VNNI GEMM packing as it goes, else the f32 GEMM of gemm.h (BStorage::q8_0) or
-// a portable loop on the dequantized activations d_x * q_x. The other encodings
-// (quantized.h's last section) run one int8 kernel for every M, reading the weights in place (for
-// the K-quants' single activation row, its AVX-512 form where VNNI is there, the same bits); the
-// K-quants' activations are quantized per 256 instead of 32 (ggml's q8_K).
+// a portable loop on the dequantized activations d_x * q_x. The other encodings (quantized.h's last
+// section) run their int8 GEMV up to gemm::kSmallM rows, reading the weights in place (for the
+// K-quants' single activation row, its AVX-512 form where VNNI is there, the same bits), and above
+// it the block GEMM where VNNI is there (else the GEMV for every M); the K-quants' activations are
+// quantized per 256 instead of 32 (ggml's q8_K).
 #include "kernels/cpu/quantized.h"
 #include "kernels/cpu/scratch.h"
 
@@ -79,6 +80,7 @@ struct Scratch {
   std::vector<float> d;       // [M][K / 32]
   std::vector<int32_t> sum;   // [M][K / 32]
   std::vector<int16_t> sum16; // [M][K / 16] (Q6_K)
+  std::vector<float> scaled_sum;  // [M][K / B] (the block GEMM)
   AlignedScratch<uint8_t> panel;  // the GEMM's packed weight panel
 };
 thread_local Scratch t_scratch;
@@ -164,7 +166,8 @@ void sums_of_16(const uint8_t* q, int64_t elements, int16_t* sum16) {
 
 // The K-quants' activations (ggml's q8_K): quantize_rows' rule over blocks of 256, with sums per 32.
 // |v| <= 127, so adding 1.5 * 2^23 rounds it half to even as vcvtps2dq does, without a library call.
-void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum) {
+void portable_quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum,
+                                int16_t* sum16) {
   for (int64_t b = 0; b < M * K / 256; ++b) {
     const float* src = x + b * 256;
     float amax = 0.0f;
@@ -184,6 +187,13 @@ void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* 
       sum[b * 8 + g] = total;
     }
   }
+  if (sum16) sums_of_16(q, M * K, sum16);
+}
+
+void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum, int16_t* sum16) {
+  static const quantized::QuantizeRows256Fn simd =
+      cpu_has_avx512_vnni() ? quantized::avx512_quantize_rows_256() : nullptr;
+  (use_vnni() && simd ? simd : portable_quantize_rows_256)(x, M, K, q, d, sum, sum16);
 }
 
 // The GEMV of an encoding at the active ISA level, and whether it takes its activations offset
@@ -211,13 +221,39 @@ Q8Activations quantize_lhs(const KernelContext& ctx, QuantizationEncoding e, con
   uint8_t* xq = grow(t_scratch.q, M * K);
   float* xd = grow(t_scratch.d, M * K / 32);
   int32_t* xsum = offset ? nullptr : grow(t_scratch.sum, M * K / 32);
+  int16_t* sum16 = e == QuantizationEncoding::q6_k ? grow(t_scratch.sum16, M * K / 16) : nullptr;
   if (quantized::activation_block(e) == 256)
-    quantize_rows_256(x, M, K, xq, xd, xsum);
+    quantize_rows_256(x, M, K, xq, xd, xsum, sum16);
   else
     quantize_rows(x, M, K, offset, xq, xd, xsum);
-  int16_t* sum16 = nullptr;
-  if (e == QuantizationEncoding::q6_k) sums_of_16(xq, M * K, sum16 = grow(t_scratch.sum16, M * K / 16));
   return Q8Activations{xq, xd, xsum, sum16, M, K};
+}
+
+// The block GEMM (quantized.h) of Q4_0 and the K-quants, lhs [M, K] with M > gemm::kSmallM: the
+// activations quantized once, as for the GEMV, then the weight's panels cut into
+// gemm::kGemvPartsPerThread chunks per thread, each thread unpacking one panel at a time.
+void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorView& lhs, const uint8_t* w,
+                int64_t row_bytes, int64_t M, int64_t K, int64_t N, float* y) {
+  const quantized::QBlockGemmFn fn = quantized::avx512_vnni_block_gemm(e);
+  Q8Activations acts = quantize_lhs(ctx, e, lhs, M, K, /*offset=*/false);
+  const int64_t sums_per_row = e == QuantizationEncoding::q6_k ? K / 16 : K / 32;
+  const int64_t block = K / sums_per_row, ablock = quantized::activation_block(e);
+  float* scaled = grow(t_scratch.scaled_sum, M * sums_per_row);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < sums_per_row; ++j) {
+      const int64_t i = m * sums_per_row + j;
+      const float sum = block == 16 ? static_cast<float>(acts.sum16[i]) : static_cast<float>(acts.sum[i]);
+      scaled[i] = acts.d[m * (K / ablock) + j * block / ablock] * sum;
+    }
+  acts.scaled_sum = scaled;
+  const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
+  const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  parallel_for(ctx, panels, std::max<int64_t>(1, panels / (gemm::kGemvPartsPerThread * threads)),
+               [&](int64_t begin, int64_t end) {
+                 uint8_t* scratch = t_scratch.panel.get(static_cast<size_t>(quantized::block_gemm_panel_bytes(e, K)));
+                 fn(acts, w, row_bytes, begin * quantized::kGemmRows, std::min(N, end * quantized::kGemmRows), y, N,
+                    scratch);
+               });
 }
 
 }  // namespace
@@ -372,6 +408,10 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
   if (const uint8_t* packed = panels_for(w, M, K)) {
     const quantized::PackedQ8Target target{packed, N, y};
     quantized::q8_0_packed_gemm_group(ctx, a, std::span(&target, 1));
+    return;
+  }
+  if (M > gemm::kSmallM && use_vnni() && quantized::avx512_vnni_block_gemm(encoding_)) {
+    block_gemm(ctx, encoding_, a, wq, w_row, M, K, N, y);
     return;
   }
   if (M <= gemm::kSmallM || encoding_ != QuantizationEncoding::q8_0) {

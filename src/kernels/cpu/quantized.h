@@ -38,6 +38,8 @@ struct Q8Activations {
   const int32_t* sum = nullptr; // [M][K / 32]: each block's sum of q_x (Q8_0 GEMM, the other encodings)
   const int16_t* sum16 = nullptr;  // [M][K / 16]: sums of q_x per 16 (Q6_K, whose scales cover 16)
   int64_t M = 0, K = 0;
+  // [M][K / B]: d_x * the sum of q_x over each weight block of B (32, or 16 for Q6_K); the block GEMM's.
+  const float* scaled_sum = nullptr;
 };
 
 // x [M][K] (K a multiple of 32, rows K apart) -> q [M][K], d and sum [M][K / 32]; q holds q_x + 128
@@ -120,6 +122,12 @@ inline int64_t activation_block(graph::QuantizationEncoding e) {
   return e == graph::QuantizationEncoding::q8_0 || e == graph::QuantizationEncoding::q4_0 ? 32 : 256;
 }
 QGemvFn portable_block_gemv(graph::QuantizationEncoding);  // q4_0, q4_k, q5_k, q6_k
+// The K-quants' activations: x [M][K] (K a multiple of 256) -> q [M][K], d [M][K / 256], sum
+// [M][K / 32] and, unless null, sum16 [M][K / 16]. The AVX-512 one gives the portable one's bits;
+// nullptr where not compiled for x86-64 (the caller checks the CPU).
+using QuantizeRows256Fn = void (*)(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum,
+                                   int16_t* sum16);
+QuantizeRows256Fn avx512_quantize_rows_256();
 // The AVX2 kernels (maddubs: the unsigned quants times the signed activations); nullptr where not
 // compiled for x86-64. The caller checks the CPU (gemm::Isa::avx2). Also Q8_0's GEMV where there is
 // no AVX512-VNNI, with this section's activations (not offset): y = sum over blocks of
@@ -129,6 +137,27 @@ QGemvFn avx2_block_gemv(graph::QuantizationEncoding);
 // for x86-64): one activation row 64 weights per instruction, the AVX2 kernels' bits exactly; more
 // rows run the AVX2 kernel. The caller checks the CPU.
 QGemvFn avx512_vnni_block_gemv(graph::QuantizationEncoding);
+
+// The GEMM of these encodings (AVX-512 + AVX512_VNNI), for more than gemm::kSmallM rows (prefill,
+// large batched steps). Every weight is w = a * u - b per block of 32 (16 for Q6_K) with u an
+// unsigned integer and a, b exact f32 products of the block's scales:
+//   Q4_0  u = q (0..15),  a = d,         b = 8 d
+//   Q4_K  u = q (0..15),  a = d sc_j,    b = dmin m_j     (Q5_K: u = q (0..31))
+//   Q6_K  u = q (0..63),  a = d sc_i,    b = 32 d sc_i    (blocks of 16)
+// Each thread unpacks a panel of kGemmRows weight rows at a time into u8 quants laid out as the Q8_0
+// GEMM's panels (one activation dword broadcast feeds 16 rows in a vpdpbusd) with a and b beside
+// them, and multiplies it with all M rows of this section's activations (same quantization as the
+// GEMV) while it is in L2:
+//   y = sum over activation blocks s of d_x,s * sum over the weight blocks j in s of
+//       (a_j * dot_j(u, q_x) - b_j * sum_j(q_x))
+// summed in f32 in block order whatever M is, so a row's bits are the same in every call of more
+// than kSmallM rows; they differ from its GEMV bits by f32 rounding.
+// `panel`: block_gemm_panel_bytes(e, K) bytes, 64-byte aligned, for this call's panels.
+using QBlockGemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                              float* y, int64_t ldy, uint8_t* panel);
+// nullptr for q8_0, or where not compiled for x86-64; the caller checks the CPU.
+QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
+int64_t block_gemm_panel_bytes(graph::QuantizationEncoding e, int64_t K);
 
 }  // namespace kiln::kernels::quantized
 

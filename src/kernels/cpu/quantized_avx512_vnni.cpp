@@ -20,8 +20,12 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
+#include "kernels/cpu/quantized_x86_helpers.h"
+
 namespace kiln::kernels::quantized {
 namespace {
+
+using graph::QuantizationEncoding;
 
 constexpr int64_t kBlock = 32, kBlockBytes = 34;
 
@@ -178,6 +182,35 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q
     }
 }
 
+// The K-quants' quantizer (quantized.cpp's quantize_rows_256, ggml's q8_K) vectorised: max|x| over
+// 256, the same f32 division and multiply, the clamp, and vcvtps2dq's round half to even; sums per
+// 32 and, where asked, per 16.
+void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum, int16_t* sum16) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+  for (int64_t b = 0; b < M * K / 256; ++b) {
+    const float* src = x + b * 256;
+    __m512 amax = _mm512_setzero_ps();
+    // Operands in this order, a NaN goes as in std::fmax / std::fmin: max|x| skips it, the clamp makes it 127.
+    for (int i = 0; i < 256; i += 16) amax = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(src + i), sign), amax);
+    const float max = _mm512_reduce_max_ps(amax);
+    const float inv = max != 0.0f ? 127.0f / max : 0.0f;
+    d[b] = max / 127.0f;
+    const __m512 scale = _mm512_set1_ps(inv);
+    for (int g = 0; g < 16; ++g) {  // 16 values: one sum16, half of a sum
+      const __m512 v = _mm512_max_ps(_mm512_min_ps(_mm512_mul_ps(_mm512_loadu_ps(src + 16 * g), scale), top), bottom);
+      const __m512i level = _mm512_cvtps_epi32(v);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 256 + 16 * g), _mm512_cvtepi32_epi8(level));
+      const int total = _mm512_reduce_add_epi32(level);
+      if (sum16) sum16[b * 16 + g] = static_cast<int16_t>(total);
+      if (g % 2 == 0)
+        sum[b * 8 + g / 2] = total;
+      else
+        sum[b * 8 + g / 2] += total;
+    }
+  }
+}
+
 // ---- GEMM ----------------------------------------------------------------------------------------
 
 // Panel of kGemmRows weight rows, per block: [2 halves][8 dwords][16 rows][4 quants + 128], then
@@ -185,14 +218,15 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q
 // are zero (quants 128, scale 0).
 constexpr int64_t kPanelBlockBytes = 2 * 8 * 64 + 2 * 16 * 2;
 
-// 16 full weight rows, one block -> [8 dwords][16 rows] of quants + 128: an 8 x 8 dword transpose in
-// each 256-bit half (rows r and r + 8 share a vector), as in the AVX 8 x 8 float transpose.
-inline void pack_half_block(const uint8_t* first_row, int64_t row_bytes, uint8_t* dst) {
+// 32 quants of each of 16 rows (`stride` bytes apart) -> [8 dwords][16 rows], each byte xor `flip`:
+// an 8 x 8 dword transpose in each 256-bit half (rows r and r + 8 share a vector), as in the AVX
+// 8 x 8 float transpose.
+inline void transpose_16_rows(const uint8_t* first_row, int64_t stride, uint8_t* dst, __m512i flip) {
   __m512i z[8], t[8], s[8];
 #pragma GCC unroll 8
   for (int r = 0; r < 8; ++r) {
-    const uint8_t* lo = first_row + r * row_bytes + 2;
-    const uint8_t* hi = first_row + (r + 8) * row_bytes + 2;
+    const uint8_t* lo = first_row + r * stride;
+    const uint8_t* hi = first_row + (r + 8) * stride;
     z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
   }
@@ -211,12 +245,10 @@ inline void pack_half_block(const uint8_t* first_row, int64_t row_bytes, uint8_t
   // s[j] (j < 4), 128-bit lane l: rows 0-3 (l = 0, 1) or 8-11 (l = 2, 3) at dword j + 4 * (l % 2);
   // s[j + 4] likewise for rows 4-7 / 12-15.
   const __m512i low = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), high = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
-    _mm512_store_si512(dst + j * 64, _mm512_xor_si512(_mm512_permutex2var_epi64(s[j], low, s[j + 4]), offset));
-    _mm512_store_si512(dst + (j + 4) * 64,
-                       _mm512_xor_si512(_mm512_permutex2var_epi64(s[j], high, s[j + 4]), offset));
+    _mm512_store_si512(dst + j * 64, _mm512_xor_si512(_mm512_permutex2var_epi64(s[j], low, s[j + 4]), flip));
+    _mm512_store_si512(dst + (j + 4) * 64, _mm512_xor_si512(_mm512_permutex2var_epi64(s[j], high, s[j + 4]), flip));
   }
 }
 
@@ -225,8 +257,9 @@ void pack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows, i
     uint8_t* dst = panel + b * kPanelBlockBytes;
     uint16_t* scales = reinterpret_cast<uint16_t*>(dst + 2 * 8 * 64);
     for (int64_t half = 0; half < 2; ++half)
-      if (rows >= 16 * (half + 1)) pack_half_block(w + (n0 + 16 * half) * row_bytes + b * kBlockBytes, row_bytes,
-                                                   dst + half * 512);
+      if (rows >= 16 * (half + 1))  // quants + 128
+        transpose_16_rows(w + (n0 + 16 * half) * row_bytes + b * kBlockBytes + 2, row_bytes, dst + half * 512,
+                          _mm512_set1_epi8(static_cast<char>(0x80)));
     for (int64_t r = 0; r < kGemmRows; ++r) {
       if (r < rows) scales[r] = scale_bits(w + (n0 + r) * row_bytes + b * kBlockBytes);
       if (rows >= 16 * (r / 16 + 1)) continue;  // quants packed above
@@ -363,6 +396,202 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
   }
 }
 
+// ---- the GEMM of Q4_0, Q4_K, Q5_K and Q6_K (quantized.h) ------------------------------------------
+
+// A panel of kGemmRows weight rows per chunk of 32 quants: [2 halves][8 dwords][16 rows][4 u8] as
+// the Q8_0 panel's quants (no +128: u is unsigned already), then a [kSub][32 rows] and b [kSub][32
+// rows] in f32, kSub = 32 / B weight blocks per chunk.
+template <int kSub> constexpr int64_t kChunkBytes = 1024 + 2 * kSub * kGemmRows * 4;
+
+// One encoding's blocks -> u8 quants and each weight block's (a, b) (quantized.h's table).
+template <QuantizationEncoding E> struct Unpack;
+
+template <> struct Unpack<QuantizationEncoding::q4_0> {
+  static constexpr int kSub = 1, kBlockElems = 32;
+  static constexpr int64_t kBytes = graph::kQ4_0BlockBytes;
+  template <class Put> static void block(const uint8_t* b, uint8_t* u, Put&& put) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)), low = _mm_set1_epi8(0x0F);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(u), _mm_and_si128(q, low));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 16), _mm_and_si128(_mm_srli_epi16(q, 4), low));
+    const float d = load_f16(b);
+    put(0, d, 8.0f * d);
+  }
+};
+
+template <bool kFive> struct UnpackQ4KQ5K {
+  static constexpr int kSub = 1, kBlockElems = 256;
+  static constexpr int64_t kBytes = kFive ? graph::kQ5_KBlockBytes : graph::kQ4_KBlockBytes;
+  template <class Put> static void block(const uint8_t* b, uint8_t* u, Put&& put) {
+    const float d = load_f16(b), dmin = load_f16(b + 2);
+    const KScaleWords words = k_scale_words(b);
+    uint8_t sc[8], mn[8];
+    std::memcpy(sc, &words.sc03, 4), std::memcpy(sc + 4, &words.sc47, 4);
+    std::memcpy(mn, &words.m03, 4), std::memcpy(mn + 4, &words.m47, 4);
+    for (int j = 0; j < 8; ++j) put(j, d * static_cast<float>(sc[j]), dmin * static_cast<float>(mn[j]));
+    const uint8_t* q = b + (kFive ? 48 : 16);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    [[maybe_unused]] const __m256i qh = kFive ? load256(b + 16) : _mm256_setzero_si256();
+    [[maybe_unused]] const __m256i one = _mm256_set1_epi8(1);
+    for (int p = 0; p < 4; ++p) {  // the low nibbles of 32 bytes are sub-block 2p, the high ones 2p + 1
+      const __m256i raw = load256(q + 32 * p);
+      __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+      if constexpr (kFive) {  // qh bit 2p (2p + 1) of byte l is bit 4 of weight l of sub-block 2p (2p + 1)
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 64 * p), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 64 * p + 32), hi);
+    }
+  }
+};
+template <> struct Unpack<QuantizationEncoding::q4_k> : UnpackQ4KQ5K<false> {};
+template <> struct Unpack<QuantizationEncoding::q5_k> : UnpackQ4KQ5K<true> {};
+
+template <> struct Unpack<QuantizationEncoding::q6_k> {
+  static constexpr int kSub = 2, kBlockElems = 256;
+  static constexpr int64_t kBytes = graph::kQ6_KBlockBytes;
+  template <class Put> static void block(const uint8_t* b, uint8_t* u, Put&& put) {
+    const float d = load_f16(b + 208);
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    for (int i = 0; i < 16; ++i) {
+      const float a = d * static_cast<float>(sc[i]);
+      put(i, a, 32.0f * a);
+    }
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    for (int half = 0; half < 2; ++half) {  // weight 128 half + l (+ 32, 64, 96): dequantize_q6_k's order
+      const __m256i ql0 = load256(b + 64 * half), ql1 = load256(b + 64 * half + 32);
+      const __m256i qh = load256(b + 128 + 32 * half);
+      uint8_t* out = u + 128 * half;
+      const __m256i u0 = _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two));
+      const __m256i u1 = _mm256_or_si256(_mm256_and_si256(ql1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two));
+      const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), _mm256_and_si256(qh, two));
+      const __m256i u3 =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), _mm256_and_si256(_mm256_srli_epi16(qh, 2), two));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), u0);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), u1);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64), u2);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 96), u3);
+    }
+  }
+};
+
+// Weight rows [n0, n0 + rows) -> a panel (rows past them: u = 0, a = b = 0), through `staged`
+// ([kGemmRows][K] u8: the rows unpacked in order, then transposed 16 at a time).
+template <QuantizationEncoding E>
+void unpack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows, int64_t K, uint8_t* staged,
+                  uint8_t* panel) {
+  using U = Unpack<E>;
+  constexpr int kSub = U::kSub;
+  constexpr int64_t kBlock = 32 / kSub;  // weight elements per (a, b)
+  const int64_t chunks = K / 32;
+  for (int64_t r = 0; r < kGemmRows; ++r) {
+    uint8_t* u = staged + r * K;
+    const auto put_row = [&](int64_t first, int j, float a, float b) {  // weight block `first + j` of row r
+      const int64_t block = first + j;
+      float* ab = reinterpret_cast<float*>(panel + block / kSub * kChunkBytes<kSub> + 1024);
+      ab[block % kSub * kGemmRows + r] = a;
+      ab[(kSub + block % kSub) * kGemmRows + r] = b;
+    };
+    if (r >= rows) {
+      std::memset(u, 0, static_cast<size_t>(K));
+      for (int64_t block = 0; block < K / kBlock; ++block) put_row(block, 0, 0.0f, 0.0f);
+      continue;
+    }
+    const uint8_t* src = w + (n0 + r) * row_bytes;
+    for (int64_t e = 0; e < K; e += U::kBlockElems)
+      U::block(src + e / U::kBlockElems * U::kBytes, u + e,
+               [&](int j, float a, float b) { put_row(e / kBlock, j, a, b); });
+  }
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t half = 0; half < 2; ++half)
+      transpose_16_rows(staged + 16 * half * K + 32 * c, K, panel + c * kChunkBytes<kSub> + 512 * half,
+                        _mm512_setzero_si512());
+}
+
+// Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (mask0/mask1 as gemm_tile's), chunks [c0, c1)
+// of 32 quants; `first`: y holds nothing yet. `ablock`: activation elements per d_x (32 or 256).
+template <int MR, int kSub>
+void block_gemm_tile(const Q8Activations& x, int64_t ablock, const uint8_t* panel, int64_t m0, int64_t c0, int64_t c1,
+                     float* y, int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first) {
+  constexpr int kDwords = 8 / kSub;  // dword steps per weight block
+  const int64_t K = x.K, scales = K / ablock, blocks = K / 32 * kSub;
+  __m512 acc[MR][2];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    float* row = y + (m0 + m) * ldy;
+    acc[m][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
+    acc[m][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
+  }
+  for (int64_t c = c0; c < c1; ++c) {
+    const uint8_t* pc = panel + c * kChunkBytes<kSub>;
+    const auto* ab = reinterpret_cast<const float*>(pc + 1024);
+    const uint8_t* xc = x.x + m0 * K + 32 * c;
+#pragma GCC unroll 2
+    for (int t = 0; t < kSub; ++t) {
+      __m512i dot[MR][2];
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int j = kDwords * t; j < kDwords * (t + 1); ++j) {
+        const __m512i w0 = _mm512_load_si512(pc + j * 64), w1 = _mm512_load_si512(pc + 512 + j * 64);
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) {
+          int32_t quad;
+          std::memcpy(&quad, xc + m * K + 4 * j, 4);
+          const __m512i xq = _mm512_set1_epi32(quad);
+          dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], w0, xq);
+          dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], w1, xq);
+        }
+      }
+      const __m512 a0 = _mm512_load_ps(ab + t * kGemmRows), a1 = _mm512_load_ps(ab + t * kGemmRows + 16);
+      const __m512 b0 = _mm512_load_ps(ab + (kSub + t) * kGemmRows), b1 = _mm512_load_ps(ab + (kSub + t) * kGemmRows + 16);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * scales + 32 * c / ablock]);
+        const __m512 sum = _mm512_set1_ps(x.scaled_sum[(m0 + m) * blocks + kSub * c + t]);
+        acc[m][0] = _mm512_fnmadd_ps(b0, sum, _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), _mm512_mul_ps(a0, dx), acc[m][0]));
+        acc[m][1] = _mm512_fnmadd_ps(b1, sum, _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][1]), _mm512_mul_ps(a1, dx), acc[m][1]));
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    float* row = y + (m0 + m) * ldy;
+    _mm512_mask_storeu_ps(row, mask0, acc[m][0]);
+    _mm512_mask_storeu_ps(row + 16, mask1, acc[m][1]);
+  }
+}
+
+template <QuantizationEncoding E>
+void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
+                int64_t ldy, uint8_t* scratch) {
+  constexpr int kSub = Unpack<E>::kSub;
+  const int64_t K = x.K, chunks = K / 32, ablock = activation_block(E);
+  uint8_t* panel = scratch;
+  uint8_t* staged = scratch + chunks * kChunkBytes<kSub>;
+  for (int64_t n = n0; n < n1; n += kGemmRows) {
+    const int64_t rows = lo(kGemmRows, n1 - n);
+    unpack_panel<E>(w, row_bytes, n, rows, K, staged, panel);
+    const __mmask16 mask0 = static_cast<__mmask16>(rows >= 16 ? 0xffff : (1u << rows) - 1);
+    const __mmask16 mask1 = static_cast<__mmask16>(rows >= 32 ? 0xffff : rows <= 16 ? 0 : (1u << (rows - 16)) - 1);
+    // 16 chunks (20-24 KiB of the panel) stay in L1 while every activation row passes over them.
+    for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {
+      const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
+      int64_t m = 0;
+      for (; m + kGemmMR <= x.M; m += kGemmMR)
+        block_gemm_tile<kGemmMR, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0);
+      switch (x.M - m) {
+        case 1: block_gemm_tile<1, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 2: block_gemm_tile<2, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 3: block_gemm_tile<3, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 4: block_gemm_tile<4, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 5: block_gemm_tile<5, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        default: break;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::kernels::quantized
 #ifdef __clang__
@@ -376,6 +605,16 @@ QGemvFn avx512_vnni_q8_0_gemv() { return gemv; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return gemm; }
 Q8_0PackFn avx512_vnni_q8_0_pack() { return pack; }
 QuantizeRowsFn avx512_quantize_rows() { return quantize_rows; }
+QuantizeRows256Fn avx512_quantize_rows_256() { return quantize_rows_256; }
+QBlockGemmFn avx512_vnni_block_gemm(QuantizationEncoding e) {
+  switch (e) {
+    case QuantizationEncoding::q4_0: return block_gemm<QuantizationEncoding::q4_0>;
+    case QuantizationEncoding::q4_k: return block_gemm<QuantizationEncoding::q4_k>;
+    case QuantizationEncoding::q5_k: return block_gemm<QuantizationEncoding::q5_k>;
+    case QuantizationEncoding::q6_k: return block_gemm<QuantizationEncoding::q6_k>;
+    default: return nullptr;
+  }
+}
 }  // namespace kiln::kernels::quantized
 #else
 namespace kiln::kernels::quantized {
@@ -383,5 +622,14 @@ QGemvFn avx512_vnni_q8_0_gemv() { return nullptr; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return nullptr; }
 Q8_0PackFn avx512_vnni_q8_0_pack() { return nullptr; }
 QuantizeRowsFn avx512_quantize_rows() { return nullptr; }
+QuantizeRows256Fn avx512_quantize_rows_256() { return nullptr; }
+QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding) { return nullptr; }
 }  // namespace kiln::kernels::quantized
 #endif
+
+namespace kiln::kernels::quantized {
+int64_t block_gemm_panel_bytes(graph::QuantizationEncoding e, int64_t K) {
+  const int64_t sub = e == graph::QuantizationEncoding::q6_k ? 2 : 1;
+  return K / 32 * (1024 + 2 * sub * kGemmRows * 4) + kGemmRows * K;  // the panel, then the staged rows
+}
+}  // namespace kiln::kernels::quantized
