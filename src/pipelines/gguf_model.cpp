@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <span>
 #include <nlohmann/json.hpp>
 
 #include "kiln/errors.h"
@@ -29,13 +30,18 @@ struct GGUFArch {
   const char* architecture;  // config.json's class name
   const char* model_type;
   bool permuted_qk;  // llama.cpp's converter permuted q/k rows for its interleaved RoPE
+  // Gemma: four norms a layer (ffn_norm is the pre-feed-forward one), each stored as 1 + w
+  // (conversion/gemma.py adds the 1 that Hugging Face's Gemma RMSNorm adds at run time).
+  bool gemma;
 };
-// Mistral's and SmolLM's GGUF files say "llama". llama.cpp runs Qwen with the rotate-half (NeoX)
-// RoPE that Hugging Face uses, so their q/k rows are stored as they are.
+// Mistral's and SmolLM's GGUF files say "llama". llama.cpp runs Qwen and Gemma with the rotate-half
+// (NeoX) RoPE that Hugging Face uses, so their q/k rows are stored as they are.
 constexpr GGUFArch kArchs[] = {
-    {"llama", "LlamaForCausalLM", "llama", true},
-    {"qwen2", "Qwen2ForCausalLM", "qwen2", false},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", false},
+    {"llama", "LlamaForCausalLM", "llama", true, false},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, false},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false},
+    {"gemma2", "Gemma2ForCausalLM", "gemma2", false, true},
+    {"gemma3", "Gemma3ForCausalLM", "gemma3_text", false, true},
 };
 
 [[noreturn]] void fail(const GGUFFile& file, const std::string& what) {
@@ -47,19 +53,32 @@ const GGUFArch& arch_of(const GGUFFile& file) {
   for (const GGUFArch& a : kArchs)
     if (name == a.gguf) return a;
   fail(file, fmt::format("general.architecture is '{}', which kiln does not run from GGUF (supported: llama, "
-                         "qwen2, qwen3)",
+                         "qwen2, qwen3, gemma2, gemma3)",
                          name));
+}
+
+using NamePair = std::pair<std::string_view, std::string_view>;
+// The layer norms after attention, whose names differ between the families.
+constexpr std::array<NamePair, 1> kLlamaNorms{{{"ffn_norm.weight", "post_attention_layernorm.weight"}}};
+constexpr std::array<NamePair, 3> kGemmaNorms{{
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+}};
+std::span<const NamePair> norms_of(const GGUFArch& arch) {
+  if (arch.gemma) return kGemmaNorms;
+  return kLlamaNorms;
 }
 
 // Hugging Face's name of a tensor ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight");
 // nullopt for a name kiln does not know.
-std::optional<std::string> hf_name(std::string_view gguf) {
+std::optional<std::string> hf_name(std::string_view gguf, const GGUFArch& arch) {
   static constexpr std::array<std::pair<std::string_view, std::string_view>, 3> kGlobal{{
       {"token_embd.weight", "model.embed_tokens.weight"},
       {"output_norm.weight", "model.norm.weight"},
       {"output.weight", "lm_head.weight"},
   }};
-  static constexpr std::array<std::pair<std::string_view, std::string_view>, 17> kLayer{{
+  static constexpr std::array<NamePair, 16> kLayer{{
       {"attn_norm.weight", "input_layernorm.weight"},
       {"attn_q.weight", "self_attn.q_proj.weight"},
       {"attn_k.weight", "self_attn.k_proj.weight"},
@@ -70,7 +89,6 @@ std::optional<std::string> hf_name(std::string_view gguf) {
       {"attn_q_norm.weight", "self_attn.q_norm.weight"},
       {"attn_k_norm.weight", "self_attn.k_norm.weight"},
       {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"ffn_gate.weight", "mlp.gate_proj.weight"},
       {"ffn_up.weight", "mlp.up_proj.weight"},
       {"ffn_down.weight", "mlp.down_proj.weight"},
@@ -88,29 +106,27 @@ std::optional<std::string> hf_name(std::string_view gguf) {
   const auto [end, ec] = std::from_chars(first, last, layer);
   if (ec != std::errc() || end == first || end == last || *end != '.') return std::nullopt;
   const std::string_view rest(end + 1, last);
-  for (const auto& [g, h] : kLayer)
-    if (rest == g) return fmt::format("model.layers.{}.{}", layer, h);
+  for (const auto& table : {std::span<const NamePair>(kLayer), norms_of(arch)})
+    for (const auto& [g, h] : table)
+      if (rest == g) return fmt::format("model.layers.{}.{}", layer, h);
   return std::nullopt;
 }
 
-// The reverse, for messages about a tensor the file should have.
-std::string gguf_name(const std::string& hf) {
-  static const std::map<std::string, std::string> kReverse = [] {
-    std::map<std::string, std::string> m;
-    for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight"}) m[*hf_name(g)] = g;
-    return m;
-  }();
-  if (auto it = kReverse.find(hf); it != kReverse.end()) return it->second;
+// The reverse: the file's name of a tensor the model needs.
+std::string gguf_name(const std::string& hf, const GGUFArch& arch) {
+  for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight"})
+    if (hf_name(g, arch) == hf) return g;
   constexpr std::string_view kLayers = "model.layers.";
   if (!std::string_view(hf).starts_with(kLayers)) return hf;
   const size_t dot = hf.find('.', kLayers.size());
   const std::string layer = hf.substr(kLayers.size(), dot - kLayers.size());
-  for (const char* g : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias",
-                        "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
-                        "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-                        "ffn_down.weight", "attn_qkv.weight", "ffn_gate_up.weight"}) {
-    const std::string candidate = "blk." + layer + "." + g;
-    if (hf_name(candidate) == hf) return candidate;
+  for (const std::string_view suffix :
+       {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias", "attn_k.bias",
+        "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "attn_output.weight", "ffn_norm.weight",
+        "post_attention_norm.weight", "post_ffw_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+        "attn_qkv.weight", "ffn_gate_up.weight"}) {
+    const std::string candidate = fmt::format("blk.{}.{}", layer, suffix);
+    if (hf_name(candidate, arch) == hf) return candidate;
   }
   return hf;
 }
@@ -159,6 +175,49 @@ std::optional<graph::QuantizationEncoding> encoding_of(GGMLType type) {
   return format ? nn::weight_format_encoding(*format) : std::nullopt;
 }
 
+// Gemma's fields as llama.cpp reads them (src/models/gemma2.cpp, gemma3.cpp), into config.json's:
+// the window and which layers slide (`attention.sliding_window_pattern`: a period p, layer i sliding
+// where i % p < p - 1, default 2 for Gemma 2 and 6 for Gemma 3; or one boolean per layer; Gemma 3
+// without a window has none), the soft caps, the local layers' RoPE base. The file does not carry
+// query_pre_attn_scalar: llama.cpp scales the queries by 1 / sqrt(head_dim), except in the 27B models
+// (46 layers of Gemma 2, 62 of Gemma 3) by 1 / sqrt(hidden / heads), which is what their
+// config.json's say.
+void gemma_fields(const GGUFFile& file, const std::string& prefix, bool gemma3, json& config) {
+  const uint64_t layers = file.find_u64(prefix + "block_count").value_or(0);
+  const uint64_t heads = file.find_u64(prefix + "attention.head_count").value_or(0);
+  const uint64_t hidden = file.find_u64(prefix + "embedding_length").value_or(0);
+  if (heads != 0) {
+    const bool large = layers == (gemma3 ? 62u : 46u);
+    config["query_pre_attn_scalar"] =
+        large || !config.contains("head_dim") ? hidden / heads : config["head_dim"].get<uint64_t>();
+  }
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (auto v = file.find_f64(prefix + key)) config[key] = *v;
+  const std::optional<uint64_t> window = file.find_u64(prefix + "attention.sliding_window");
+  if (window) config["sliding_window"] = *window;
+  if (gemma3 && (!window || *window == 0)) {
+    config["sliding_window"] = nullptr;
+    return;
+  }
+  if (gemma3)
+    if (auto base = file.find_f64(prefix + "rope.freq_base_swa")) config["rope_local_base_freq"] = *base;
+  const std::string pattern_key = prefix + "attention.sliding_window_pattern";
+  json types = json::array();
+  const GGUFValue* pattern = file.find(pattern_key);
+  if (pattern && pattern->type == GGUFValueType::array) {
+    const auto& items = std::get<std::vector<GGUFValue>>(pattern->value);
+    if (pattern->element_type != GGUFValueType::boolean || items.size() != layers)
+      fail(file, fmt::format("{} must be one boolean per layer ({}) or a period", pattern_key, layers));
+    for (const GGUFValue& item : items) types.push_back(std::get<bool>(item.value) ? "sliding_attention" : "full_attention");
+  } else {
+    const uint64_t period = pattern ? file.get_u64(pattern_key) : gemma3 ? 6 : 2;
+    if (period == 0 || period > layers)
+      fail(file, fmt::format("{} is {}, expected a period in [1, {}] (block_count)", pattern_key, period, layers));
+    for (uint64_t i = 0; i < layers; ++i) types.push_back(i % period < period - 1 ? "sliding_attention" : "full_attention");
+  }
+  config["layer_types"] = std::move(types);
+}
+
 }  // namespace
 
 ModelInfo gguf_model_info(const GGUFFile& file) {
@@ -200,6 +259,7 @@ ModelInfo gguf_model_info(const GGUFFile& file) {
   }
   config["tie_word_embeddings"] = file.find_tensor("output.weight") == nullptr;
   if (arch.gguf == std::string_view("qwen2")) config["attention_bias"] = file.find_tensor("blk.0.attn_q.bias") != nullptr;
+  if (arch.gemma) gemma_fields(file, prefix, arch.gguf == std::string_view("gemma3"), config);
   if (auto bos = file.find_u64("tokenizer.ggml.bos_token_id")) config["bos_token_id"] = *bos;
   if (auto eos = file.find_u64("tokenizer.ggml.eos_token_id")) config["eos_token_id"] = *eos;
 
@@ -217,6 +277,8 @@ ModelInfo gguf_model_info(const GGUFFile& file) {
         }
     throw;
   }
+  // The file's norm weights already hold the 1 that Gemma's RMSNorm adds.
+  if (arch.gemma) info.config.norm_unit_offset = false;
   // Llama 3.1+'s rope scaling, as llama.cpp's converter writes it: a divisor per rotary frequency.
   if (const GGUFTensor* t = file.find_tensor(kRopeFreqs)) {
     const int64_t half = info.config.rotary_dim() / 2;
@@ -255,10 +317,11 @@ nn::WeightFormat gguf_weight_format(const GGUFFile& file) {
 
 nn::WeightFormatMap gguf_weight_formats(const GGUFFile& file, nn::WeightFormat format) {
   nn::WeightFormatMap out;
+  const GGUFArch& arch = arch_of(file);
   for (const GGUFTensor& t : file.tensors()) {
     if (t.dims.size() != 2) continue;
     const std::optional<nn::WeightFormat> own = computed_format(t.type);
-    const std::optional<std::string> name = hf_name(t.name);
+    const std::optional<std::string> name = hf_name(t.name, arch);
     if (own && name && own != nn::model_weight_format(format, t.dims[0])) out.emplace(*name, *own);
   }
   return out;
@@ -352,7 +415,7 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
   for (const detail::ExpectedTensor& e : detail::expected_tensors(c)) {
     std::vector<int64_t> dims;
     for (const auto& [key, size] : e.dims) dims.push_back(size);
-    const std::string name = gguf_name(e.name);
+    const std::string name = gguf_name(e.name, arch);
     const GGUFTensor* t = file.find_tensor(name);
     if (!t) fail(file, fmt::format("'{}' is set, but the file has no tensor '{}'", e.because, name));
     if (t->shape() != dims)
@@ -363,7 +426,7 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
   WeightsRegistry out;
   for (const GGUFTensor& t : file.tensors()) {
     if (t.name == kRopeFreqs) continue;  // read into the config (gguf_model_info)
-    const std::optional<std::string> name = hf_name(t.name);
+    const std::optional<std::string> name = hf_name(t.name, arch);
     if (!name || !expected.contains(*name))
       fail(file, fmt::format("tensor '{}' is not part of a {} model with this metadata (kiln would ignore "
                              "what it does)",
