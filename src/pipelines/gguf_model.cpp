@@ -201,6 +201,9 @@ void gemma_fields(const GGUFFile& file, const std::string& prefix, bool gemma3, 
   }
   if (gemma3)
     if (auto base = file.find_f64(prefix + "rope.freq_base_swa")) config["rope_local_base_freq"] = *base;
+  // A layer count out of config.json's range is refused by name when the config is read; no list
+  // that long is built first.
+  if (layers == 0 || layers > static_cast<uint64_t>(detail::kMaxLayers)) return;
   const std::string pattern_key = prefix + "attention.sliding_window_pattern";
   json types = json::array();
   const GGUFValue* pattern = file.find(pattern_key);

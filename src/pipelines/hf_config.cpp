@@ -45,7 +45,7 @@ constexpr const char* kSupportedTypes = "llama, mistral, qwen2, qwen3, gemma2, g
 // layers, 128 heads, hidden 16384, intermediate 53248; vocabularies reach 256k, contexts 10M), and low
 // enough that products of them (KV bytes per token, parameter counts) cannot overflow int64 and a
 // config alone cannot make kiln build for minutes before the checkpoint refuses it.
-constexpr int64_t kMaxLayers = 1024;
+using detail::kMaxLayers;
 constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxHiddenSize = int64_t{1} << 17;
 constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;

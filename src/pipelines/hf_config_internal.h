@@ -13,6 +13,9 @@
 
 namespace kiln::pipelines::detail {
 
+// The most layers a config.json may declare (hf_config.cpp's bounds).
+inline constexpr int64_t kMaxLayers = 1024;
+
 // config.json's object as load_model_info reads it (without generation_config.json); `file` names
 // it in errors.
 ModelInfo model_info_from_json(const nlohmann::json& config, const std::filesystem::path& file);
