@@ -1,12 +1,18 @@
 // A GGUF file: open validates the header, every metadata value and every tensor info. Then each value
 // is walked, the getter that fits its type must accept it and one that does not must refuse it with a
 // LoadError (either failing is a finding), and every tensor's first and last byte is read (ASan sees a
-// read past the mapping). The bytes go through a file, so the real mmap path is the one fuzzed.
+// read past the mapping). The bytes go through a file, so the real mmap path is the one fuzzed. Then
+// what `kiln generate --model FILE.gguf` reads from it: the config (gguf_model_info), the weights as
+// the model would take them (gguf_weights: every tensor checked, some dequantized or un-permuted),
+// and the embedded tokenizer, which encodes and decodes a text.
 #include <cstdio>
 #include <cstdlib>
 
 #include "fuzz_common.h"
 #include "kiln/pipelines/gguf.h"
+#include "kiln/pipelines/gguf_model.h"
+#include "kiln/pipelines/tokenizer.h"
+#include "pipelines/gguf_tokenizer.h"
 
 namespace {
 
@@ -112,6 +118,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)file.tensor(t.name);
     }
     must_refuse("absent.tensor", [&] { (void)file.tensor("absent.tensor"); });
+    refusals_only([&] {
+      const kiln::pipelines::ModelInfo info = kiln::pipelines::gguf_model_info(file);
+      const kiln::nn::WeightFormat format = kiln::pipelines::gguf_weight_format(file);
+      (void)kiln::pipelines::gguf_weight_formats(file, format);
+      (void)kiln::pipelines::gguf_weights(file, info, format);
+    });
+    refusals_only([&] {
+      const auto tokenizer = kiln::pipelines::detail::load_gguf_tokenizer(kiln::pipelines::detail::read_gguf_vocab(file), path.string());
+      (void)tokenizer->decode(tokenizer->encode("Hello, w\xc3\xb6rld <s> 12"), false);
+    });
   });
   return 0;
 }

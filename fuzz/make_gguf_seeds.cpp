@@ -2,6 +2,9 @@
 // writer (tests/pipelines/gguf_writer.h): valid files of both versions, every value type, nested
 // arrays, custom alignments and every ggml type kiln reads, and a few files each check refuses.
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
 #include <filesystem>
 
 #include "pipelines/gguf_writer.h"
@@ -9,6 +12,78 @@
 namespace w = kiln::testing::gguf_writer;
 using kiln::pipelines::GGMLType;
 using kiln::pipelines::GGUFValueType;
+
+// A whole model small enough to fuzz, so inputs reach the config, every tensor check and the
+// tokenizer: one layer, hidden 32, 2 heads of 16 over 1 kv head, feed-forward 64, 8 tokens of a
+// "llama" (SentencePiece-style) vocabulary, tied embeddings; q8_0 projections, f32 norms and
+// embeddings. `arch`: llama, or gemma3 (its four norms, q/k norms and a window).
+w::Spec tiny_model(const std::string& arch) {
+  w::Spec s;
+  const auto key = [&](const std::string& k, w::Value v) { s.metadata.push_back({arch + "." + k, std::move(v)}); };
+  s.metadata.push_back({"general.architecture", w::str(arch)});
+  key("context_length", w::u32(64));
+  key("embedding_length", w::u32(32));
+  key("block_count", w::u32(1));
+  key("feed_forward_length", w::u32(64));
+  key("attention.head_count", w::u32(2));
+  key("attention.head_count_kv", w::u32(1));
+  key("attention.key_length", w::u32(16));
+  key("attention.value_length", w::u32(16));
+  key("attention.layer_norm_rms_epsilon", w::f32(1e-5f));
+  key("rope.freq_base", w::f32(10000.0f));
+  if (arch == "gemma3") {
+    key("attention.sliding_window", w::u32(4));
+    key("attention.sliding_window_pattern", w::u32(2));
+  }
+  std::vector<w::Value> tokens, scores, types;
+  const char* pieces[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "H", "e", "l", "o"};
+  for (int i = 0; i < 8; ++i) {
+    tokens.push_back(w::str(pieces[i]));
+    scores.push_back(w::f32(-static_cast<float>(i)));
+    types.push_back(w::i32(i == 0 ? 2 : i < 3 ? 3 : 1));
+  }
+  s.metadata.push_back({"tokenizer.ggml.model", w::str("llama")});
+  s.metadata.push_back({"tokenizer.ggml.tokens", w::array(GGUFValueType::string, tokens)});
+  s.metadata.push_back({"tokenizer.ggml.scores", w::array(GGUFValueType::f32, scores)});
+  s.metadata.push_back({"tokenizer.ggml.token_type", w::array(GGUFValueType::i32, types)});
+  s.metadata.push_back({"tokenizer.ggml.bos_token_id", w::u32(1)});
+  s.metadata.push_back({"tokenizer.ggml.eos_token_id", w::u32(2)});
+  uint8_t seed = 0;
+  const auto f32 = [&](const std::string& name, std::vector<uint64_t> dims) {
+    uint64_t n = 1;
+    for (uint64_t d : dims) n *= d;
+    std::string bytes(n * 4, '\0');
+    for (uint64_t i = 0; i < n; ++i) {  // small finite values
+      const float v = static_cast<float>((i * 37 + seed) % 17) / 16.0f - 0.5f;
+      std::memcpy(bytes.data() + 4 * i, &v, 4);
+    }
+    ++seed;
+    s.tensors.emplace_back(name, std::move(dims), GGMLType::f32, std::move(bytes));
+  };
+  const auto q8 = [&](const std::string& name, uint64_t cols, uint64_t rows) {
+    std::string bytes = w::pattern(cols / 32 * 34 * rows, ++seed);
+    for (uint64_t b = 0; b < cols / 32 * rows; ++b) bytes[b * 34] = 0, bytes[b * 34 + 1] = 0x20;  // f16 scales 2^-7
+    s.tensors.emplace_back(name, std::vector<uint64_t>{cols, rows}, GGMLType::q8_0, std::move(bytes));
+  };
+  f32("token_embd.weight", {32, 8});
+  f32("output_norm.weight", {32});
+  f32("blk.0.attn_norm.weight", {32});
+  f32("blk.0.ffn_norm.weight", {32});
+  if (arch == "gemma3") {
+    f32("blk.0.post_attention_norm.weight", {32});
+    f32("blk.0.post_ffw_norm.weight", {32});
+    f32("blk.0.attn_q_norm.weight", {16});
+    f32("blk.0.attn_k_norm.weight", {16});
+  }
+  q8("blk.0.attn_q.weight", 32, 32);
+  q8("blk.0.attn_k.weight", 32, 16);
+  q8("blk.0.attn_v.weight", 32, 16);
+  q8("blk.0.attn_output.weight", 32, 32);
+  q8("blk.0.ffn_gate.weight", 32, 64);
+  q8("blk.0.ffn_up.weight", 32, 64);
+  q8("blk.0.ffn_down.weight", 64, 32);
+  return s;
+}
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -33,6 +108,8 @@ int main(int argc, char** argv) {
   w::Spec meta;
   meta.metadata = {{"general.architecture", w::str("llama")}, {"llama.block_count", w::u32(2)}};
   put("metadata_only.gguf", meta);
+  put("tiny_llama.gguf", tiny_model("llama"));
+  put("tiny_gemma3.gguf", tiny_model("gemma3"));
   put("empty.gguf", w::Spec{});
 
   w::Value deep = w::array(GGUFValueType::i8, {w::i8(-1), w::i8(2)});

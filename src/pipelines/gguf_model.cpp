@@ -214,8 +214,7 @@ void gemma_fields(const GGUFFile& file, const std::string& prefix, bool gemma3, 
     for (const GGUFValue& item : items) types.push_back(std::get<bool>(item.value) ? "sliding_attention" : "full_attention");
   } else {
     const uint64_t period = pattern ? file.get_u64(pattern_key) : gemma3 ? 6 : 2;
-    if (period == 0 || period > layers)
-      fail(file, fmt::format("{} is {}, expected a period in [1, {}] (block_count)", pattern_key, period, layers));
+    if (period == 0) fail(file, fmt::format("{} is 0, expected a period of at least 1 layer", pattern_key));
     for (uint64_t i = 0; i < layers; ++i) types.push_back(i % period < period - 1 ? "sliding_attention" : "full_attention");
   }
   config["layer_types"] = std::move(types);
