@@ -370,9 +370,11 @@ void check_sampling(const SamplingParams& p, int64_t top_k_cap) {
 }
 
 void GenerationEngine::Impl::check(const GenerationRequest& request, std::vector<int64_t>& prompt) const {
-  check_sampling(request.sampling, options.sampler_max_top_k);
   const SamplingParams& p = request.sampling;
   const int64_t vocab = config.vocab_size;
+  // A top_k of the whole vocabulary or more keeps every token (prepare turns it off), so only the
+  // sampler's own cap below the vocabulary limits it: a small model takes `--top-k 40` as it is.
+  check_sampling(p, p.top_k >= vocab ? 0 : options.sampler_max_top_k);
   for (int64_t id : p.stop_token_ids)
     if (id < 0 || id >= vocab)
       throw ValueError(fmt::format("generate: stop token id {} is outside the vocabulary [0, {})", id, vocab));
@@ -397,6 +399,7 @@ std::unique_ptr<Request> GenerationEngine::Impl::prepare(GenerationRequest reque
   r->seq.prompt_len = static_cast<int64_t>(r->seq.tokens.size());
   r->sampling = std::move(request.sampling);
   r->row = to_row_sampling(r->sampling);
+  if (r->row.top_k >= config.vocab_size) r->row.top_k = 0;  // every token: off (check)
   r->on_update = std::move(request.on_update);
   r->rng.seed(r->sampling.seed ? *r->sampling.seed : std::random_device{}());
   if (!r->sampling.stop.empty()) r->stop_strings.emplace(r->sampling.stop);

@@ -254,11 +254,27 @@ TEST(TextGeneration, PromptLongerThanTheCacheIsAValueErrorNamingBothLengths) {
   EXPECT_NE(msg.find("max_seq_len 8"), std::string::npos) << msg;
 }
 
+// A top_k of the whole vocabulary (64) or more keeps every token, as top_k 0 does (so a small
+// model takes a usual --top-k 40); between the sampler's cap and the vocabulary it is refused.
+TEST(TextGeneration, TopKOfTheWholeVocabularyIsOffAndAboveTheCapIsRefused) {
+  auto pipe = random_pipeline();
+  const pipelines::GenerationOptions off{.max_new_tokens = 12, .top_k = 0, .seed = 7};
+  const std::vector<int64_t> want = pipe.generate_ids({1, 2}, off).ids;
+  for (int64_t k : {64, 65, 256}) {
+    pipelines::GenerationOptions all = off;
+    all.top_k = k;
+    EXPECT_EQ(pipe.generate_ids({1, 2}, all).ids, want) << "top_k " << k;
+  }
+  auto capped = random_pipeline({.sampler_max_top_k = 16});
+  ASSERT_EQ(capped.sampler_cap(), 16);
+  EXPECT_THROW(capped.generate_ids({1}, {.top_k = 17}), ValueError);
+  EXPECT_NO_THROW(capped.generate_ids({1}, {.max_new_tokens = 2, .top_k = 64}));
+}
+
 TEST(TextGeneration, BadOptionsAndIdsAreValueErrors) {
   auto pipe = random_pipeline();
   EXPECT_THROW(pipe.generate_ids({}, {}), ValueError);
   EXPECT_THROW(pipe.generate_ids({64}, {}), ValueError);
-  EXPECT_THROW(pipe.generate_ids({1}, {.top_k = 65}), ValueError);
   EXPECT_THROW(pipe.generate_ids({1}, {.top_p = 0.0}), ValueError);
   EXPECT_THROW(pipe.generate_ids({1}, {.temperature = -1.0}), ValueError);
   EXPECT_THROW(pipe.generate("hello", {}), ValueError);            // no tokenizer
