@@ -5,6 +5,7 @@
 // Standard headers first, then the target pragma (see gemm.h for why).
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/quantized.h"
 
@@ -279,6 +280,34 @@ void pack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows, i
   }
 }
 
+// Which of a panel's two 16-row halves' columns exist, for a panel of `rows` weight rows.
+inline std::pair<__mmask16, __mmask16> panel_masks(int64_t rows) {
+  return {static_cast<__mmask16>(rows >= 16 ? 0xffff : (1u << rows) - 1),
+          static_cast<__mmask16>(rows >= 32 ? 0xffff : rows <= 16 ? 0 : (1u << (rows - 16)) - 1)};
+}
+
+// A tile's accumulators: rows [m0, m0 + MR) of y, 32 columns (the masked ones), zero when `first`.
+template <int MR>
+inline void load_tile(__m512 (&acc)[MR][2], const float* y, int64_t m0, int64_t ldy, __mmask16 mask0,
+                      __mmask16 mask1, bool first) {
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    const float* row = y + (m0 + m) * ldy;
+    acc[m][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
+    acc[m][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
+  }
+}
+template <int MR>
+inline void store_tile(const __m512 (&acc)[MR][2], float* y, int64_t m0, int64_t ldy, __mmask16 mask0,
+                       __mmask16 mask1) {
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    float* row = y + (m0 + m) * ldy;
+    _mm512_mask_storeu_ps(row, mask0, acc[m][0]);
+    _mm512_mask_storeu_ps(row + 16, mask1, acc[m][1]);
+  }
+}
+
 // Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (`mask0`/`mask1`: which of each half exist),
 // blocks [b0, b1); `first`: y holds nothing yet. `ahead` (or null): panel bytes a later pass reads,
 // of which this tile fetches lines [line0, line1) of each block into L2 meanwhile: with few rows
@@ -290,12 +319,7 @@ void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t
                int64_t line1) {
   const int64_t K = x.K, blocks = K / kBlock;
   __m512 acc[MR][2];
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m) {
-    float* row = y + (m0 + m) * ldy;
-    acc[m][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
-    acc[m][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
-  }
+  load_tile(acc, y, m0, ldy, mask0, mask1, first);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* pb = panel + b * kPanelBlockBytes;
     if (ahead)
@@ -343,12 +367,7 @@ void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t
       acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0][m][1]), _mm512_mul_ps(dw1, dx), acc[m][1]);
     }
   }
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m) {
-    float* row = y + (m0 + m) * ldy;
-    _mm512_mask_storeu_ps(row, mask0, acc[m][0]);
-    _mm512_mask_storeu_ps(row + 16, mask1, acc[m][1]);
-  }
+  store_tile(acc, y, m0, ldy, mask0, mask1);
 }
 
 constexpr int kGemmMR = 6;
@@ -370,8 +389,7 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
       panel = packed + n / kGemmRows * gemm_panel_bytes(x.K);
     else
       pack_panel(w, row_bytes, n, rows, blocks, scratch);
-    const __mmask16 mask0 = static_cast<__mmask16>(rows >= 16 ? 0xffff : (1u << rows) - 1);
-    const __mmask16 mask1 = static_cast<__mmask16>(rows >= 32 ? 0xffff : rows <= 16 ? 0 : (1u << (rows - 16)) - 1);
+    const auto [mask0, mask1] = panel_masks(rows);
     for (int64_t b0 = 0; b0 < blocks; b0 += kGemmBlocksPerPass) {
       const int64_t b1 = lo(blocks, b0 + kGemmBlocksPerPass);
       // Packed panels lie one after the other, so a later pass's bytes follow this pass's (in this
@@ -516,12 +534,7 @@ void block_gemm_tile(const Q8Activations& x, int64_t ablock, const uint8_t* pane
   constexpr int kDwords = 8 / kSub;  // dword steps per weight block
   const int64_t K = x.K, scales = K / ablock, blocks = K / 32 * kSub;
   __m512 acc[MR][2];
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m) {
-    float* row = y + (m0 + m) * ldy;
-    acc[m][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
-    acc[m][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
-  }
+  load_tile(acc, y, m0, ldy, mask0, mask1, first);
   for (int64_t c = c0; c < c1; ++c) {
     const uint8_t* pc = panel + c * kChunkBytes<kSub>;
     const auto* ab = reinterpret_cast<const float*>(pc + 1024);
@@ -554,12 +567,7 @@ void block_gemm_tile(const Q8Activations& x, int64_t ablock, const uint8_t* pane
       }
     }
   }
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m) {
-    float* row = y + (m0 + m) * ldy;
-    _mm512_mask_storeu_ps(row, mask0, acc[m][0]);
-    _mm512_mask_storeu_ps(row + 16, mask1, acc[m][1]);
-  }
+  store_tile(acc, y, m0, ldy, mask0, mask1);
 }
 
 template <QuantizationEncoding E>
@@ -572,8 +580,7 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
   for (int64_t n = n0; n < n1; n += kGemmRows) {
     const int64_t rows = lo(kGemmRows, n1 - n);
     unpack_panel<E>(w, row_bytes, n, rows, K, staged, panel);
-    const __mmask16 mask0 = static_cast<__mmask16>(rows >= 16 ? 0xffff : (1u << rows) - 1);
-    const __mmask16 mask1 = static_cast<__mmask16>(rows >= 32 ? 0xffff : rows <= 16 ? 0 : (1u << (rows - 16)) - 1);
+    const auto [mask0, mask1] = panel_masks(rows);
     // 16 chunks (20-24 KiB of the panel) stay in L1 while every activation row passes over them.
     for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {
       const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
