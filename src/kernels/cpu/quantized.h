@@ -117,7 +117,8 @@ void q8_0_packed_gemm_group(const KernelContext& ctx, const TensorView& lhs, std
 //   Q4_K, Q5_K (block s):  (d * d_x) * sum_j sc_j dot_j(q, q_x) - (dmin * d_x) * sum_j m_j sum_j(q_x)
 //   Q6_K (block s):        (d * d_x) * sum over its 16 sub-blocks i of sc_i * (dot_i(q, q_x) - 32 sum_i(q_x))
 // summed in f32 over the row (the order differs between the portable and the SIMD kernels). The
-// same function serves every M (decode and prefill), so a row's result never depends on M.
+// GEMV serves every M up to gemm::kSmallM, so a row's result does not depend on M there; above it
+// the block GEMM below (where VNNI is) sums the same products in its own order.
 inline int64_t activation_block(graph::QuantizationEncoding e) {
   return e == graph::QuantizationEncoding::q8_0 || e == graph::QuantizationEncoding::q4_0 ? 32 : 256;
 }
