@@ -57,7 +57,31 @@ const GGUFArch& arch_of(const GGUFFile& file) {
                          name));
 }
 
+// GGUF's names and Hugging Face's: the model's own tensors, then each layer's (after "blk.N.").
 using NamePair = std::pair<std::string_view, std::string_view>;
+constexpr std::array<NamePair, 3> kGlobal{{
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+}};
+constexpr std::array<NamePair, 16> kLayer{{
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
+    {"ffn_gate_up.weight", "mlp.gate_up_proj.weight"},
+    {"attn_output.bias", "self_attn.o_proj.bias"},
+}};
 // The layer norms after attention, whose names differ between the families.
 constexpr std::array<NamePair, 1> kLlamaNorms{{{"ffn_norm.weight", "post_attention_layernorm.weight"}}};
 constexpr std::array<NamePair, 3> kGemmaNorms{{
@@ -73,29 +97,6 @@ std::span<const NamePair> norms_of(const GGUFArch& arch) {
 // Hugging Face's name of a tensor ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight");
 // nullopt for a name kiln does not know.
 std::optional<std::string> hf_name(std::string_view gguf, const GGUFArch& arch) {
-  static constexpr std::array<std::pair<std::string_view, std::string_view>, 3> kGlobal{{
-      {"token_embd.weight", "model.embed_tokens.weight"},
-      {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"},
-  }};
-  static constexpr std::array<NamePair, 16> kLayer{{
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_q.bias", "self_attn.q_proj.bias"},
-      {"attn_k.bias", "self_attn.k_proj.bias"},
-      {"attn_v.bias", "self_attn.v_proj.bias"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"},
-      {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
-      {"ffn_gate_up.weight", "mlp.gate_up_proj.weight"},
-      {"attn_output.bias", "self_attn.o_proj.bias"},
-  }};
   for (const auto& [g, h] : kGlobal)
     if (gguf == g) return std::string(h);
   constexpr std::string_view kBlock = "blk.";
@@ -114,20 +115,17 @@ std::optional<std::string> hf_name(std::string_view gguf, const GGUFArch& arch) 
 
 // The reverse: the file's name of a tensor the model needs.
 std::string gguf_name(const std::string& hf, const GGUFArch& arch) {
-  for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight"})
-    if (hf_name(g, arch) == hf) return g;
+  for (const auto& [g, h] : kGlobal)
+    if (hf == h) return std::string(g);
   constexpr std::string_view kLayers = "model.layers.";
   if (!std::string_view(hf).starts_with(kLayers)) return hf;
   const size_t dot = hf.find('.', kLayers.size());
-  const std::string layer = hf.substr(kLayers.size(), dot - kLayers.size());
-  for (const std::string_view suffix :
-       {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias", "attn_k.bias",
-        "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "attn_output.weight", "ffn_norm.weight",
-        "post_attention_norm.weight", "post_ffw_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
-        "attn_qkv.weight", "ffn_gate_up.weight"}) {
-    const std::string candidate = fmt::format("blk.{}.{}", layer, suffix);
-    if (hf_name(candidate, arch) == hf) return candidate;
-  }
+  if (dot == std::string::npos) return hf;
+  const std::string_view layer = std::string_view(hf).substr(kLayers.size(), dot - kLayers.size());
+  const std::string_view rest = std::string_view(hf).substr(dot + 1);
+  for (const auto& table : {std::span<const NamePair>(kLayer), norms_of(arch)})
+    for (const auto& [g, h] : table)
+      if (rest == h) return fmt::format("blk.{}.{}", layer, g);
   return hf;
 }
 

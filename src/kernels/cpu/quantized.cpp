@@ -236,8 +236,8 @@ void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorVi
                 int64_t row_bytes, int64_t M, int64_t K, int64_t N, float* y) {
   const quantized::QBlockGemmFn fn = quantized::avx512_vnni_block_gemm(e);
   Q8Activations acts = quantize_lhs(ctx, e, lhs, M, K, /*offset=*/false);
-  const int64_t sums_per_row = e == QuantizationEncoding::q6_k ? K / 16 : K / 32;
-  const int64_t block = K / sums_per_row, ablock = quantized::activation_block(e);
+  const int64_t block = e == QuantizationEncoding::q6_k ? 16 : 32;  // weights per (a, b)
+  const int64_t sums_per_row = K / block, ablock = quantized::activation_block(e);
   float* scaled = grow(t_scratch.scaled_sum, M * sums_per_row);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < sums_per_row; ++j) {

@@ -159,6 +159,9 @@ using QBlockGemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t 
 // nullptr for q8_0, or where not compiled for x86-64; the caller checks the CPU.
 QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
 int64_t block_gemm_panel_bytes(graph::QuantizationEncoding e, int64_t K);
+// One chunk of 32 quants of a block GEMM panel: the quants of kGemmRows rows, then their (a, b) per
+// weight block (`sub_blocks` = 32 / B of them).
+constexpr int64_t block_gemm_chunk_bytes(int sub_blocks) { return 32 * kGemmRows + 2 * sub_blocks * kGemmRows * 4; }
 
 }  // namespace kiln::kernels::quantized
 

@@ -419,7 +419,7 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
 // A panel of kGemmRows weight rows per chunk of 32 quants: [2 halves][8 dwords][16 rows][4 u8] as
 // the Q8_0 panel's quants (no +128: u is unsigned already), then a [kSub][32 rows] and b [kSub][32
 // rows] in f32, kSub = 32 / B weight blocks per chunk.
-template <int kSub> constexpr int64_t kChunkBytes = 1024 + 2 * kSub * kGemmRows * 4;
+template <int kSub> constexpr int64_t kChunkBytes = block_gemm_chunk_bytes(kSub);
 
 // One encoding's blocks -> u8 quants and each weight block's (a, b) (quantized.h's table).
 template <QuantizationEncoding E> struct Unpack;
@@ -441,10 +441,8 @@ template <bool kFive> struct UnpackQ4KQ5K {
   static constexpr int64_t kBytes = kFive ? graph::kQ5_KBlockBytes : graph::kQ4_KBlockBytes;
   template <class Put> static void block(const uint8_t* b, uint8_t* u, Put&& put) {
     const float d = load_f16(b), dmin = load_f16(b + 2);
-    const KScaleWords words = k_scale_words(b);
     uint8_t sc[8], mn[8];
-    std::memcpy(sc, &words.sc03, 4), std::memcpy(sc + 4, &words.sc47, 4);
-    std::memcpy(mn, &words.m03, 4), std::memcpy(mn + 4, &words.m47, 4);
+    graph::unpack_k_scales(b + 4, sc, mn);
     for (int j = 0; j < 8; ++j) put(j, d * static_cast<float>(sc[j]), dmin * static_cast<float>(mn[j]));
     const uint8_t* q = b + (kFive ? 48 : 16);
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -636,7 +634,7 @@ QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding) { return nullpt
 
 namespace kiln::kernels::quantized {
 int64_t block_gemm_panel_bytes(graph::QuantizationEncoding e, int64_t K) {
-  const int64_t sub = e == graph::QuantizationEncoding::q6_k ? 2 : 1;
-  return K / 32 * (1024 + 2 * sub * kGemmRows * 4) + kGemmRows * K;  // the panel, then the staged rows
+  const int sub_blocks = e == graph::QuantizationEncoding::q6_k ? 2 : 1;
+  return K / 32 * block_gemm_chunk_bytes(sub_blocks) + kGemmRows * K;  // the panel, then the staged rows
 }
 }  // namespace kiln::kernels::quantized
