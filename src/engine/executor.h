@@ -55,6 +55,7 @@ class Executor {
 
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
   const compiler::GraphPlan& plan() const { return plan_; }
+  const std::vector<std::string>& copied_weights() const { return copied_weights_; }  // Model::copied_weights
 
   // Profiling (Model::start_profiling): launches time themselves while on; the caller adds each run.
   void start_profiling();
@@ -148,6 +149,7 @@ class Executor {
   ProcessGroup* process_group_;
   std::vector<StepInfo> steps_;
   std::vector<Tensor> bound_;                           // per value: weights, constants, their aliases
+  std::vector<std::string> copied_weights_;             // sorted: a kernel runs on its own copy of each
   std::vector<std::optional<std::vector<int64_t>>> static_shapes_;  // per value, when static
   // Symbolic shapes compiled at init: each distinct symbolic dim (by its text) of a value's shape or a
   // kernel's parameters is evaluated once per run. Per value with a symbolic shape, per dim: a static

@@ -1,5 +1,6 @@
 // Building an executor at init: weights bound, symbolic dims interned, constants materialised, one
 // kernel object per step, fixed alias windows bound.
+#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include "engine/executor.h"
 #include "engine/executor_util.h"
 #include "kiln/errors.h"
+#include "tensor/host_memory.h"
 
 namespace kiln::engine {
 
@@ -161,8 +163,21 @@ void Executor::build_kernels() {
       views.push_back(std::move(view));
     }
     Interner interner(*this, &info.dim_slots);
-    const kernels::KernelInit init{step.op, &step.attrs, views, std::span<const bool>(fixed.get(), step.inputs.size()),
-                                   &interner};
+    kernels::KernelInit init{step.op, &step.attrs, views, std::span<const bool>(fixed.get(), step.inputs.size()),
+                             &interner};
+    // Bytes of a weight the kernel now runs on a copy of: where they are pages of a mapped file they
+    // are dropped at once, so the process never holds the file and the copies together (another
+    // reader, e.g. a tied embedding's gather, reads back what it touches).
+    init.copied = [&](size_t i, const void* data, size_t bytes) {
+      const auto v = static_cast<size_t>(step.inputs.at(i));
+      const auto* first = static_cast<const uint8_t*>(bound_[v].data());
+      const auto* p = static_cast<const uint8_t*>(data);
+      if (!fixed[i] || plan_.values[v].kind != ValueKind::weight || p < first || bytes > bound_[v].nbytes() ||
+          static_cast<size_t>(p - first) > bound_[v].nbytes() - bytes)
+        return;  // only a weight's own bytes
+      copied_weights_.push_back(plan_.values[v].weight);
+      drop_file_pages(bound_[v].keep_alive(), data, bytes);
+    };
     try {
       if (custom)
         info.kernel = make_custom_kernel(plan_, step);
@@ -189,8 +204,11 @@ void Executor::build_kernels() {
     };
     for (int32_t v : step.inputs) info.refresh.push_back(refresh_of(v));
     for (int32_t v : step.outputs) info.refresh.push_back(refresh_of(v));
+
     steps_.push_back(std::move(info));
   }
+  std::sort(copied_weights_.begin(), copied_weights_.end());
+  copied_weights_.erase(std::unique(copied_weights_.begin(), copied_weights_.end()), copied_weights_.end());
 }
 
 std::unique_ptr<Executor::Frame> Executor::new_frame() const {

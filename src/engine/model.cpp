@@ -85,6 +85,7 @@ void Model::release(const std::string& key) const {
 }
 
 bool Model::is_device_graph() const { return impl().device_graph.has_value(); }  // fixed at init
+const std::vector<std::string>& Model::copied_weights() const { return impl().executor.copied_weights(); }
 
 void Model::start_profiling() const {
   Impl& state = impl();

@@ -96,10 +96,17 @@ struct KernelInit {
   std::span<const TensorView> inputs;
   std::span<const bool> fixed;         // empty: nothing fixed
   SymbolSlots* symbols = nullptr;      // nullptr: symbolic dims in parameters are an error
+  // A kernel that built a copy of fixed input `input` (packed panels) which its launches read instead
+  // calls this on the bytes it has copied, as it goes: the executor then drops them where they are
+  // pages of a mapped file (Model::copied_weights), so a weight is never held twice. May be empty.
+  std::function<void(size_t input, const void* data, size_t bytes)> copied = {};
 
   template <class T> const T& attr(const char* name) const { return graph::get_attr<T>(*attrs, name, op); }
   bool has_attr(const char* name) const { return attrs->count(name) != 0; }
   bool is_fixed(size_t input) const { return input < fixed.size() && fixed[input]; }
+  void report_copied(size_t input, const void* data, size_t bytes) const {
+    if (copied) copied(input, data, bytes);
+  }
   DimRef dim(const graph::Dim& d) const;       // ValueError for a symbolic dim without `symbols`
   DimRefs dims(const graph::Shape& shape) const;
 };

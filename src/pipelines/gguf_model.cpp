@@ -18,6 +18,7 @@
 #include "kiln/graph/dtype.h"
 #include "kiln/graph/quantization.h"
 #include "pipelines/hf_config_internal.h"
+#include "tensor/host_memory.h"
 
 namespace kiln::pipelines {
 namespace fs = std::filesystem;
@@ -441,8 +442,15 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
                       (encoding && declared && nn::weight_format_encoding(*declared) == encoding);
     Tensor tensor = keep ? view(file, t) : dequantize(file, t);
     if (arch.permuted_qk && t.dims.size() == 2) {
-      if (name->ends_with("self_attn.q_proj.weight")) tensor = unpermute_rows(tensor, c.num_attention_heads);
-      if (name->ends_with("self_attn.k_proj.weight")) tensor = unpermute_rows(tensor, c.num_key_value_heads);
+      const int64_t heads = name->ends_with("self_attn.q_proj.weight")   ? c.num_attention_heads
+                            : name->ends_with("self_attn.k_proj.weight") ? c.num_key_value_heads
+                                                                          : 0;
+      if (heads != 0) {
+        Tensor rows = unpermute_rows(tensor, heads);
+        // The file's rows are not read again: its pages of them are dropped, not held beside the copy.
+        drop_file_pages(tensor.keep_alive(), tensor.data(), tensor.nbytes());
+        tensor = std::move(rows);
+      }
     }
     out.emplace(*name, std::move(tensor));
   }

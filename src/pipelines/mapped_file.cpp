@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kiln/errors.h"
+#include "tensor/host_memory.h"
 
 namespace kiln::pipelines {
 
@@ -46,7 +47,7 @@ MappedFile map_file(const std::filesystem::path& path, std::string_view who) {
   const std::string err = std::strerror(errno);
   ::close(fd);  // the mapping keeps the file open
   if (p == MAP_FAILED) fail("cannot mmap " + std::to_string(size) + " bytes: " + err);
-  return MappedFile{std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); }), size};
+  return MappedFile{std::shared_ptr<void>(p, FileMapping{p, size}), size};
 }
 
 }  // namespace kiln::pipelines

@@ -9,7 +9,8 @@
 
 namespace kiln::pipelines {
 
-// The mapping of a whole regular file; `base`'s deleter unmaps it. An empty file maps to a null base
+// The mapping of a whole regular file; `base`'s deleter (a kiln::FileMapping) unmaps it, so tensors
+// kept alive by it can have their pages dropped (drop_file_pages). An empty file maps to a null base
 // and size 0 (mmap refuses length 0), so the caller's own size checks report it.
 struct MappedFile {
   std::shared_ptr<void> base;

@@ -3,9 +3,12 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
 
 namespace kiln {
 
@@ -19,6 +22,33 @@ inline void* allocate_aligned(size_t bytes) {
   void* p = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
   if (p && bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure is harmless
   return p;
+}
+
+// The deleter of a whole file's read-only mapping (pipelines::map_file), which tensors viewing the
+// file keep alive: it knows the mapping's extent, so pages of it can be dropped.
+struct FileMapping {
+  void* base = nullptr;
+  size_t size = 0;
+  void operator()(void* p) const { munmap(p, size); }
+};
+
+// Drops this process's pages of [data, data + bytes) when `keep_alive` is a FileMapping holding them
+// (else does nothing): the whole pages inside the range, so a neighbour's partial page stays. They
+// stay in the page cache, and a later touch reads them back as the file has them, so a reader sees
+// the same bytes and only the resident size changes. The executor does it for a weight kernels run
+// on a copy of (Model::copied_weights). Returns the bytes dropped.
+inline size_t drop_file_pages(const std::shared_ptr<void>& keep_alive, const void* data, size_t bytes) {
+  const FileMapping* mapping = std::get_deleter<FileMapping>(keep_alive);
+  if (!mapping || !mapping->base) return 0;
+  const auto base = reinterpret_cast<uintptr_t>(mapping->base), first = reinterpret_cast<uintptr_t>(data);
+  if (first < base || first - base > mapping->size || bytes > mapping->size - (first - base)) return 0;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (first + page - 1) / page * page, hi = (first + bytes) / page * page;
+  if (hi <= lo) return 0;
+  // MAP_PRIVATE: a page the process had written (copy-on-write) would go back to the file's bytes.
+  // Weights are never written, so each page is the file's already.
+  if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0) return 0;  // a hint: keep them
+  return hi - lo;
 }
 
 }  // namespace kiln

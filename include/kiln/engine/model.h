@@ -55,6 +55,11 @@ class Model {
   std::vector<Tensor> replay(const std::string& key, const std::vector<Tensor>& inputs) const;
   void release(const std::string& key) const;  // frees one capture; ValueError for an unknown key
   bool is_device_graph() const;  // see InferenceSession::init(compiled, weights, device_graphs)
+  // The weights of which a kernel built a copy at init that its launches read instead (Q8_0's packed
+  // GEMM panels, where AVX512-VNNI is), sorted. Where such a weight is a view of a file kiln mapped
+  // (GGUF, safetensors), init drops its pages right after the copy is made (a later touch by another
+  // reader reads them back from the file), so the process holds it once.
+  const std::vector<std::string>& copied_weights() const;
 
   // Profiling: from start_profiling() on, every run times each kernel launch (two clock reads per
   // step; nothing while off). start_profiling() also clears the totals; stop_profiling() keeps them

@@ -90,6 +90,9 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   bool is_contiguous() const;
   bool is_owner() const;  // false for borrow()
+  // What keeps the memory alive: the allocation, view()'s keep_alive, a DLPack import; null for
+  // borrow().
+  const std::shared_ptr<void>& keep_alive() const { return storage_; }
 
   void* data() { return data_; }
   const void* data() const { return data_; }

@@ -49,7 +49,9 @@ class GroupedMatmulKernel final : public Kernel {
     for (size_t i = 1; i < init.inputs.size(); ++i) {
       const TensorView operands[2] = {init.inputs[0], init.inputs[i]};
       const bool fixed[2] = {init.is_fixed(0), init.is_fixed(i)};
-      const KernelInit one{quantized_ ? Op::qmatmul : Op::matmul, init.attrs, operands, fixed, init.symbols};
+      KernelInit one{quantized_ ? Op::qmatmul : Op::matmul, init.attrs, operands, fixed, init.symbols};
+      if (init.copied)  // the part's operand 1 is this kernel's input i
+        one.copied = [&init, i](size_t, const void* data, size_t bytes) { init.copied(i, data, bytes); };
       naming_rhs(i - 1, [&] { parts_.push_back(quantized_ ? make_qmatmul_kernel(one) : make_matmul_kernel(one)); });
     }
   }

@@ -1,8 +1,8 @@
 // qmatmul (f32 activations x quantized weight rows) and dequantize. The activations are quantized
 // once per call to int8 blocks (quantized.h) on every path, so each result has one definition:
 // for Q8_0, y = sum over blocks of (d_x * d_w) * int32 dot(q_x, q_w), up to f32 rounding. Where
-// AVX512-VNNI is available a fixed weight runs the int8 GEMM on its packed panels from
-// quantized::kPackedGemmMinRows rows, batched decode included. Otherwise few rows (decode) run the
+// AVX512-VNNI is available a fixed weight runs the int8 GEMM on its packed panels at every M,
+// one-row decode included. Otherwise few rows (decode) run the
 // int8 GEMV, reading the weights in place, and more
 // rows (prefill) the VNNI GEMM packing as it goes, else the f32 GEMM of gemm.h (BStorage::q8_0) or
 // a portable loop on the dequantized activations d_x * q_x. The other encodings (quantized.h's last
@@ -360,11 +360,11 @@ class QmatmulKernel final : public Kernel {
   void run(const KernelContext& ctx, std::span<const TensorView> inputs,
            std::span<const TensorView> outputs) const override;
   bool packed() const { return panels_.has_value(); }
-  // The panels packed from w that a launch of M rows (lhs inner dim K) runs on: from
-  // kPackedGemmMinRows rows, where the VNNI GEMM is active; else nullptr.
-  const uint8_t* panels_for(const TensorView& w, int64_t M, int64_t K) const {
-    if (M < quantized::kPackedGemmMinRows || !panels_ || panels_->source != w.data || panels_->N != w.shape[0] ||
-        panels_->K != K || panels_->row_stride != w.strides[0] || !use_vnni())
+  // The panels packed from w that a launch (lhs inner dim K) runs on, where the VNNI GEMM is
+  // active; else nullptr.
+  const uint8_t* panels_for(const TensorView& w, int64_t K) const {
+    if (!panels_ || panels_->source != w.data || panels_->N != w.shape[0] || panels_->K != K ||
+        panels_->row_stride != w.strides[0] || !use_vnni())
       return nullptr;
     return panels_->panels.data();
   }
@@ -374,9 +374,10 @@ class QmatmulKernel final : public Kernel {
   std::optional<PackedQ8Panels> panels_;
 };
 
-// A fixed weight's GEMM panels, where the VNNI GEMM runs: every launch of kPackedGemmMinRows rows or
-// more then runs on them. They cost the weight's size once more; packing per call was a fifth of a
-// stories110M q8_0 prefill's GEMM time.
+// A fixed weight's GEMM panels, where the VNNI GEMM runs: every launch then runs on them. They cost
+// the weight's size once more, unless its owner drops the original (a file mapping's pages: the
+// loaders ask Model::copied_weights); packing per call was a fifth of a stories110M q8_0 prefill's
+// GEMM time.
 QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(init)) {
   const quantized::Q8_0PackFn pack = quantized::avx512_vnni_q8_0_pack();
   if (encoding_ != QuantizationEncoding::q8_0 || init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni())
@@ -393,7 +394,17 @@ QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(ini
   p.K = K;
   p.row_stride = w.strides[0];
   const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
-  pack(w.as<uint8_t>(), w.strides[0], N, K, p.panels.get(static_cast<size_t>(panels * quantized::gemm_panel_bytes(K))));
+  uint8_t* dst = p.panels.get(static_cast<size_t>(panels * quantized::gemm_panel_bytes(K)));
+  // In slices of about 8 MiB, each reported as copied once packed: a mapped file's pages of it are
+  // dropped as packing goes, so even the largest weight (an output projection) is not held twice.
+  const int64_t slice = std::max<int64_t>(1, (int64_t{8} << 20) / (quantized::kGemmRows * w.strides[0])) *
+                        quantized::kGemmRows;
+  for (int64_t n = 0; n < N; n += slice) {
+    const int64_t rows = std::min(slice, N - n);
+    const uint8_t* src = w.as<uint8_t>() + n * w.strides[0];
+    pack(src, w.strides[0], rows, K, dst + n / quantized::kGemmRows * quantized::gemm_panel_bytes(K));
+    init.report_copied(1, src, static_cast<size_t>(rows * w.strides[0]));
+  }
 }
 
 void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> inputs,
@@ -405,7 +416,7 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
   const uint8_t* wq = w.as<uint8_t>();
   const int64_t w_row = w.strides[0];
   float* y = out.as<float>();  // [M, N]
-  if (const uint8_t* packed = panels_for(w, M, K)) {
+  if (const uint8_t* packed = panels_for(w, K)) {
     const quantized::PackedQ8Target target{packed, N, y};
     quantized::q8_0_packed_gemm_group(ctx, a, std::span(&target, 1));
     return;
@@ -495,7 +506,7 @@ std::optional<quantized::PackedQ8Target> qmatmul_packed_target(const Kernel& qma
   const auto* kernel = dynamic_cast<const QmatmulKernel*>(&qmatmul);
   if (!kernel || !kernel->packed()) return std::nullopt;  // packed: a Q8_0 kernel
   const QmatmulShape s = check_qmatmul(QuantizationEncoding::q8_0, lhs, w, out);
-  const uint8_t* panels = kernel->panels_for(w, s.M, s.K);
+  const uint8_t* panels = kernel->panels_for(w, s.K);
   if (!panels) return std::nullopt;
   return quantized::PackedQ8Target{panels, s.N, out.as<float>()};
 }

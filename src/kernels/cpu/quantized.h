@@ -7,16 +7,18 @@
 // Each block's product is then an exact int32 dot, scaled once by d_x * d_w and summed in f32 in
 // block order. vpdpbusd multiplies unsigned by signed bytes, so one side carries +128 and the
 // matching 128 * sum cancels it:
-// * GEMV (decode's 1-2 rows, or up to kSmallM rows of a weight that is not fixed): the activations
+// * GEMV (up to kSmallM rows of a weight that is not fixed, or where the GEMM is not): the activations
 //   are stored +128 (`offset`) and 128 * sum(w) (one more vpdpbusd per weight block, shared by all
 //   rows of x) is subtracted; weights are read in place, several rows at a time.
 // * GEMM: 32 weight rows at a time, +128, in a panel whose vectors hold 16 rows x 4 quants, so one
 //   activation dword broadcast feeds 16 rows; the correction -128 * sum(q_x) per activation block
 //   starts each int32 accumulator. A fixed weight's panels are packed once at init (built with the
-//   qmatmul kernel) and serve every M from kPackedGemmMinRows (3), batched decode included: a panel
-//   is as many bytes as its rows, and a tile does 16 weight rows' dots per instruction where the
-//   GEMV does one, so 3..8 rows stay memory-bound (on Zen 4 the GEMV's 8 rows cost 5.9x its one row
-//   from L3, the GEMM's 2x). Each row's sum runs in the same order whatever M is, so its bits do not
+//   qmatmul kernel) and serve every M, one-row decode included, in place of the weight's own rows
+//   (which a file's loader may then drop: Kernel::copies_fixed_input): a panel is as many bytes as
+//   its rows, one row streams them as fast as the GEMV streams the rows (Emerald Rapids, 2 threads:
+//   22-25 against 19-24 GB/s), and a tile does 16 weight rows' dots per instruction where the GEMV
+//   does one, so 3..8 rows stay memory-bound (on Zen 4 the GEMV's 8 rows cost 5.9x its one row from
+//   L3, the GEMM's 2x). Each row's sum runs in the same order whatever M is, so its bits do not
 //   depend on the batch. A weight that is not fixed runs the GEMV up to kSmallM rows, and above it
 //   each thread packs a panel at a time.
 #pragma once
@@ -89,12 +91,6 @@ void qmatmul_gemv_group(const KernelContext& ctx, graph::QuantizationEncoding en
 // most gemm::kSmallM rows, nullopt when qmatmul runs its GEMM instead.
 std::optional<QGemvTarget> qmatmul_gemv_target(graph::QuantizationEncoding encoding, const TensorView& lhs,
                                                const TensorView& w, const TensorView& out);
-
-// From this many rows a fixed Q8_0 weight's product runs on its packed panels; fewer run the GEMV.
-// On Zen 4 (1 thread, 65536 x 2048, from DRAM) the GEMM took 6.9 / 7.0-7.4 / 5.2-5.6 / 5.5-6.5 ms at
-// 1 / 2 / 3 / 4 rows and the GEMV 6.3 / 6.5-6.6 / 7.9 / 9.8-9.9: one or two rows stream faster
-// from the GEMV's far-apart row streams, more are bound by its arithmetic.
-inline constexpr int64_t kPackedGemmMinRows = 3;
 
 // One fixed Q8_0 weight's packed panels (Q8_0PackFn's layout, N rows) and its result y [M][N].
 struct PackedQ8Target {
