@@ -60,11 +60,24 @@ struct ThreadScratch {
 thread_local ThreadScratch t_scratch;
 
 
-// Columns [n0, n1) of a small-M problem, on the calling thread.
+bool packed_ahead(const Problem& p) { return p.packed_b || p.packed_b_narrow; }
+
+// Columns [n0, n1) of a small-M problem, on the calling thread. B packed at init runs the GEMM's own
+// loops on its panels (n0 a multiple of nr), so every row gets the bits it gets at any M.
 void run_small_m(const IsaKernels& k, const Problem& p, int64_t n0, int64_t n1) {
+  if (packed_ahead(p)) {
+    const Blocking& b = k.blocking;
+    Workspace ws{t_scratch.a.get(static_cast<size_t>((std::min(b.mc, p.M) + b.mr) * b.kc)), nullptr, nullptr};
+    if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.get(static_cast<size_t>(p.M * b.nc));
+    k.gemm(p, 0, p.M, n0, n1, ws);
+    return;
+  }
   Workspace ws{t_scratch.a.get(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
   k.small_m(p, n0, n1, ws);
 }
+
+// The columns one unit of run_group's split covers: a vector of 16, or a panel of packed B.
+int64_t unit_columns(const IsaKernels& k, const Problem& p) { return packed_ahead(p) ? k.blocking.nr : 16; }
 
 // Part `t` of `parts` of problem p, on the calling thread: panels of columns when there are enough
 // of them, else groups of rows. A small-M problem (run_group splits those) runs whole.
@@ -76,7 +89,7 @@ void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
   // Columns, when there are enough of them: each thread packs only its own B panels, but all of A.
   // Rows, when B was packed at init and A is at least as large: no thread packs more than its share
   // of A, and B is only read (1024^3 on 2 threads: 94% of peak against 92%; M = 128 prefers columns).
-  const bool packed = p.packed_b || p.packed_b_narrow;
+  const bool packed = packed_ahead(p);
   const bool split_rows = (packed && p.M >= p.N && row_tiles >= 4 * parts) ||
                           (panels < 4 * parts && panels < row_tiles);
   if (!split_rows) {
@@ -157,10 +170,16 @@ void force_isa_for_testing(std::optional<Isa> isa) {
   g_forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
 }
 
-std::optional<PackedB> pack_b(const Problem& p) {
+std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t n0, int64_t n1)>& packed) {
   const IsaKernels* k = kernels_of(active_isa());
   if (!k || p.dtype != DType::f32 || p.b_storage == BStorage::q8_0 || p.K <= 0 || p.N <= 0) return std::nullopt;
   const int64_t nr = k->blocking.nr, panels = (p.N + nr - 1) / nr;
+  // Whole panels of about 8 MiB of B at a time, each reported once packed.
+  const int64_t element = p.b_storage == BStorage::same ? 4 : 2;
+  const int64_t slice_panels = std::max<int64_t>(1, (int64_t{8} << 20) / (nr * p.K * element));
+  auto report = [&](int64_t q0, int64_t q1) {
+    if (packed) packed(q0 * nr, std::min(p.N, q1 * nr));
+  };
   if (p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16) {
     // The 16-bit elements moved as they are: B[k, n] -> panel n / nr, row k, lane n % nr.
     const size_t bytes = static_cast<size_t>(panels * nr * p.K) * sizeof(uint16_t);
@@ -180,6 +199,7 @@ std::optional<PackedB> pack_b(const Problem& p) {
         const uint16_t* column = B + n * p.b_col;  // walked along k (contiguous for transpose_b)
         for (int64_t kk = 0; kk < p.K; ++kk) panel[kk * nr + j] = column[kk * p.b_row];
       }
+      if ((q + 1) % slice_panels == 0 || q + 1 == panels) report(q - q % slice_panels, q + 1);
     }
     return PackedB{k->isa, p.K, p.N, nullptr, std::move(narrow)};
   }
@@ -187,7 +207,14 @@ std::optional<PackedB> pack_b(const Problem& p) {
   void* data = allocate_aligned(bytes);
   if (!data) throw std::bad_alloc();
   std::shared_ptr<float> panels_data(static_cast<float*>(data), [](float* f) { std::free(f); });
-  k->pack_b(p, panels_data.get());
+  for (int64_t q0 = 0; q0 < panels; q0 += slice_panels) {
+    const int64_t q1 = std::min(panels, q0 + slice_panels);
+    Problem columns = p;  // B's columns [q0 * nr, q1 * nr): their panels are independent of the rest
+    columns.b = static_cast<const char*>(p.b) + q0 * nr * p.b_col * element;
+    columns.N = std::min(p.N, q1 * nr) - q0 * nr;
+    k->pack_b(columns, panels_data.get() + q0 * nr * p.K);
+    report(q0, q1);
+  }
   return PackedB{k->isa, p.K, p.N, std::move(panels_data), nullptr};
 }
 
@@ -196,12 +223,13 @@ bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
   if (!k) return false;
   for (const Problem& p : problems)
     if (!supported(p) || !small_m_applies(p)) return false;
-  // unit_end[i]: the end of problem i's vectors of 16 columns in the concatenated list.
+  // unit_end[i]: the end of problem i's units of columns (unit_columns) in the concatenated list.
   std::vector<int64_t> unit_end;
   int64_t units = 0, macs = 0;
   for (const Problem& p : problems) {
     if (!trivial(p)) {
-      units += (p.N + 15) / 16;
+      const int64_t width = unit_columns(*k, p);
+      units += (p.N + width - 1) / width;
       macs += p.M * p.N * p.K;
     }
     unit_end.push_back(units);
@@ -210,14 +238,14 @@ bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
   const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
   const int64_t parts = std::clamp<int64_t>(macs / kMinMacsPerThread, 1, threads * kGemvPartsPerThread);
   // Part t: units [t * units / parts, (t + 1) * units / parts), which may span problems. Column
-  // ranges start on a vector of 16 within each problem, as run_part's do.
+  // ranges start on a unit within each problem.
   auto run_units = [&](int64_t u0, int64_t u1) {
     int64_t first = 0;
     for (size_t i = 0; i < problems.size() && u0 < u1; first = unit_end[i++]) {
       if (u0 >= unit_end[i]) continue;
       const Problem& p = problems[i];
-      const int64_t end = std::min(u1, unit_end[i]);
-      run_small_m(*k, p, (u0 - first) * 16, std::min(p.N, (end - first) * 16));
+      const int64_t end = std::min(u1, unit_end[i]), width = unit_columns(*k, p);
+      run_small_m(*k, p, (u0 - first) * width, std::min(p.N, (end - first) * width));
       u0 = end;
     }
   };

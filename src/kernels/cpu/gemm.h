@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -53,7 +54,8 @@ struct Problem {
   int64_t M = 0, N = 0, K = 0;
   BStorage b_storage = BStorage::same;
   // B already in the GEMM's panel layout (PackedB::panels, packed by the active level), or nullptr:
-  // the GEMM (M > kSmallM) then skips packing; small M still streams `b`. Same results either way.
+  // the GEMM then skips packing, and small M runs the GEMM's loops on the panels too (`b` is not
+  // read). The GEMM's results are the same either way.
   const float* packed_b = nullptr;
   // Or B (f16 / bf16 storage, `b_storage`) packed ahead in that layout but as stored, 16 bits an
   // element (PackedB::narrow): the GEMM widens it in registers. Same results as packing here.
@@ -61,8 +63,8 @@ struct Problem {
 };
 
 // A fixed B (a weight) packed once, at init, into the panels the GEMM reads: [ceil(N / nr)][K][nr]
-// f32, zero past N, nr the level's register tile width. Costs K * ceil(N / nr) * nr * 4 bytes beside
-// the original (which small M still reads).
+// f32, zero past N, nr the level's register tile width. Every M then runs on them (small M too, on
+// the GEMM's own loops: a row's bits do not depend on M), so the original is not read again.
 // An f16 / bf16 B keeps its 16-bit elements in the same layout (`narrow`, `panels` empty): the
 // copy costs the weight's own size, and the GEMM widens it in registers instead of per call.
 struct PackedB {
@@ -72,8 +74,10 @@ struct PackedB {
   std::shared_ptr<const uint16_t> narrow;
 };
 // p's B (its a, c and M are not read) packed for the active level; nullopt when that level has no
-// SIMD kernels or p's B cannot be packed (Q8_0, dtype not f32 with f32/f16/bf16 storage).
-std::optional<PackedB> pack_b(const Problem& p);
+// SIMD kernels or p's B cannot be packed (Q8_0, dtype not f32 with f32/f16/bf16 storage). `packed`,
+// when given, is told each range of B's columns [n0, n1) as soon as it is packed (slices of about
+// 8 MiB), so the caller can let go of them as packing goes.
+std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t n0, int64_t n1)>& packed = {});
 
 // Scratch the driver hands to one thread's call (sizes from Blocking): the ISA code allocates
 // nothing itself.

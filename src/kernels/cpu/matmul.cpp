@@ -214,16 +214,20 @@ struct PackedSimdRhs {
 };
 
 // f32 activations times a fixed rank-2 rhs in f32, f16 or bf16. f16 / bf16 panels keep the 16-bit
-// elements (widening them to f32 would cost twice their memory again). The packed copy costs the
-// weight's size once more; without it the GEMM packs the weight on every call, which for a decode
-// batch of 9-64 rows costs more than the products (docs/batching.md).
-std::optional<PackedSimdRhs> pack_simd_rhs(const TensorView& a, const TensorView& w, bool transpose_b) {
+// elements (widening them to f32 would cost twice their memory again). Without the panels the GEMM
+// packs the weight on every call, which for a decode batch of 9-64 rows costs more than the products
+// (docs/batching.md). Every launch then reads the panels, decode's single row too, so the weight's
+// own bytes are reported to `init` as copied (slice by slice, as packed): a mapped file's pages of
+// them are dropped, and the weight is held once.
+std::optional<PackedSimdRhs> pack_simd_rhs(const KernelInit& init, const TensorView& a, const TensorView& w,
+                                           bool transpose_b) {
   if (a.dtype != DType::f32 || w.shape.size() != 2 ||
       (w.dtype != DType::f32 && w.dtype != DType::f16 && w.dtype != DType::bf16))
     return std::nullopt;
   const TensorView b = rhs_view(transpose_b, w);
   const int64_t K = b.shape[0], N = b.shape[1];
-  // Only a GEMM with more than kSmallM rows reads the panels: skip lhs shapes that never have that.
+  // An lhs that never has more than kSmallM rows streams the weight in place (the GEMV): panels would
+  // only add a copy.
   if (!a.shape.empty()) {
     int64_t rows = 1;
     for (size_t d = 0; d + 1 < a.shape.size(); ++d) rows *= a.shape[d];
@@ -233,7 +237,15 @@ std::optional<PackedSimdRhs> pack_simd_rhs(const TensorView& a, const TensorView
                                  : w.dtype == DType::f16 ? gemm::BStorage::f16
                                                          : gemm::BStorage::bf16;
   const gemm::Problem problem{DType::f32, nullptr, 0, 0, b.data, b.strides[0], b.strides[1], nullptr, 0, 0, N, K, storage};
-  std::optional<gemm::PackedB> packed = gemm::pack_b(problem);
+  // Columns of B are rows of w under transpose_b: each packed slice is then a contiguous range of w.
+  // Otherwise w is reported whole once packed.
+  const int64_t element = static_cast<int64_t>(dtype_size(w.dtype));
+  const bool rows_of_w = b.strides[0] == 1 && w.is_contiguous();
+  std::optional<gemm::PackedB> packed = gemm::pack_b(problem, [&](int64_t n0, int64_t n1) {
+    if (rows_of_w) init.report_copied(1, static_cast<const char*>(b.data) + n0 * K * element, static_cast<size_t>((n1 - n0) * K * element));
+  });
+  if (packed && !rows_of_w && w.is_contiguous())
+    init.report_copied(1, w.data, static_cast<size_t>(N * K * element));
   if (!packed) return std::nullopt;
   return PackedSimdRhs{b, std::move(*packed)};
 }
@@ -246,7 +258,7 @@ class MatmulKernel final : public Kernel {
     if (init.inputs.size() != 2 || !init.is_fixed(1)) return;  // the launch reports bad operands
     const TensorView &a = init.inputs[0], &w = init.inputs[1];
     if (w.dtype == DType::bf16) amx_ = amx::pack_matmul_rhs(a, w, transpose_b_);
-    if (!amx_) simd_ = pack_simd_rhs(a, w, transpose_b_);
+    if (!amx_) simd_ = pack_simd_rhs(init, a, w, transpose_b_);
   }
 
   void run(const KernelContext& ctx, std::span<const TensorView> inputs,
@@ -314,7 +326,7 @@ std::optional<gemm::Problem> matmul_gemv_problem(const Kernel& matmul, const Ten
   if (p.M > amx::kMinRows && b.dtype == DType::bf16 && amx::available() && gemm::active_isa() == gemm::best_isa())
     return std::nullopt;
   gemm::Problem problem = gemm_problem(p, a.dtype, b.dtype, a.data, b.data, out.data, 0);
-  use_packed(problem, kernel->simd_panels_for(b));  // a weight packed for the GEMM takes it above kSmallM
+  use_packed(problem, kernel->simd_panels_for(b));  // small M then runs the GEMM's loops on the panels
   if (!gemm::small_m_applies(problem)) return std::nullopt;
   return problem;
 }
