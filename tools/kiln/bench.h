@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kiln/graph/dtype.h"
@@ -52,14 +53,16 @@ double roofline_tokens_per_s(double weight_bytes_per_token, double read_bytes_pe
 struct BandwidthResult {
   int threads = 1;
   int64_t buffer_bytes = 0;
-  int streams_per_thread = 4;
-  int passes = 0;
-  double read_bytes_per_s = 0;  // the best pass
+  int streams_per_thread = 0;  // the read pattern of read_bytes_per_s
+  int passes = 0;              // per pattern
+  double read_bytes_per_s = 0;  // the best pass of the fastest pattern
+  std::vector<std::pair<int, double>> read_bytes_per_s_by_streams;  // (streams per thread, its best pass)
 };
 
 // Each thread sums its own slice of a buffer (first touched by that thread, huge pages advised),
-// reading it as `streams_per_thread` interleaved streams with vector loads; the best of `passes`
-// timed passes, all threads together. ValueError for threads < 1, passes < 1 or a buffer too small.
+// reading it as 1, 2, 4 and 8 interleaved streams with vector loads in turn; each pattern's best of
+// `passes` timed passes, all threads together, and the fastest pattern's figure as the result.
+// ValueError for threads < 1, passes < 1 or a buffer too small.
 BandwidthResult measure_read_bandwidth(int threads, int64_t buffer_bytes = int64_t{1} << 30, int passes = 5);
 
 // ---- model benchmark ---------------------------------------------------------------------------------

@@ -60,12 +60,15 @@ nlohmann::json to_json(const GemmBenchResult& r) {
 }
 
 nlohmann::json to_json(const BandwidthResult& r) {
+  nlohmann::json by_streams = nlohmann::json::object();
+  for (const auto& [streams, rate] : r.read_bytes_per_s_by_streams) by_streams[std::to_string(streams)] = rate * 1e-9;
   return {{"kind", "bandwidth"},
           {"threads", r.threads},
           {"buffer_bytes", r.buffer_bytes},
           {"streams_per_thread", r.streams_per_thread},
           {"passes", r.passes},
-          {"read_gb_per_s", r.read_bytes_per_s * 1e-9}};
+          {"read_gb_per_s", r.read_bytes_per_s * 1e-9},
+          {"read_gb_per_s_by_streams", by_streams}};
 }
 
 std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
@@ -168,13 +171,16 @@ std::string table_row(const GemmBenchResult& r) {
 }
 
 std::string bandwidth_table_header() {
-  return fmt::format("{:<9} {:>10} {:>16} {:>7} {:>10}", "bandwidth", "buffer MiB", "streams/thread",
-                     "passes", "read GB/s");
+  return fmt::format("{:<9} {:>10} {:>7} {:>10} {:>16} {:>28}", "bandwidth", "buffer MiB", "passes", "read GB/s",
+                     "best streams/thread", "GB/s at 1 / 2 / 4 / 8 streams");
 }
 
 std::string table_row(const BandwidthResult& r) {
-  return fmt::format("{:<9} {:>10} {:>16} {:>7} {:>10.1f}", fmt::format("{} thr", r.threads),
-                     r.buffer_bytes >> 20, r.streams_per_thread, r.passes, r.read_bytes_per_s * 1e-9);
+  std::string by_streams;
+  for (const auto& [streams, rate] : r.read_bytes_per_s_by_streams)
+    by_streams += fmt::format("{}{:.1f}", by_streams.empty() ? "" : " / ", rate * 1e-9);
+  return fmt::format("{:<9} {:>10} {:>7} {:>10.1f} {:>16} {:>28}", fmt::format("{} thr", r.threads),
+                     r.buffer_bytes >> 20, r.passes, r.read_bytes_per_s * 1e-9, r.streams_per_thread, by_streams);
 }
 
 nlohmann::json to_json(const ConcurrencyBenchResult& r) {
