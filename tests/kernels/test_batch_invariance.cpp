@@ -4,8 +4,9 @@
 // whatever the other rows and M are, on every ISA level this CPU supports and on 1 or 2 threads: the continuous-batching
 // engine gives a request the same tokens alone or in a batch of steps up to 8 rows (docs/batching.md;
 // above 8 rows the blocked GEMM rounds in another order, except for f16 / bf16 weights, which stream
-// in chunks of 8 rows up to 32). Q8_0 weights fixed at build, as a model's
-// are, run on their packed panels from 3 rows where VNNI is: rows then match at every M; the other
+// in chunks of 8 rows up to 32). f32 / f16 / bf16 weights fixed at build, as a model's are, run on
+// the SIMD GEMM's panels at every M: rows then match at every M. Q8_0 weights fixed at build run on
+// their packed panels where VNNI is: rows then match at every M; the other
 // encodings' block GEMM (above 8 rows, where VNNI is) likewise at every M above 8. The results alone are checked against a double-precision loop (the tolerance of test_gemm.cpp;
 // for Q8_0 also the activations' quantization error, half a step d_x per element).
 #include <gtest/gtest.h>
@@ -166,8 +167,8 @@ TEST(BatchInvariance, MatmulRowsMatchTheRowAloneForEveryWeightDtype) {
 
 // f16 / bf16 weights that are not fixed at build stream as chunks of at most 8 rows up to
 // gemm::kNarrowSmallMMax (32) rows, so every row of those steps too is bitwise the row alone, both
-// layouts, single or grouped. Fixed ones (a model's) are packed for the GEMM, which runs above 8 rows
-// (up to 8 they run this same GEMV). N = 150 at K = 1120 spans two of the chunks' column blocks.
+// layouts, single or grouped. Fixed ones (a model's) run on their panels at every M (the test after
+// this one). N = 150 at K = 1120 spans two of the chunks' column blocks.
 // CPUs with AMX run bf16 above 8 rows on the tiles (activations rounded to bf16): bf16 is checked
 // there at 8 rows or fewer only.
 TEST(BatchInvariance, NarrowWeightsGiveEveryRowItsBitsAloneUpTo32Rows) {
@@ -201,6 +202,43 @@ TEST(BatchInvariance, NarrowWeightsGiveEveryRowItsBitsAloneUpTo32Rows) {
             group, x, "grouped f32 x " + std::string(dtype_name(dtype)), isa,
             [&](size_t i, int64_t m, int64_t n) { return float_reference(x, w[i], m, n); }, ms);
       }
+    }
+  }
+}
+
+// f32 / f16 / bf16 weights fixed at build (a model's) are packed into the SIMD GEMM's panels, and every
+// M runs on them, decode's single row included (gemm.h): the GEMM sums each output in one order
+// whatever the rows, so each row of every M from 1 to 40 (across 6-row tiles, the small-M split into
+// panels of columns and the GEMM's row split) is bitwise that row alone, on 1 or 2 threads, both
+// layouts, single or grouped, and within the double reference. Without SIMD kernels nothing is packed
+// (the portable GEMV, checked above up to 8 rows); bf16 on AMX CPUs runs the tiles above 8 rows.
+TEST(BatchInvariance, FixedFloatWeightsGiveEveryRowTheSameBitsAtEveryM) {
+  const int64_t kMany = 40;
+  const int64_t ms[] = {1, 2, 3, 7, 8, 9, 13, 32, 33, 40};
+  uint32_t seed = 150;
+  for (Isa isa : supported_isas()) {
+    if (isa == Isa::generic) continue;
+    ForcedIsa forced(isa);
+    const int64_t K = 1120, N = 150;
+    const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {kMany, K}, kernel_test::pseudo_random(kMany * K, seed++));
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+      const bool amx_takes_bf16 = dtype == DType::bf16 && amx::available() && isa == gemm::best_isa();
+      const std::span<const int64_t> m_list = amx_takes_bf16 ? std::span<const int64_t>(kMs) : std::span<const int64_t>(ms);
+      for (bool transpose_b : {true, false}) {
+        std::vector<double> w;
+        Product p{Op::matmul, {{"transpose_b", int64_t{transpose_b}}}, {}, {N}, /*fixed_weights=*/true};
+        p.weights.push_back(float_weight(dtype, N, K, transpose_b, seed++, w));
+        const std::string what = "fixed f32 x " + std::string(dtype_name(dtype)) + (transpose_b ? " transpose_b" : " plain");
+        expect_batch_invariant(
+            p, x, what, isa, [&](size_t, int64_t m, int64_t n) { return float_reference(x, w, m, n); }, m_list);
+      }
+      const std::vector<int64_t> widths{N, 40, 70};
+      std::vector<std::vector<double>> w(widths.size());
+      Product group{Op::grouped_matmul, {{"transpose_b", int64_t{1}}}, {}, widths, /*fixed_weights=*/true};
+      for (size_t i = 0; i < widths.size(); ++i) group.weights.push_back(float_weight(dtype, widths[i], K, true, seed++, w[i]));
+      expect_batch_invariant(
+          group, x, "grouped fixed f32 x " + std::string(dtype_name(dtype)), isa,
+          [&](size_t i, int64_t m, int64_t n) { return float_reference(x, w[i], m, n); }, m_list);
     }
   }
 }
