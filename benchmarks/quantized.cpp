@@ -138,11 +138,12 @@ void BM_q4_k(benchmark::State& s) { gemv(s, "q4_k"); }
 void BM_q5_k(benchmark::State& s) { gemv(s, "q5_k"); }
 void BM_q6_k(benchmark::State& s) { gemv(s, "q6_k"); }
 
-// Q8_0 on its packed GEMM panels (what a fixed weight runs on where VNNI is), every copy packed
-// ahead; skipped without the kernel.
-void BM_q8_0_packed(benchmark::State& state) {
+// Q8_0 on its packed GEMM panels, Q4_K on its nibble panels (what a fixed weight runs on where VNNI
+// is), every copy packed ahead; skipped without the kernels.
+void packed(benchmark::State& state, kiln::graph::QuantizationEncoding e) {
   namespace q = kiln::kernels::quantized;
-  const q::Q8_0PackFn pack = q::avx512_vnni_q8_0_pack();
+  const bool q4_k = e == kiln::graph::QuantizationEncoding::q4_k;
+  const q::Q8_0PackFn pack = q4_k ? q::avx512_vnni_q4_k_pack() : q::avx512_vnni_q8_0_pack();
   if (!pack || !__builtin_cpu_supports("avx512vnni")) {
     state.SkipWithError("no AVX512-VNNI");
     return;
@@ -150,26 +151,28 @@ void BM_q8_0_packed(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
   kiln::engine::ThreadPool pool(static_cast<int>(state.range(3)));
   const kiln::kernels::KernelContext ctx{&pool};
-  const std::vector<uint8_t> one = weight_bytes("q8_0", N, K);
-  const int64_t panel_bytes = (N + q::kGemmRows - 1) / q::kGemmRows * q::gemm_panel_bytes(K);
+  const std::vector<uint8_t> one = weight_bytes(std::string(kiln::graph::encoding_name(e)), N, K);
+  const int64_t panel_bytes =
+      (N + q::kGemmRows - 1) / q::kGemmRows * (q4_k ? q::q4_k_panel_bytes(K) : q::gemm_panel_bytes(K));
   const size_t copies = std::max<size_t>(1, kFootprint / static_cast<size_t>(panel_bytes));
   kiln::kernels::AlignedScratch<uint8_t> panels;
   uint8_t* base = panels.get(copies * static_cast<size_t>(panel_bytes));
   for (size_t c = 0; c < copies; ++c)
-    pack(one.data(), kiln::graph::quantized_row_bytes(kiln::graph::QuantizationEncoding::q8_0, K), N, K,
-         base + c * static_cast<size_t>(panel_bytes));
+    pack(one.data(), kiln::graph::quantized_row_bytes(e, K), N, K, base + c * static_cast<size_t>(panel_bytes));
   std::vector<float> x = random_floats(M * K, 1), y(static_cast<size_t>(M * N));
   const TensorView lhs{x.data(), DType::f32, {M, K}, {K, 1}};
   size_t c = 0;
   for (auto _ : state) {
-    const q::PackedQ8Target target{base + c * static_cast<size_t>(panel_bytes), N, y.data()};
-    q::q8_0_packed_gemm_group(ctx, lhs, std::span(&target, 1));
+    const q::PackedTarget target{base + c * static_cast<size_t>(panel_bytes), N, y.data()};
+    q::packed_gemm_group(ctx, e, lhs, std::span(&target, 1));
     benchmark::DoNotOptimize(y.data());
     c = (c + 1) % copies;
   }
   state.counters["weight B/s"] =
       benchmark::Counter(static_cast<double>(panel_bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_q8_0_packed(benchmark::State& s) { packed(s, kiln::graph::QuantizationEncoding::q8_0); }
+void BM_q4_k_packed(benchmark::State& s) { packed(s, kiln::graph::QuantizationEncoding::q4_k); }
 
 // The roofline: each thread reads its share of a chunk (16 MiB per iteration, cycling through 1 GiB)
 // as 4 interleaved streams (as the GEMVs read 2-4 weight rows at once), summing 64-byte vectors;
@@ -229,6 +232,7 @@ BENCHMARK(BM_q8_0)->Apply(shapes);
 BENCHMARK(BM_q8_0_packed)->Apply(shapes);
 BENCHMARK(BM_q4_0)->Apply(shapes);
 BENCHMARK(BM_q4_k)->Apply(shapes);
+BENCHMARK(BM_q4_k_packed)->Apply(shapes);
 BENCHMARK(BM_q5_k)->Apply(shapes);
 BENCHMARK(BM_q6_k)->Apply(shapes);
 BENCHMARK(BM_f32)->Name("BM_gemm_f32")->Apply(gemm_shapes);

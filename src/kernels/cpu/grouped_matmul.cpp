@@ -4,7 +4,7 @@
 //
 // Decode (lhs of at most gemm::kSmallM rows, every rhs on the GEMV path), and Q8_0 weights packed
 // for the VNNI GEMM at any M: one parallel job over the weight rows of all rhs (gemm::run_group,
-// quantized::qmatmul_gemv_group, quantized::q8_0_packed_gemm_group), so a step costs one pool
+// quantized::qmatmul_gemv_group, quantized::packed_gemm_group), so a step costs one pool
 // round trip instead of n, and the small k/v products no longer ramp up their memory streams alone.
 // Anything else (prefill, f64, integers, a batched lhs that does not fold into rows, bad operands):
 // the matmul or qmatmul kernel once per rhs, each built with the step (so with the state it derives
@@ -90,15 +90,15 @@ class GroupedMatmulKernel final : public Kernel {
   // rows in one job.
   bool run_quantized_group(const KernelContext& ctx, std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) const {
-    std::vector<quantized::PackedQ8Target> packed;
+    std::vector<quantized::PackedTarget> packed;
     for (size_t i = 1; i < inputs.size(); ++i) {
-      std::optional<quantized::PackedQ8Target> target;
+      std::optional<quantized::PackedTarget> target;
       naming_rhs(i - 1, [&] { target = qmatmul_packed_target(*parts_[i - 1], inputs[0], inputs[i], outputs[i - 1]); });
       if (!target) break;
       packed.push_back(*target);
     }
     if (packed.size() == parts_.size()) {
-      quantized::q8_0_packed_gemm_group(ctx, inputs[0], packed);
+      quantized::packed_gemm_group(ctx, encoding_, inputs[0], packed);
       return true;
     }
     std::vector<quantized::QGemvTarget> targets;

@@ -229,13 +229,9 @@ Q8Activations quantize_lhs(const KernelContext& ctx, QuantizationEncoding e, con
   return Q8Activations{xq, xd, xsum, sum16, M, K};
 }
 
-// The block GEMM (quantized.h) of Q4_0 and the K-quants, lhs [M, K] with M > gemm::kSmallM: the
-// activations quantized once, as for the GEMV, then the weight's panels cut into
-// gemm::kGemvPartsPerThread chunks per thread, each thread unpacking one panel at a time.
-void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorView& lhs, const uint8_t* w,
-                int64_t row_bytes, int64_t M, int64_t K, int64_t N, float* y) {
-  const quantized::QBlockGemmFn fn = quantized::avx512_vnni_block_gemm(e);
-  Q8Activations acts = quantize_lhs(ctx, e, lhs, M, K, /*offset=*/false);
+// The block GEMM's d_x * sum(q_x) per weight block (Q8Activations::scaled_sum), in this thread's scratch.
+void add_scaled_sums(QuantizationEncoding e, Q8Activations& acts) {
+  const int64_t M = acts.M, K = acts.K;
   const int64_t block = e == QuantizationEncoding::q6_k ? 16 : 32;  // weights per (a, b)
   const int64_t sums_per_row = K / block, ablock = quantized::activation_block(e);
   float* scaled = grow(t_scratch.scaled_sum, M * sums_per_row);
@@ -246,6 +242,16 @@ void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorVi
       scaled[i] = acts.d[m * (K / ablock) + j * block / ablock] * sum;
     }
   acts.scaled_sum = scaled;
+}
+
+// The block GEMM (quantized.h) of Q4_0 and the K-quants, lhs [M, K] with M > gemm::kSmallM: the
+// activations quantized once, as for the GEMV, then the weight's panels cut into
+// gemm::kGemvPartsPerThread chunks per thread, each thread unpacking one panel at a time.
+void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorView& lhs, const uint8_t* w,
+                int64_t row_bytes, int64_t M, int64_t K, int64_t N, float* y) {
+  const quantized::QBlockGemmFn fn = quantized::avx512_vnni_block_gemm(e);
+  Q8Activations acts = quantize_lhs(ctx, e, lhs, M, K, /*offset=*/false);
+  add_scaled_sums(e, acts);
   const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
   const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
   parallel_for(ctx, panels, std::max<int64_t>(1, panels / (gemm::kGemvPartsPerThread * threads)),
@@ -285,27 +291,39 @@ void quantized::qmatmul_gemv_group(const KernelContext& ctx, QuantizationEncodin
                });
 }
 
-void quantized::q8_0_packed_gemm_group(const KernelContext& ctx, const TensorView& lhs,
-                                       std::span<const PackedQ8Target> targets) {
+void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding encoding, const TensorView& lhs,
+                                  std::span<const PackedTarget> targets) {
   const int64_t K = lhs.shape.back(), M = K == 0 ? 0 : lhs.numel() / K;
-  const auto panels_of = [](const PackedQ8Target& t) { return (t.N + kGemmRows - 1) / kGemmRows; };
+  const auto panels_of = [](const PackedTarget& t) { return (t.N + kGemmRows - 1) / kGemmRows; };
   int64_t panels = 0;  // of all targets, concatenated
-  for (const PackedQ8Target& t : targets) panels += panels_of(t);
+  for (const PackedTarget& t : targets) panels += panels_of(t);
   if (M == 0 || panels == 0) return;
-  const Q8Activations acts = quantize_lhs(ctx, QuantizationEncoding::q8_0, lhs, M, K, /*offset=*/false);
-  const Q8_0GemmFn fn = avx512_vnni_q8_0_gemm();
+  const bool q4_k = encoding == QuantizationEncoding::q4_k;
+  Q8Activations acts = quantize_lhs(ctx, encoding, lhs, M, K, /*offset=*/false);
+  if (q4_k && M > kQ4KPanelGemvRows) add_scaled_sums(encoding, acts);
+  const Q8_0GemmFn q8_0 = avx512_vnni_q8_0_gemm();
+  const Q4KPanelsFn q4_k_fn = avx512_vnni_q4_k_panels();
+  const int64_t panel_bytes = q4_k ? q4_k_panel_bytes(K) : gemm_panel_bytes(K);
   // The panels cut as the GEMV's rows are: gemm::kGemvPartsPerThread chunks per thread, claimed as
   // threads come free (a core slowed by another job hands its share on), each at least 32 KiB of
   // weights times rows of x. Each row's sum is the same however the panels are cut.
   const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
   const int64_t parts = gemm::kGemvPartsPerThread * threads;
-  parallel_for(ctx, panels, std::max<int64_t>({1, 32768 / (gemm_panel_bytes(K) * M), panels / parts}),
+  parallel_for(ctx, panels, std::max<int64_t>({1, 32768 / (panel_bytes * M), panels / parts}),
                [&](int64_t begin, int64_t end) {
+                 uint8_t* scratch = q4_k && M > kQ4KPanelGemvRows
+                                        ? t_scratch.panel.get(static_cast<size_t>(block_gemm_panel_bytes(encoding, K)))
+                                        : nullptr;
                  int64_t first = 0;  // the target's first panel in the concatenation
-                 for (const PackedQ8Target& t : targets) {
+                 for (const PackedTarget& t : targets) {
                    const int64_t p0 = std::max(begin, first) - first, p1 = std::min(end, first + panels_of(t)) - first;
-                   if (p0 < p1)
-                     fn(acts, nullptr, 0, p0 * kGemmRows, std::min(t.N, p1 * kGemmRows), t.y, t.N, t.panels, nullptr);
+                   if (p0 < p1) {
+                     const int64_t n0 = p0 * kGemmRows, n1 = std::min(t.N, p1 * kGemmRows);
+                     if (q4_k)
+                       q4_k_fn(acts, t.panels, n0, n1, t.y, t.N, scratch);
+                     else
+                       q8_0(acts, nullptr, 0, n0, n1, t.y, t.N, t.panels, nullptr);
+                   }
                    first += panels_of(t);
                  }
                });
@@ -348,7 +366,7 @@ namespace {
 
 // A fixed Q8_0 weight's GEMM panels (quantized.h), packed once at build, with the view they came from:
 // a launch uses them only for that same weight.
-struct PackedQ8Panels {
+struct PackedPanels {
   const void* source = nullptr;
   int64_t N = 0, K = 0, row_stride = 0;
   AlignedScratch<uint8_t> panels;
@@ -360,6 +378,7 @@ class QmatmulKernel final : public Kernel {
   void run(const KernelContext& ctx, std::span<const TensorView> inputs,
            std::span<const TensorView> outputs) const override;
   bool packed() const { return panels_.has_value(); }
+  QuantizationEncoding encoding() const { return encoding_; }
   // The panels packed from w that a launch (lhs inner dim K) runs on, where the VNNI GEMM is
   // active; else nullptr.
   const uint8_t* panels_for(const TensorView& w, int64_t K) const {
@@ -371,30 +390,36 @@ class QmatmulKernel final : public Kernel {
 
  private:
   QuantizationEncoding encoding_;
-  std::optional<PackedQ8Panels> panels_;
+  std::optional<PackedPanels> panels_;
 };
 
-// A fixed weight's GEMM panels, where the VNNI GEMM runs: every launch then runs on them. They cost
-// the weight's size once more, unless its owner drops the original (a file mapping's pages: the
-// loaders ask Model::copied_weights); packing per call was a fifth of a stories110M q8_0 prefill's
-// GEMM time.
+// A fixed Q8_0 weight's GEMM panels, or a fixed Q4_K weight's nibble panels, where VNNI is: every
+// launch then runs on them, and the file's rows are not read again, so they are reported as copied
+// (a mapped file's pages of them are dropped: the weight is held once). Packing Q8_0 per call was a
+// fifth of a stories110M q8_0 prefill's GEMM time; Q4_K's decode reads 16 rows per instruction from
+// its panels (quantized.h).
 QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(init)) {
-  const quantized::Q8_0PackFn pack = quantized::avx512_vnni_q8_0_pack();
-  if (encoding_ != QuantizationEncoding::q8_0 || init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni())
-    return;
+  const bool q4_k = encoding_ == QuantizationEncoding::q4_k;
+  const quantized::Q8_0PackFn pack = q4_k ? quantized::avx512_vnni_q4_k_pack()
+                                     : encoding_ == QuantizationEncoding::q8_0 ? quantized::avx512_vnni_q8_0_pack()
+                                                                               : nullptr;
+  if (init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni()) return;
   const TensorView &a = init.inputs[0], &w = init.inputs[1];  // a's shape is empty when symbolic
+  const int64_t block_bytes = q4_k ? graph::kQ4_KBlockBytes : graph::kQ8_0BlockBytes;
+  const int64_t block_size = q4_k ? graph::kKQuantBlockSize : graph::kQ8_0BlockSize;
   if (a.dtype != DType::f32 || w.dtype != DType::u8 || w.shape.size() != 2 || w.strides[1] != 1 || w.shape[0] == 0 ||
-      w.shape[1] == 0 || w.shape[1] % graph::kQ8_0BlockBytes != 0)
+      w.shape[1] == 0 || w.shape[1] % block_bytes != 0)
     return;  // the launch reports what is wrong
-  const int64_t N = w.shape[0], K = w.shape[1] / graph::kQ8_0BlockBytes * graph::kQ8_0BlockSize;
+  const int64_t N = w.shape[0], K = w.shape[1] / block_bytes * block_size;
   if (!a.shape.empty() && a.shape.back() != K) return;  // a static lhs of another K: the launch says so
-  PackedQ8Panels& p = panels_.emplace();
+  const int64_t panel_bytes = q4_k ? quantized::q4_k_panel_bytes(K) : quantized::gemm_panel_bytes(K);
+  PackedPanels& p = panels_.emplace();
   p.source = w.data;
   p.N = N;
   p.K = K;
   p.row_stride = w.strides[0];
   const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
-  uint8_t* dst = p.panels.get(static_cast<size_t>(panels * quantized::gemm_panel_bytes(K)));
+  uint8_t* dst = p.panels.get(static_cast<size_t>(panels * panel_bytes));
   // In slices of about 8 MiB, each reported as copied once packed: a mapped file's pages of it are
   // dropped as packing goes, so even the largest weight (an output projection) is not held twice.
   const int64_t slice = std::max<int64_t>(1, (int64_t{8} << 20) / (quantized::kGemmRows * w.strides[0])) *
@@ -402,7 +427,7 @@ QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(ini
   for (int64_t n = 0; n < N; n += slice) {
     const int64_t rows = std::min(slice, N - n);
     const uint8_t* src = w.as<uint8_t>() + n * w.strides[0];
-    pack(src, w.strides[0], rows, K, dst + n / quantized::kGemmRows * quantized::gemm_panel_bytes(K));
+    pack(src, w.strides[0], rows, K, dst + n / quantized::kGemmRows * panel_bytes);
     init.report_copied(1, src, static_cast<size_t>(rows * w.strides[0]));
   }
 }
@@ -417,8 +442,8 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
   const int64_t w_row = w.strides[0];
   float* y = out.as<float>();  // [M, N]
   if (const uint8_t* packed = panels_for(w, K)) {
-    const quantized::PackedQ8Target target{packed, N, y};
-    quantized::q8_0_packed_gemm_group(ctx, a, std::span(&target, 1));
+    const quantized::PackedTarget target{packed, N, y};
+    quantized::packed_gemm_group(ctx, encoding_, a, std::span(&target, 1));
     return;
   }
   if (M > gemm::kSmallM && use_vnni() && quantized::avx512_vnni_block_gemm(encoding_)) {
@@ -501,14 +526,14 @@ bool qmatmul_packed_panels(const Kernel& qmatmul) {
   return kernel && kernel->packed();
 }
 
-std::optional<quantized::PackedQ8Target> qmatmul_packed_target(const Kernel& qmatmul, const TensorView& lhs,
+std::optional<quantized::PackedTarget> qmatmul_packed_target(const Kernel& qmatmul, const TensorView& lhs,
                                                                const TensorView& w, const TensorView& out) {
   const auto* kernel = dynamic_cast<const QmatmulKernel*>(&qmatmul);
-  if (!kernel || !kernel->packed()) return std::nullopt;  // packed: a Q8_0 kernel
-  const QmatmulShape s = check_qmatmul(QuantizationEncoding::q8_0, lhs, w, out);
+  if (!kernel || !kernel->packed()) return std::nullopt;  // packed: a Q8_0 or Q4_K kernel
+  const QmatmulShape s = check_qmatmul(kernel->encoding(), lhs, w, out);
   const uint8_t* panels = kernel->panels_for(w, s.K);
   if (!panels) return std::nullopt;
-  return quantized::PackedQ8Target{panels, s.N, out.as<float>()};
+  return quantized::PackedTarget{panels, s.N, out.as<float>()};
 }
 
 void register_cpu_quantized(KernelRegistry& r) {

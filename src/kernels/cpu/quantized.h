@@ -92,16 +92,19 @@ void qmatmul_gemv_group(const KernelContext& ctx, graph::QuantizationEncoding en
 std::optional<QGemvTarget> qmatmul_gemv_target(graph::QuantizationEncoding encoding, const TensorView& lhs,
                                                const TensorView& w, const TensorView& out);
 
-// One fixed Q8_0 weight's packed panels (Q8_0PackFn's layout, N rows) and its result y [M][N].
-struct PackedQ8Target {
+// One fixed weight's panels packed at init (Q8_0PackFn's or Q4KPackFn's layout, N rows) and its
+// result y [M][N].
+struct PackedTarget {
   const uint8_t* panels = nullptr;
   int64_t N = 0;
   float* y = nullptr;
 };
-// The packed Q8_0 GEMM for lhs [..., K] f32 of any M (the caller checked VNNI and the operands): the
-// activations quantized once, then the panels of every target cut into chunks as ONE parallel job
-// (decode's grouped q/k/v in one pool round trip). Each result has the bits qmatmul gives alone.
-void q8_0_packed_gemm_group(const KernelContext& ctx, const TensorView& lhs, std::span<const PackedQ8Target> targets);
+// The packed GEMM (Q8_0) or panels kernel (Q4_K) for lhs [..., K] f32 of any M (the caller checked
+// VNNI and the operands): the activations quantized once, then the panels of every target cut into
+// chunks as ONE parallel job (decode's grouped q/k/v in one pool round trip). Each result has the
+// bits qmatmul gives alone.
+void packed_gemm_group(const KernelContext& ctx, graph::QuantizationEncoding encoding, const TensorView& lhs,
+                       std::span<const PackedTarget> targets);
 
 // ---- Q4_0, Q4_K, Q5_K, Q6_K -----------------------------------------------------------------------
 // The activations are quantized to int8 with the rule above (d_x = max|x| / 127, q_x =
@@ -154,6 +157,29 @@ using QBlockGemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t 
                               float* y, int64_t ldy, uint8_t* panel);
 // nullptr for q8_0, or where not compiled for x86-64; the caller checks the CPU.
 QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
+// ---- Q4_K packed at init (AVX-512 + AVX512_VNNI) ----------------------------------------------------
+// A fixed Q4_K weight (a model's) is repacked once into panels of kGemmRows rows that keep its 4.5
+// bits a weight (+2.8%), per super-block of 256: the quants of each sub-block j of 32 as
+// [2 halves][4][16 rows][4 bytes], byte t of vector i holding quant 8i + t (low nibble) and 8i + 4 + t
+// (high nibble), so one load and a mask or a shift give a vpdpbusd 4 quants of 16 rows; then sc and m
+// [8][32 rows] u8, d and dmin [32 rows] f16. Decode (M <= kQ4KPanelGemvRows) runs on them 16 rows per
+// instruction instead of one row's scales at a time; more rows unpack each panel into the block
+// GEMM's (the same quants and (a, b) as from the rows, so the same bits) on the way. The file's rows
+// are then not read again.
+inline constexpr int64_t kQ4KPanelSuperBytes = 4736;
+inline constexpr int64_t kQ4KPanelGemvRows = 8;  // gemm::kSmallM
+inline int64_t q4_k_panel_bytes(int64_t K) { return K / 256 * kQ4KPanelSuperBytes; }
+// Weight rows [0, N) of w -> ceil(N / kGemmRows) panels of q4_k_panel_bytes(K) at `panels` (64-byte
+// aligned); rows past N are zero.
+using Q4KPackFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels);
+// y[m * ldy + n], n in [n0, n1) (n0 a multiple of kGemmRows), for any M, from the panels; x as for the
+// K-quants' GEMV (quantize_rows_256, with sums of 32), plus scaled_sum when M > kQ4KPanelGemvRows.
+// `scratch`: block_gemm_panel_bytes(q4_k, K) bytes, 64-byte aligned (read when M > kQ4KPanelGemvRows).
+using Q4KPanelsFn = void (*)(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y,
+                             int64_t ldy, uint8_t* scratch);
+Q4KPackFn avx512_vnni_q4_k_pack();
+Q4KPanelsFn avx512_vnni_q4_k_panels();
+
 int64_t block_gemm_panel_bytes(graph::QuantizationEncoding e, int64_t K);
 // One chunk of 32 quants of a block GEMM panel: the quants of kGemmRows rows, then their (a, b) per
 // weight block (`sub_blocks` = 32 / B of them).
@@ -163,12 +189,13 @@ constexpr int64_t block_gemm_chunk_bytes(int sub_blocks) { return 32 * kGemmRows
 
 namespace kiln::kernels {
 // The qmatmul kernel of a step: its encoding checked once, and a fixed Q8_0 weight's GEMM panels
-// packed at build where the VNNI GEMM runs (they then serve every launch, whatever its M).
+// (a Q4_K weight's nibble panels) packed at build where VNNI is (they then serve every launch,
+// whatever its M).
 std::unique_ptr<const Kernel> make_qmatmul_kernel(const KernelInit& init);
 // Tests: whether a qmatmul kernel (make_qmatmul_kernel) packed its fixed weight's panels at build.
 bool qmatmul_packed_panels(const Kernel& qmatmul);
 // qmatmul(lhs, w) -> out checked as qmatmul checks it (its errors); the packed target a qmatmul kernel
 // runs it on (its panels are w's and the VNNI GEMM is active), else nullopt.
-std::optional<quantized::PackedQ8Target> qmatmul_packed_target(const Kernel& qmatmul, const TensorView& lhs,
+std::optional<quantized::PackedTarget> qmatmul_packed_target(const Kernel& qmatmul, const TensorView& lhs,
                                                                const TensorView& w, const TensorView& out);
 }  // namespace kiln::kernels

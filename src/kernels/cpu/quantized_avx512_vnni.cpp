@@ -597,6 +597,159 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
   }
 }
 
+// ---- Q4_K packed at init: nibble panels (quantized.h) ---------------------------------------------
+
+// Offsets within one super-block of a Q4_K panel (kGemmRows rows x 256 weights).
+constexpr int64_t kQ4KScalesAt = 4096, kQ4KMinsAt = 4352, kQ4KDAt = 4608, kQ4KDminAt = 4672;
+static_assert(kQ4KDminAt + 64 == kQ4KPanelSuperBytes);
+
+void q4_k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
+  const int64_t supers = K / 256;
+  for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
+    uint8_t* panel = panels + n0 / kGemmRows * q4_k_panel_bytes(K);
+    std::memset(panel, 0, static_cast<size_t>(q4_k_panel_bytes(K)));  // rows past N: u = 0, d = dmin = 0
+    for (int64_t r = 0; r < lo(kGemmRows, N - n0); ++r) {
+      const int64_t half = r / 16, lane = r % 16;
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* b = w + (n0 + r) * row_bytes + s * graph::kQ4_KBlockBytes;
+        uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
+        uint8_t sc[8], mn[8];
+        graph::unpack_k_scales(b + 4, sc, mn);
+        for (int j = 0; j < 8; ++j) {
+          ps[kQ4KScalesAt + j * kGemmRows + r] = sc[j];
+          ps[kQ4KMinsAt + j * kGemmRows + r] = mn[j];
+          // Sub-block j's 32 weights: the low (j even) or high nibbles of bytes 32 (j / 2) ... + 31.
+          const uint8_t* q = b + 16 + 32 * (j / 2);
+          const int shift = j % 2 == 0 ? 0 : 4;
+          for (int i = 0; i < 4; ++i)
+            for (int t = 0; t < 4; ++t) {
+              const uint8_t low = (q[8 * i + t] >> shift) & 0x0F, high = (q[8 * i + 4 + t] >> shift) & 0x0F;
+              ps[j * 512 + half * 256 + i * 64 + lane * 4 + t] = static_cast<uint8_t>(low | high << 4);
+            }
+        }
+        std::memcpy(ps + kQ4KDAt + 2 * r, b, 2);
+        std::memcpy(ps + kQ4KDminAt + 2 * r, b + 2, 2);
+      }
+    }
+  }
+}
+
+// One activation row m of x against a Q4_K panel (32 weight rows, `mask0`/`mask1`: which exist):
+// y[m, n0 .. n0 + 32). Per super-block and 16 rows, sub-block j's dot is 8 vpdpbusd (the low nibbles
+// of a vector are 4 quants of the row, its high nibbles the next 4), then the integer sums
+// sum_j sc_j dot_j and sum_j m_j sum_j(q_x) are scaled once in f32: (d d_x) and (dmin d_x), as the
+// row GEMV does. Each row's arithmetic is its own, so its bits do not depend on M.
+void q4_k_panel_row(const Q8Activations& x, const uint8_t* panel, int64_t m, float* y, __mmask16 mask0,
+                    __mmask16 mask1) {
+  const int64_t K = x.K, supers = K / 256;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  const uint8_t* xrow = x.x + m * K;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
+    // Two super-blocks ahead (9 KiB) into L2: without it one core streamed 11-13 GB/s from DRAM, with
+    // it 15-17 (Zen 4; T0, NTA and other distances were no better within the host's noise).
+    for (int64_t line = 0; line < kQ4KPanelSuperBytes / 64; ++line)
+      _mm_prefetch(reinterpret_cast<const char*>(ps + 2 * kQ4KPanelSuperBytes + line * 64), _MM_HINT_T1);
+    __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512i msum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    const uint8_t* xs = xrow + s * 256;
+#pragma GCC unroll 2
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* pj = ps + j * 512;
+      __m512i even[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+      __m512i odd[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        int32_t qa, qb;
+        std::memcpy(&qa, xs + 32 * j + 8 * i, 4);
+        std::memcpy(&qb, xs + 32 * j + 8 * i + 4, 4);
+        const __m512i xa = _mm512_set1_epi32(qa), xb = _mm512_set1_epi32(qb);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m512i v = _mm512_load_si512(pj + h * 256 + i * 64);
+          even[h] = _mm512_dpbusd_epi32(even[h], _mm512_and_si512(v, low), xa);
+          odd[h] = _mm512_dpbusd_epi32(odd[h], _mm512_and_si512(_mm512_srli_epi16(v, 4), low), xb);
+        }
+      }
+      const __m512i xsum = _mm512_set1_epi32(x.sum[m * (K / 32) + s * 8 + j]);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + kQ4KScalesAt + j * 32 + 16 * h)));
+        const __m512i mn = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + kQ4KMinsAt + j * 32 + 16 * h)));
+        isum[h] = _mm512_add_epi32(isum[h], _mm512_mullo_epi32(_mm512_add_epi32(even[h], odd[h]), sc));
+        msum[h] = _mm512_add_epi32(msum[h], _mm512_mullo_epi32(mn, xsum));
+      }
+    }
+    const __m512 dx = _mm512_set1_ps(x.d[m * supers + s]);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ4KDAt + 32 * h)));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ4KDminAt + 32 * h)));
+      acc[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[h]), _mm512_mul_ps(d, dx), acc[h]);
+      acc[h] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[h]), _mm512_mul_ps(dmin, dx), acc[h]);
+    }
+  }
+  _mm512_mask_storeu_ps(y, mask0, acc[0]);
+  _mm512_mask_storeu_ps(y + 16, mask1, acc[1]);
+}
+
+// A Q4_K panel -> the block GEMM's panel (its quants and (a, b) exactly as unpack_panel makes them
+// from the rows: a = d sc_j, b = dmin m_j, the same f32 products), so the GEMM gives the same bits
+// from either.
+void q4_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_panel) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t s = 0; s < K / 256; ++s) {
+    const uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t* chunk = gemm_panel + (s * 8 + j) * kChunkBytes<1>;
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 4; ++i) {
+          const __m512i v = _mm512_load_si512(ps + j * 512 + h * 256 + i * 64);
+          _mm512_store_si512(chunk + 512 * h + 64 * (2 * i), _mm512_and_si512(v, low));
+          _mm512_store_si512(chunk + 512 * h + 64 * (2 * i + 1), _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+        }
+      auto* ab = reinterpret_cast<float*>(chunk + 1024);
+      for (int h = 0; h < 2; ++h) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ4KDAt + 32 * h)));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ4KDminAt + 32 * h)));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + kQ4KScalesAt + j * 32 + 16 * h))));
+        const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + kQ4KMinsAt + j * 32 + 16 * h))));
+        _mm512_store_ps(ab + 16 * h, _mm512_mul_ps(d, sc));
+        _mm512_store_ps(ab + kGemmRows + 16 * h, _mm512_mul_ps(dmin, mn));
+      }
+    }
+  }
+}
+
+void q4_k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                 uint8_t* scratch) {
+  const int64_t K = x.K, chunks = K / 32;
+  for (int64_t n = n0; n < n1; n += kGemmRows) {
+    const uint8_t* panel = panels + n / kGemmRows * q4_k_panel_bytes(K);
+    const auto [mask0, mask1] = panel_masks(lo(kGemmRows, n1 - n));
+    if (x.M <= kQ4KPanelGemvRows) {
+      for (int64_t m = 0; m < x.M; ++m) q4_k_panel_row(x, panel, m, y + m * ldy + n, mask0, mask1);
+      continue;
+    }
+    q4_k_panel_to_gemm_panel(panel, K, scratch);
+    for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {  // as block_gemm
+      const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
+      int64_t m = 0;
+      for (; m + kGemmMR <= x.M; m += kGemmMR)
+        block_gemm_tile<kGemmMR, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0);
+      switch (x.M - m) {
+        case 1: block_gemm_tile<1, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 2: block_gemm_tile<2, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 3: block_gemm_tile<3, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 4: block_gemm_tile<4, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 5: block_gemm_tile<5, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        default: break;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::kernels::quantized
 #ifdef __clang__
@@ -607,6 +760,8 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
 
 namespace kiln::kernels::quantized {
 QGemvFn avx512_vnni_q8_0_gemv() { return gemv; }
+Q4KPackFn avx512_vnni_q4_k_pack() { return q4_k_pack; }
+Q4KPanelsFn avx512_vnni_q4_k_panels() { return q4_k_panels; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return gemm; }
 Q8_0PackFn avx512_vnni_q8_0_pack() { return pack; }
 QuantizeRowsFn avx512_quantize_rows() { return quantize_rows; }
@@ -624,6 +779,8 @@ QBlockGemmFn avx512_vnni_block_gemm(QuantizationEncoding e) {
 #else
 namespace kiln::kernels::quantized {
 QGemvFn avx512_vnni_q8_0_gemv() { return nullptr; }
+Q4KPackFn avx512_vnni_q4_k_pack() { return nullptr; }
+Q4KPanelsFn avx512_vnni_q4_k_panels() { return nullptr; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return nullptr; }
 Q8_0PackFn avx512_vnni_q8_0_pack() { return nullptr; }
 QuantizeRowsFn avx512_quantize_rows() { return nullptr; }
