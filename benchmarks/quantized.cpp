@@ -138,12 +138,12 @@ void BM_q4_k(benchmark::State& s) { gemv(s, "q4_k"); }
 void BM_q5_k(benchmark::State& s) { gemv(s, "q5_k"); }
 void BM_q6_k(benchmark::State& s) { gemv(s, "q6_k"); }
 
-// Q8_0 on its packed GEMM panels, Q4_K on its nibble panels (what a fixed weight runs on where VNNI
+// Q8_0 on its packed GEMM panels, Q4_K and Q6_K on their nibble panels (what a fixed weight runs on where VNNI
 // is), every copy packed ahead; skipped without the kernels.
 void packed(benchmark::State& state, kiln::graph::QuantizationEncoding e) {
   namespace q = kiln::kernels::quantized;
-  const bool q4_k = e == kiln::graph::QuantizationEncoding::q4_k;
-  const q::Q8_0PackFn pack = q4_k ? q::avx512_vnni_q4_k_pack() : q::avx512_vnni_q8_0_pack();
+  const bool k_quant = e != kiln::graph::QuantizationEncoding::q8_0;
+  const q::Q8_0PackFn pack = k_quant ? q::avx512_vnni_k_pack(e) : q::avx512_vnni_q8_0_pack();
   if (!pack || !__builtin_cpu_supports("avx512vnni")) {
     state.SkipWithError("no AVX512-VNNI");
     return;
@@ -153,7 +153,7 @@ void packed(benchmark::State& state, kiln::graph::QuantizationEncoding e) {
   const kiln::kernels::KernelContext ctx{&pool};
   const std::vector<uint8_t> one = weight_bytes(std::string(kiln::graph::encoding_name(e)), N, K);
   const int64_t panel_bytes =
-      (N + q::kGemmRows - 1) / q::kGemmRows * (q4_k ? q::q4_k_panel_bytes(K) : q::gemm_panel_bytes(K));
+      (N + q::kGemmRows - 1) / q::kGemmRows * (k_quant ? q::k_panel_bytes(e, K) : q::gemm_panel_bytes(K));
   const size_t copies = std::max<size_t>(1, kFootprint / static_cast<size_t>(panel_bytes));
   kiln::kernels::AlignedScratch<uint8_t> panels;
   uint8_t* base = panels.get(copies * static_cast<size_t>(panel_bytes));
@@ -173,6 +173,7 @@ void packed(benchmark::State& state, kiln::graph::QuantizationEncoding e) {
 }
 void BM_q8_0_packed(benchmark::State& s) { packed(s, kiln::graph::QuantizationEncoding::q8_0); }
 void BM_q4_k_packed(benchmark::State& s) { packed(s, kiln::graph::QuantizationEncoding::q4_k); }
+void BM_q6_k_packed(benchmark::State& s) { packed(s, kiln::graph::QuantizationEncoding::q6_k); }
 
 // The roofline: each thread reads its share of a chunk (16 MiB per iteration, cycling through 1 GiB)
 // as 4 interleaved streams (as the GEMVs read 2-4 weight rows at once), summing 64-byte vectors;
@@ -235,6 +236,7 @@ BENCHMARK(BM_q4_k)->Apply(shapes);
 BENCHMARK(BM_q4_k_packed)->Apply(shapes);
 BENCHMARK(BM_q5_k)->Apply(shapes);
 BENCHMARK(BM_q6_k)->Apply(shapes);
+BENCHMARK(BM_q6_k_packed)->Apply(shapes);
 BENCHMARK(BM_f32)->Name("BM_gemm_f32")->Apply(gemm_shapes);
 BENCHMARK(BM_q8_0)->Name("BM_gemm_q8_0")->Apply(gemm_shapes);
 BENCHMARK(BM_q4_k)->Name("BM_gemm_q4_k")->Apply(gemm_shapes);

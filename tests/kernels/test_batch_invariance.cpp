@@ -386,45 +386,49 @@ TEST(BatchInvariance, BlockGemmGivesEveryRowTheSameBitsAtEveryMAboveEight) {
   }
 }
 
-// A model's Q4_K weights (fixed at build) on VNNI CPUs run on their nibble panels at every M
-// (quantized.h): up to 8 rows the panels' GEMV, whose rows never depend on the batch (each row of
-// every M from 1 to 8 bitwise that row at M = 8, within the reference's tolerance, grouped too); above
-// 8 rows the block GEMM on the panels unpacked, which gives bitwise what it gives from the file's rows.
-TEST(BatchInvariance, FixedQ4_KWeightsRunTheirPanelsAtEveryM) {
+// A model's Q4_K and Q6_K weights (fixed at build) on VNNI CPUs run on their nibble panels at every
+// M (quantized.h): up to 8 rows the panels' GEMV, whose rows never depend on the batch (each row of
+// every M from 1 to 8 bitwise that row at M = 8, within the reference's tolerance, grouped too, and
+// within a few roundings of the row GEMV on the file's rows); above 8 rows the block GEMM on the
+// panels unpacked, which gives bitwise what it gives from the file's rows.
+TEST(BatchInvariance, FixedKQuantWeightsRunTheirPanelsAtEveryM) {
   if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
-    GTEST_SKIP() << "this CPU has no AVX512-VNNI: no Q4_K panels to check";
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: no K-quant panels to check";
   ForcedIsa forced(Isa::avx512);
-  const auto e = graph::QuantizationEncoding::q4_k;
-  const int64_t K = 4352;  // 17 super-blocks
-  const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {8, K}, kernel_test::pseudo_random(8 * K, 160));
-  std::vector<std::vector<double>> w;
-  const std::vector<Product> products = grouped_and_alone(e, {70, 40, 33}, K, 161, /*fixed=*/true, w);
-  const int64_t Ms[] = {1, 2, 3, 5, 7};
-  expect_rows_the_same_at_every_m(products, w, x, Ms, quantized::activation_block(e), "fixed f32 x q4_k");
-  // The same integer sums as the row GEMV's (the file's rows), scaled and added in another f32 order:
-  // within a few f32 roundings of the largest result (the reference's tolerance above is wider).
-  for (const Product& p : products) {
-    Product from_rows = p;
-    from_rows.fixed_weights = false;
-    const std::vector<HostTensor> want = from_rows.run(x, 0, 8, nullptr), got = p.run(x, 0, 8, nullptr);
-    for (size_t i = 0; i < want.size(); ++i) {
-      double largest = 0;
-      for (int64_t j = 0; j < want[i].numel(); ++j) largest = std::max(largest, std::abs(want[i].as_double(j)));
-      for (int64_t j = 0; j < want[i].numel(); ++j)
-        ASSERT_NEAR(got[i].as_double(j), want[i].as_double(j), 1e-5 * largest) << "result " << i << " element " << j;
-    }
-  }
-
-  const HostTensor many = kernel_test::tensor_from_doubles(DType::f32, {40, K}, kernel_test::pseudo_random(40 * K, 162));
-  ThreadedParallel two(2);
-  for (int64_t M : {9, 13, 40})
+  uint32_t seed = 160;
+  for (graph::QuantizationEncoding e : {graph::QuantizationEncoding::q4_k, graph::QuantizationEncoding::q6_k}) {
+    const std::string what = "fixed f32 x " + std::string(graph::encoding_name(e));
+    const int64_t K = 4352;  // 17 super-blocks
+    const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {8, K}, kernel_test::pseudo_random(8 * K, seed++));
+    std::vector<std::vector<double>> w;
+    const std::vector<Product> products = grouped_and_alone(e, {70, 40, 33}, K, seed, /*fixed=*/true, w);
+    seed += 3;
+    const int64_t Ms[] = {1, 2, 3, 5, 7};
+    expect_rows_the_same_at_every_m(products, w, x, Ms, quantized::activation_block(e), what);
+    // The same integer sums as the row GEMV's (the file's rows), scaled and added in another f32
+    // order: within a few f32 roundings of the largest result (the reference's tolerance is wider).
     for (const Product& p : products) {
       Product from_rows = p;
       from_rows.fixed_weights = false;
-      const std::vector<HostTensor> want = from_rows.run(many, 0, M, nullptr), got = p.run(many, 0, M, &two);
-      for (size_t i = 0; i < want.size(); ++i)
-        ASSERT_EQ(got[i].bytes, want[i].bytes) << "M " << M << " result " << i << " of " << p.widths.size();
+      const std::vector<HostTensor> want = from_rows.run(x, 0, 8, nullptr), got = p.run(x, 0, 8, nullptr);
+      for (size_t i = 0; i < want.size(); ++i) {
+        double largest = 0;
+        for (int64_t j = 0; j < want[i].numel(); ++j) largest = std::max(largest, std::abs(want[i].as_double(j)));
+        for (int64_t j = 0; j < want[i].numel(); ++j)
+          ASSERT_NEAR(got[i].as_double(j), want[i].as_double(j), 1e-5 * largest) << what << " result " << i << " element " << j;
+      }
     }
+    const HostTensor many = kernel_test::tensor_from_doubles(DType::f32, {40, K}, kernel_test::pseudo_random(40 * K, seed++));
+    ThreadedParallel two(2);
+    for (int64_t M : {9, 13, 40})
+      for (const Product& p : products) {
+        Product from_rows = p;
+        from_rows.fixed_weights = false;
+        const std::vector<HostTensor> want = from_rows.run(many, 0, M, nullptr), got = p.run(many, 0, M, &two);
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_EQ(got[i].bytes, want[i].bytes) << what << " M " << M << " result " << i << " of " << p.widths.size();
+      }
+  }
 }
 
 // grouped_matmul's one-job path (q/k/v-like widths): each result row bitwise that row alone, and

@@ -298,12 +298,11 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
   int64_t panels = 0;  // of all targets, concatenated
   for (const PackedTarget& t : targets) panels += panels_of(t);
   if (M == 0 || panels == 0) return;
-  const bool q4_k = encoding == QuantizationEncoding::q4_k;
+  const KPanelsFn k_quant = avx512_vnni_k_panels(encoding);  // else Q8_0
   Q8Activations acts = quantize_lhs(ctx, encoding, lhs, M, K, /*offset=*/false);
-  if (q4_k && M > kQ4KPanelGemvRows) add_scaled_sums(encoding, acts);
+  if (k_quant && M > kKPanelGemvRows) add_scaled_sums(encoding, acts);
   const Q8_0GemmFn q8_0 = avx512_vnni_q8_0_gemm();
-  const Q4KPanelsFn q4_k_fn = avx512_vnni_q4_k_panels();
-  const int64_t panel_bytes = q4_k ? q4_k_panel_bytes(K) : gemm_panel_bytes(K);
+  const int64_t panel_bytes = k_quant ? k_panel_bytes(encoding, K) : gemm_panel_bytes(K);
   // The panels cut as the GEMV's rows are: gemm::kGemvPartsPerThread chunks per thread, claimed as
   // threads come free (a core slowed by another job hands its share on), each at least 32 KiB of
   // weights times rows of x. Each row's sum is the same however the panels are cut.
@@ -311,7 +310,7 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
   const int64_t parts = gemm::kGemvPartsPerThread * threads;
   parallel_for(ctx, panels, std::max<int64_t>({1, 32768 / (panel_bytes * M), panels / parts}),
                [&](int64_t begin, int64_t end) {
-                 uint8_t* scratch = q4_k && M > kQ4KPanelGemvRows
+                 uint8_t* scratch = k_quant && M > kKPanelGemvRows
                                         ? t_scratch.panel.get(static_cast<size_t>(block_gemm_panel_bytes(encoding, K)))
                                         : nullptr;
                  int64_t first = 0;  // the target's first panel in the concatenation
@@ -319,8 +318,8 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
                    const int64_t p0 = std::max(begin, first) - first, p1 = std::min(end, first + panels_of(t)) - first;
                    if (p0 < p1) {
                      const int64_t n0 = p0 * kGemmRows, n1 = std::min(t.N, p1 * kGemmRows);
-                     if (q4_k)
-                       q4_k_fn(acts, t.panels, n0, n1, t.y, t.N, scratch);
+                     if (k_quant)
+                       k_quant(acts, t.panels, n0, n1, t.y, t.N, scratch);
                      else
                        q8_0(acts, nullptr, 0, n0, n1, t.y, t.N, t.panels, nullptr);
                    }
@@ -393,26 +392,26 @@ class QmatmulKernel final : public Kernel {
   std::optional<PackedPanels> panels_;
 };
 
-// A fixed Q8_0 weight's GEMM panels, or a fixed Q4_K weight's nibble panels, where VNNI is: every
+// A fixed Q8_0 weight's GEMM panels, or a fixed Q4_K or Q6_K weight's nibble panels, where VNNI is: every
 // launch then runs on them, and the file's rows are not read again, so they are reported as copied
 // (a mapped file's pages of them are dropped: the weight is held once). Packing Q8_0 per call was a
-// fifth of a stories110M q8_0 prefill's GEMM time; Q4_K's decode reads 16 rows per instruction from
-// its panels (quantized.h).
+// fifth of a stories110M q8_0 prefill's GEMM time; the K-quants' decode reads 16 rows per instruction
+// from their panels (quantized.h).
 QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(init)) {
-  const bool q4_k = encoding_ == QuantizationEncoding::q4_k;
-  const quantized::Q8_0PackFn pack = q4_k ? quantized::avx512_vnni_q4_k_pack()
+  const bool k_quant = encoding_ == QuantizationEncoding::q4_k || encoding_ == QuantizationEncoding::q6_k;
+  const quantized::Q8_0PackFn pack = k_quant ? quantized::avx512_vnni_k_pack(encoding_)
                                      : encoding_ == QuantizationEncoding::q8_0 ? quantized::avx512_vnni_q8_0_pack()
                                                                                : nullptr;
   if (init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni()) return;
   const TensorView &a = init.inputs[0], &w = init.inputs[1];  // a's shape is empty when symbolic
-  const int64_t block_bytes = q4_k ? graph::kQ4_KBlockBytes : graph::kQ8_0BlockBytes;
-  const int64_t block_size = q4_k ? graph::kKQuantBlockSize : graph::kQ8_0BlockSize;
+  const int64_t block_bytes = graph::quantized_row_bytes(encoding_, graph::block_size(encoding_));
+  const int64_t block_size = graph::block_size(encoding_);
   if (a.dtype != DType::f32 || w.dtype != DType::u8 || w.shape.size() != 2 || w.strides[1] != 1 || w.shape[0] == 0 ||
       w.shape[1] == 0 || w.shape[1] % block_bytes != 0)
     return;  // the launch reports what is wrong
   const int64_t N = w.shape[0], K = w.shape[1] / block_bytes * block_size;
   if (!a.shape.empty() && a.shape.back() != K) return;  // a static lhs of another K: the launch says so
-  const int64_t panel_bytes = q4_k ? quantized::q4_k_panel_bytes(K) : quantized::gemm_panel_bytes(K);
+  const int64_t panel_bytes = k_quant ? quantized::k_panel_bytes(encoding_, K) : quantized::gemm_panel_bytes(K);
   PackedPanels& p = panels_.emplace();
   p.source = w.data;
   p.N = N;

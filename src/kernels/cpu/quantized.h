@@ -92,14 +92,14 @@ void qmatmul_gemv_group(const KernelContext& ctx, graph::QuantizationEncoding en
 std::optional<QGemvTarget> qmatmul_gemv_target(graph::QuantizationEncoding encoding, const TensorView& lhs,
                                                const TensorView& w, const TensorView& out);
 
-// One fixed weight's panels packed at init (Q8_0PackFn's or Q4KPackFn's layout, N rows) and its
+// One fixed weight's panels packed at init (Q8_0PackFn's layout, or avx512_vnni_k_pack's, N rows) and its
 // result y [M][N].
 struct PackedTarget {
   const uint8_t* panels = nullptr;
   int64_t N = 0;
   float* y = nullptr;
 };
-// The packed GEMM (Q8_0) or panels kernel (Q4_K) for lhs [..., K] f32 of any M (the caller checked
+// The packed GEMM (Q8_0) or panels kernel (Q4_K, Q6_K) for lhs [..., K] f32 of any M (the caller checked
 // VNNI and the operands): the activations quantized once, then the panels of every target cut into
 // chunks as ONE parallel job (decode's grouped q/k/v in one pool round trip). Each result has the
 // bits qmatmul gives alone.
@@ -157,28 +157,33 @@ using QBlockGemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t 
                               float* y, int64_t ldy, uint8_t* panel);
 // nullptr for q8_0, or where not compiled for x86-64; the caller checks the CPU.
 QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
-// ---- Q4_K packed at init (AVX-512 + AVX512_VNNI) ----------------------------------------------------
-// A fixed Q4_K weight (a model's) is repacked once into panels of kGemmRows rows that keep its 4.5
-// bits a weight (+2.8%), per super-block of 256: the quants of each sub-block j of 32 as
-// [2 halves][4][16 rows][4 bytes], byte t of vector i holding quant 8i + t (low nibble) and 8i + 4 + t
-// (high nibble), so one load and a mask or a shift give a vpdpbusd 4 quants of 16 rows; then sc and m
-// [8][32 rows] u8, d and dmin [32 rows] f16. Decode (M <= kQ4KPanelGemvRows) runs on them 16 rows per
-// instruction instead of one row's scales at a time; more rows unpack each panel into the block
-// GEMM's (the same quants and (a, b) as from the rows, so the same bits) on the way. The file's rows
-// are then not read again.
-inline constexpr int64_t kQ4KPanelSuperBytes = 4736;
-inline constexpr int64_t kQ4KPanelGemvRows = 8;  // gemm::kSmallM
-inline int64_t q4_k_panel_bytes(int64_t K) { return K / 256 * kQ4KPanelSuperBytes; }
-// Weight rows [0, N) of w -> ceil(N / kGemmRows) panels of q4_k_panel_bytes(K) at `panels` (64-byte
-// aligned); rows past N are zero.
-using Q4KPackFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels);
+// ---- Q4_K and Q6_K packed at init (AVX-512 + AVX512_VNNI) -------------------------------------------
+// A fixed Q4_K or Q6_K weight (a model's) is repacked once into panels of kGemmRows rows that keep
+// its bits a weight, per super-block of 256: the low 4 bits of the quants of each sub-block j of 32
+// as [2 halves][4][16 rows][4 bytes], byte t of vector i holding quant 8i + t (low nibble) and
+// 8i + 4 + t (high nibble), so one load and a mask or a shift give a vpdpbusd 4 quants of 16 rows.
+//   Q4_K (4736 bytes, the rows' 4608 + 2.8%): then sc and m [8][32 rows] u8, d and dmin [32] f16.
+//   Q6_K (6720 bytes, the rows' own size): then the top 2 bits [8][2 halves][2][16 rows][4 bytes]
+//   (byte t of vector c: quant 4 (4c + g) + t's in bits 2g), sc [16][32 rows] i8, d [32] f16.
+// Decode (M <= kKPanelGemvRows) runs on them 16 rows per instruction, the scales applied once per
+// sub-block in int32 (the row GEMV's integer sums, scaled in f32 once per super-block); more rows
+// unpack each panel into the block GEMM's (the same quants and (a, b) as from the rows, so the same
+// bits) on the way. The file's rows are then not read again.
+inline constexpr int64_t kQ4KPanelSuperBytes = 4736, kQ6KPanelSuperBytes = 6720;
+inline constexpr int64_t kKPanelGemvRows = 8;  // gemm::kSmallM
+inline int64_t k_panel_bytes(graph::QuantizationEncoding e, int64_t K) {
+  return K / 256 * (e == graph::QuantizationEncoding::q6_k ? kQ6KPanelSuperBytes : kQ4KPanelSuperBytes);
+}
 // y[m * ldy + n], n in [n0, n1) (n0 a multiple of kGemmRows), for any M, from the panels; x as for the
-// K-quants' GEMV (quantize_rows_256, with sums of 32), plus scaled_sum when M > kQ4KPanelGemvRows.
-// `scratch`: block_gemm_panel_bytes(q4_k, K) bytes, 64-byte aligned (read when M > kQ4KPanelGemvRows).
-using Q4KPanelsFn = void (*)(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y,
-                             int64_t ldy, uint8_t* scratch);
-Q4KPackFn avx512_vnni_q4_k_pack();
-Q4KPanelsFn avx512_vnni_q4_k_panels();
+// K-quants' GEMV (quantize_rows_256, with sums of 32, and of 16 for Q6_K), plus scaled_sum when
+// M > kKPanelGemvRows. `scratch`: block_gemm_panel_bytes(e, K) bytes, 64-byte aligned (read when
+// M > kKPanelGemvRows).
+using KPanelsFn = void (*)(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y,
+                           int64_t ldy, uint8_t* scratch);
+// Weight rows [0, N) -> ceil(N / kGemmRows) panels of k_panel_bytes(e, K) (Q8_0PackFn's contract);
+// nullptr for the other encodings, or where not compiled for x86-64.
+Q8_0PackFn avx512_vnni_k_pack(graph::QuantizationEncoding e);
+KPanelsFn avx512_vnni_k_panels(graph::QuantizationEncoding e);
 
 int64_t block_gemm_panel_bytes(graph::QuantizationEncoding e, int64_t K);
 // One chunk of 32 quants of a block GEMM panel: the quants of kGemmRows rows, then their (a, b) per
@@ -189,7 +194,7 @@ constexpr int64_t block_gemm_chunk_bytes(int sub_blocks) { return 32 * kGemmRows
 
 namespace kiln::kernels {
 // The qmatmul kernel of a step: its encoding checked once, and a fixed Q8_0 weight's GEMM panels
-// (a Q4_K weight's nibble panels) packed at build where VNNI is (they then serve every launch,
+// (a Q4_K or Q6_K weight's nibble panels) packed at build where VNNI is (they then serve every launch,
 // whatever its M).
 std::unique_ptr<const Kernel> make_qmatmul_kernel(const KernelInit& init);
 // Tests: whether a qmatmul kernel (make_qmatmul_kernel) packed its fixed weight's panels at build.

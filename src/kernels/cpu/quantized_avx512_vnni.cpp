@@ -606,8 +606,8 @@ static_assert(kQ4KDminAt + 64 == kQ4KPanelSuperBytes);
 void q4_k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
   const int64_t supers = K / 256;
   for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
-    uint8_t* panel = panels + n0 / kGemmRows * q4_k_panel_bytes(K);
-    std::memset(panel, 0, static_cast<size_t>(q4_k_panel_bytes(K)));  // rows past N: u = 0, d = dmin = 0
+    uint8_t* panel = panels + n0 / kGemmRows * k_panel_bytes(QuantizationEncoding::q4_k, K);
+    std::memset(panel, 0, static_cast<size_t>(k_panel_bytes(QuantizationEncoding::q4_k, K)));  // rows past N: u = 0, d = dmin = 0
     for (int64_t r = 0; r < lo(kGemmRows, N - n0); ++r) {
       const int64_t half = r / 16, lane = r % 16;
       for (int64_t s = 0; s < supers; ++s) {
@@ -722,28 +722,158 @@ void q4_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
   }
 }
 
-void q4_k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
-                 uint8_t* scratch) {
+// Offsets within one super-block of a Q6_K panel (kGemmRows rows x 256 weights).
+constexpr int64_t kQ6KHighAt = 4096, kQ6KScalesAt = 6144, kQ6KDAt = 6656;
+static_assert(kQ6KDAt + 64 == kQ6KPanelSuperBytes);
+
+void q6_k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
+  const int64_t supers = K / 256;
+  for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
+    uint8_t* panel = panels + n0 / kGemmRows * k_panel_bytes(QuantizationEncoding::q6_k, K);
+    std::memset(panel, 0, static_cast<size_t>(k_panel_bytes(QuantizationEncoding::q6_k, K)));  // rows past N: u = 0, d = 0
+    for (int64_t r = 0; r < lo(kGemmRows, N - n0); ++r) {
+      const int64_t half = r / 16, lane = r % 16;
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* b = w + (n0 + r) * row_bytes + s * graph::kQ6_KBlockBytes;
+        uint8_t* ps = panel + s * kQ6KPanelSuperBytes;
+        uint8_t u[256];  // q + 32, in dequantize_q6_k's order
+        for (int k = 0; k < 256; ++k) {
+          const uint8_t* ql = b + 64 * (k / 128);
+          const uint8_t* qh = b + 128 + 32 * (k / 128);
+          const int quarter = k % 128 / 32, l = k % 32;
+          const int nibble = (ql[l + 32 * (quarter % 2)] >> (4 * (quarter / 2))) & 0x0F;
+          u[k] = static_cast<uint8_t>(nibble | ((qh[l] >> (2 * quarter)) & 3) << 4);
+        }
+        for (int j = 0; j < 8; ++j)
+          for (int t = 0; t < 4; ++t) {
+            for (int i = 0; i < 4; ++i)
+              ps[j * 512 + half * 256 + i * 64 + lane * 4 + t] =
+                  static_cast<uint8_t>((u[32 * j + 8 * i + t] & 0x0F) | (u[32 * j + 8 * i + 4 + t] & 0x0F) << 4);
+            for (int c = 0; c < 2; ++c) {
+              uint8_t high = 0;
+              for (int g = 0; g < 4; ++g) high |= static_cast<uint8_t>((u[32 * j + 4 * (4 * c + g) + t] >> 4) << (2 * g));
+              ps[kQ6KHighAt + j * 256 + half * 128 + c * 64 + lane * 4 + t] = high;
+            }
+          }
+        for (int i = 0; i < 16; ++i) ps[kQ6KScalesAt + i * kGemmRows + r] = b[192 + i];
+        std::memcpy(ps + kQ6KDAt + 2 * r, b + 208, 2);
+      }
+    }
+  }
+}
+
+// Quant group g (0..7: quants 4g .. 4g + 3 of a 32) of 16 rows from a Q6_K panel's sub-block vectors:
+// its low nibbles from lo[g / 2], its top two bits from high[g / 4] (bits 2 (g % 4) of each byte).
+inline __m512i q6_k_group(const __m512i (&lo)[4], const __m512i (&high)[2], int g) {
+  const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const __m512i l = g % 2 == 0 ? _mm512_and_si512(lo[g / 2], nib) : _mm512_and_si512(_mm512_srli_epi16(lo[g / 2], 4), nib);
+  const __m512i h = high[g / 4];
+  const __m512i t = g % 4 == 0 ? _mm512_slli_epi16(h, 4) : g % 4 == 1 ? _mm512_slli_epi16(h, 2) : g % 4 == 2 ? h : _mm512_srli_epi16(h, 2);
+  return _mm512_or_si512(l, _mm512_and_si512(t, top));
+}
+
+// q4_k_panel_row for Q6_K: per sub-block of 16 the dot of u = q + 32, then
+// (d d_x) * sum_i sc_i (dot_i - 32 sum_i(q_x)), the row GEMV's integer sums.
+void q6_k_panel_row(const Q8Activations& x, const uint8_t* panel, int64_t m, float* y, __mmask16 mask0,
+                    __mmask16 mask1) {
+  const int64_t K = x.K, supers = K / 256;
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  const uint8_t* xrow = x.x + m * K;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* ps = panel + s * kQ6KPanelSuperBytes;
+    for (int64_t line = 0; line < kQ6KPanelSuperBytes / 64; ++line)  // as q4_k_panel_row
+      _mm_prefetch(reinterpret_cast<const char*>(ps + 2 * kQ6KPanelSuperBytes + line * 64), _MM_HINT_T1);
+    __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512i msum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    const uint8_t* xs = xrow + s * 256;
+    const int16_t* xs16 = x.sum16 + m * (K / 16) + s * 16;
+#pragma GCC unroll 2
+    for (int j = 0; j < 8; ++j) {
+      int32_t quads[8];
+      std::memcpy(quads, xs + 32 * j, 32);
+      const __m512i sum_a = _mm512_set1_epi32(xs16[2 * j]), sum_b = _mm512_set1_epi32(xs16[2 * j + 1]);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m512i lo[4], high[2];
+        for (int i = 0; i < 4; ++i) lo[i] = _mm512_load_si512(ps + j * 512 + h * 256 + i * 64);
+        for (int c = 0; c < 2; ++c) high[c] = _mm512_load_si512(ps + kQ6KHighAt + j * 256 + h * 128 + c * 64);
+        __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) dot[g / 4] = _mm512_dpbusd_epi32(dot[g / 4], q6_k_group(lo, high, g), _mm512_set1_epi32(quads[g]));
+        const __m512i sc_a = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + kQ6KScalesAt + 2 * j * 32 + 16 * h)));
+        const __m512i sc_b = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + kQ6KScalesAt + (2 * j + 1) * 32 + 16 * h)));
+        isum[h] = _mm512_add_epi32(isum[h], _mm512_add_epi32(_mm512_mullo_epi32(dot[0], sc_a), _mm512_mullo_epi32(dot[1], sc_b)));
+        msum[h] = _mm512_add_epi32(msum[h], _mm512_add_epi32(_mm512_mullo_epi32(sc_a, sum_a), _mm512_mullo_epi32(sc_b, sum_b)));
+      }
+    }
+    const __m512 dx = _mm512_set1_ps(x.d[m * supers + s]);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ6KDAt + 32 * h)));
+      const __m512i total = _mm512_sub_epi32(isum[h], _mm512_slli_epi32(msum[h], 5));
+      acc[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, dx), acc[h]);
+    }
+  }
+  _mm512_mask_storeu_ps(y, mask0, acc[0]);
+  _mm512_mask_storeu_ps(y + 16, mask1, acc[1]);
+}
+
+// A Q6_K panel -> the block GEMM's panel: the quants u and (a, b) = (d sc_i, 32 d sc_i) as
+// Unpack<q6_k> makes them from the rows, so the GEMM gives the same bits from either.
+void q6_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_panel) {
+  for (int64_t s = 0; s < K / 256; ++s) {
+    const uint8_t* ps = panel + s * kQ6KPanelSuperBytes;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t* chunk = gemm_panel + (s * 8 + j) * kChunkBytes<2>;
+      for (int h = 0; h < 2; ++h) {
+        __m512i lo[4], high[2];
+        for (int i = 0; i < 4; ++i) lo[i] = _mm512_load_si512(ps + j * 512 + h * 256 + i * 64);
+        for (int c = 0; c < 2; ++c) high[c] = _mm512_load_si512(ps + kQ6KHighAt + j * 256 + h * 128 + c * 64);
+        for (int g = 0; g < 8; ++g) _mm512_store_si512(chunk + 512 * h + 64 * g, q6_k_group(lo, high, g));
+      }
+      auto* ab = reinterpret_cast<float*>(chunk + 1024);
+      for (int t = 0; t < 2; ++t)
+        for (int h = 0; h < 2; ++h) {
+          const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ6KDAt + 32 * h)));
+          const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+              _mm_load_si128(reinterpret_cast<const __m128i*>(ps + kQ6KScalesAt + (2 * j + t) * 32 + 16 * h))));
+          const __m512 a = _mm512_mul_ps(d, sc);
+          _mm512_store_ps(ab + t * kGemmRows + 16 * h, a);
+          _mm512_store_ps(ab + (2 + t) * kGemmRows + 16 * h, _mm512_mul_ps(_mm512_set1_ps(32.0f), a));
+        }
+    }
+  }
+}
+
+// Any M on the panels of a K-quant (q4_k or q6_k): up to kKPanelGemvRows rows the panels' GEMV, row by
+// row (the panel stays in L2 for the rows after the first); more rows unpack each panel into the
+// block GEMM's in `scratch` and run its tiles, as block_gemm does.
+template <QuantizationEncoding E>
+void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
+              uint8_t* scratch) {
+  constexpr bool kQ6 = E == QuantizationEncoding::q6_k;
+  constexpr int kSub = kQ6 ? 2 : 1;
   const int64_t K = x.K, chunks = K / 32;
   for (int64_t n = n0; n < n1; n += kGemmRows) {
-    const uint8_t* panel = panels + n / kGemmRows * q4_k_panel_bytes(K);
+    const uint8_t* panel = panels + n / kGemmRows * k_panel_bytes(E, K);
     const auto [mask0, mask1] = panel_masks(lo(kGemmRows, n1 - n));
-    if (x.M <= kQ4KPanelGemvRows) {
-      for (int64_t m = 0; m < x.M; ++m) q4_k_panel_row(x, panel, m, y + m * ldy + n, mask0, mask1);
+    if (x.M <= kKPanelGemvRows) {
+      for (int64_t m = 0; m < x.M; ++m)
+        (kQ6 ? q6_k_panel_row : q4_k_panel_row)(x, panel, m, y + m * ldy + n, mask0, mask1);
       continue;
     }
-    q4_k_panel_to_gemm_panel(panel, K, scratch);
-    for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {  // as block_gemm
+    (kQ6 ? q6_k_panel_to_gemm_panel : q4_k_panel_to_gemm_panel)(panel, K, scratch);
+    for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {
       const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
       int64_t m = 0;
       for (; m + kGemmMR <= x.M; m += kGemmMR)
-        block_gemm_tile<kGemmMR, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0);
+        block_gemm_tile<kGemmMR, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0);
       switch (x.M - m) {
-        case 1: block_gemm_tile<1, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 2: block_gemm_tile<2, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 3: block_gemm_tile<3, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 4: block_gemm_tile<4, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 5: block_gemm_tile<5, 1>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 1: block_gemm_tile<1, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 2: block_gemm_tile<2, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 3: block_gemm_tile<3, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 4: block_gemm_tile<4, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
+        case 5: block_gemm_tile<5, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
         default: break;
       }
     }
@@ -760,8 +890,14 @@ void q4_k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int6
 
 namespace kiln::kernels::quantized {
 QGemvFn avx512_vnni_q8_0_gemv() { return gemv; }
-Q4KPackFn avx512_vnni_q4_k_pack() { return q4_k_pack; }
-Q4KPanelsFn avx512_vnni_q4_k_panels() { return q4_k_panels; }
+Q8_0PackFn avx512_vnni_k_pack(QuantizationEncoding e) {
+  return e == QuantizationEncoding::q4_k ? q4_k_pack : e == QuantizationEncoding::q6_k ? q6_k_pack : nullptr;
+}
+KPanelsFn avx512_vnni_k_panels(QuantizationEncoding e) {
+  return e == QuantizationEncoding::q4_k   ? k_panels<QuantizationEncoding::q4_k>
+         : e == QuantizationEncoding::q6_k ? k_panels<QuantizationEncoding::q6_k>
+                                           : nullptr;
+}
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return gemm; }
 Q8_0PackFn avx512_vnni_q8_0_pack() { return pack; }
 QuantizeRowsFn avx512_quantize_rows() { return quantize_rows; }
@@ -779,8 +915,8 @@ QBlockGemmFn avx512_vnni_block_gemm(QuantizationEncoding e) {
 #else
 namespace kiln::kernels::quantized {
 QGemvFn avx512_vnni_q8_0_gemv() { return nullptr; }
-Q4KPackFn avx512_vnni_q4_k_pack() { return nullptr; }
-Q4KPanelsFn avx512_vnni_q4_k_panels() { return nullptr; }
+Q8_0PackFn avx512_vnni_k_pack(graph::QuantizationEncoding) { return nullptr; }
+KPanelsFn avx512_vnni_k_panels(graph::QuantizationEncoding) { return nullptr; }
 Q8_0GemmFn avx512_vnni_q8_0_gemm() { return nullptr; }
 Q8_0PackFn avx512_vnni_q8_0_pack() { return nullptr; }
 QuantizeRowsFn avx512_quantize_rows() { return nullptr; }
