@@ -5,6 +5,7 @@
 // Standard headers first, then the target pragma (see gemm.h for why).
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <utility>
 
 #include "kernels/cpu/quantized.h"
@@ -603,37 +604,6 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
 constexpr int64_t kQ4KScalesAt = 4096, kQ4KMinsAt = 4352, kQ4KDAt = 4608, kQ4KDminAt = 4672;
 static_assert(kQ4KDminAt + 64 == kQ4KPanelSuperBytes);
 
-void q4_k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
-  const int64_t supers = K / 256;
-  for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
-    uint8_t* panel = panels + n0 / kGemmRows * k_panel_bytes(QuantizationEncoding::q4_k, K);
-    std::memset(panel, 0, static_cast<size_t>(k_panel_bytes(QuantizationEncoding::q4_k, K)));  // rows past N: u = 0, d = dmin = 0
-    for (int64_t r = 0; r < lo(kGemmRows, N - n0); ++r) {
-      const int64_t half = r / 16, lane = r % 16;
-      for (int64_t s = 0; s < supers; ++s) {
-        const uint8_t* b = w + (n0 + r) * row_bytes + s * graph::kQ4_KBlockBytes;
-        uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
-        uint8_t sc[8], mn[8];
-        graph::unpack_k_scales(b + 4, sc, mn);
-        for (int j = 0; j < 8; ++j) {
-          ps[kQ4KScalesAt + j * kGemmRows + r] = sc[j];
-          ps[kQ4KMinsAt + j * kGemmRows + r] = mn[j];
-          // Sub-block j's 32 weights: the low (j even) or high nibbles of bytes 32 (j / 2) ... + 31.
-          const uint8_t* q = b + 16 + 32 * (j / 2);
-          const int shift = j % 2 == 0 ? 0 : 4;
-          for (int i = 0; i < 4; ++i)
-            for (int t = 0; t < 4; ++t) {
-              const uint8_t low = (q[8 * i + t] >> shift) & 0x0F, high = (q[8 * i + 4 + t] >> shift) & 0x0F;
-              ps[j * 512 + half * 256 + i * 64 + lane * 4 + t] = static_cast<uint8_t>(low | high << 4);
-            }
-        }
-        std::memcpy(ps + kQ4KDAt + 2 * r, b, 2);
-        std::memcpy(ps + kQ4KDminAt + 2 * r, b + 2, 2);
-      }
-    }
-  }
-}
-
 // One activation row m of x against a Q4_K panel (32 weight rows, `mask0`/`mask1`: which exist):
 // y[m, n0 .. n0 + 32). Per super-block and 16 rows, sub-block j's dot is 8 vpdpbusd (the low nibbles
 // of a vector are 4 quants of the row, its high nibbles the next 4), then the integer sums
@@ -726,42 +696,6 @@ void q4_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
 constexpr int64_t kQ6KHighAt = 4096, kQ6KScalesAt = 6144, kQ6KDAt = 6656;
 static_assert(kQ6KDAt + 64 == kQ6KPanelSuperBytes);
 
-void q6_k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
-  const int64_t supers = K / 256;
-  for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
-    uint8_t* panel = panels + n0 / kGemmRows * k_panel_bytes(QuantizationEncoding::q6_k, K);
-    std::memset(panel, 0, static_cast<size_t>(k_panel_bytes(QuantizationEncoding::q6_k, K)));  // rows past N: u = 0, d = 0
-    for (int64_t r = 0; r < lo(kGemmRows, N - n0); ++r) {
-      const int64_t half = r / 16, lane = r % 16;
-      for (int64_t s = 0; s < supers; ++s) {
-        const uint8_t* b = w + (n0 + r) * row_bytes + s * graph::kQ6_KBlockBytes;
-        uint8_t* ps = panel + s * kQ6KPanelSuperBytes;
-        uint8_t u[256];  // q + 32, in dequantize_q6_k's order
-        for (int k = 0; k < 256; ++k) {
-          const uint8_t* ql = b + 64 * (k / 128);
-          const uint8_t* qh = b + 128 + 32 * (k / 128);
-          const int quarter = k % 128 / 32, l = k % 32;
-          const int nibble = (ql[l + 32 * (quarter % 2)] >> (4 * (quarter / 2))) & 0x0F;
-          u[k] = static_cast<uint8_t>(nibble | ((qh[l] >> (2 * quarter)) & 3) << 4);
-        }
-        for (int j = 0; j < 8; ++j)
-          for (int t = 0; t < 4; ++t) {
-            for (int i = 0; i < 4; ++i)
-              ps[j * 512 + half * 256 + i * 64 + lane * 4 + t] =
-                  static_cast<uint8_t>((u[32 * j + 8 * i + t] & 0x0F) | (u[32 * j + 8 * i + 4 + t] & 0x0F) << 4);
-            for (int c = 0; c < 2; ++c) {
-              uint8_t high = 0;
-              for (int g = 0; g < 4; ++g) high |= static_cast<uint8_t>((u[32 * j + 4 * (4 * c + g) + t] >> 4) << (2 * g));
-              ps[kQ6KHighAt + j * 256 + half * 128 + c * 64 + lane * 4 + t] = high;
-            }
-          }
-        for (int i = 0; i < 16; ++i) ps[kQ6KScalesAt + i * kGemmRows + r] = b[192 + i];
-        std::memcpy(ps + kQ6KDAt + 2 * r, b + 208, 2);
-      }
-    }
-  }
-}
-
 // Quant group g (0..7: quants 4g .. 4g + 3 of a 32) of 16 rows from a Q6_K panel's sub-block vectors:
 // its low nibbles from lo[g / 2], its top two bits from high[g / 4] (bits 2 (g % 4) of each byte).
 inline __m512i q6_k_group(const __m512i (&lo)[4], const __m512i (&high)[2], int g) {
@@ -845,6 +779,68 @@ void q6_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
   }
 }
 
+// Weight rows [0, N) -> Q4_K or Q6_K panels (quantized.h): each group of kGemmRows rows decoded to
+// u8 quants as the block GEMM does (Unpack), transposed 16 rows at a time into its dword layout,
+// then each pair of dwords folded into one vector of nibbles (and Q6_K's top bits into another);
+// the scales copied as stored.
+template <QuantizationEncoding E>
+void k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
+  constexpr bool kQ6 = E == QuantizationEncoding::q6_k;
+  using U = Unpack<E>;
+  const int64_t supers = K / 256, super_bytes = kQ6 ? kQ6KPanelSuperBytes : kQ4KPanelSuperBytes;
+  std::vector<uint8_t> staged(static_cast<size_t>(kGemmRows * K));
+  alignas(64) uint8_t groups[8 * 64];  // one chunk of 32 quants of 16 rows: [8 dwords][16 rows][4]
+  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x03);
+  for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
+    uint8_t* panel = panels + n0 / kGemmRows * k_panel_bytes(E, K);
+    std::memset(panel, 0, static_cast<size_t>(k_panel_bytes(E, K)));  // rows past N: scales and d zero
+    for (int64_t r = 0; r < kGemmRows; ++r) {
+      uint8_t* u = staged.data() + r * K;
+      if (r >= N - n0) {
+        std::memset(u, 0, static_cast<size_t>(K));
+        continue;
+      }
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* b = w + (n0 + r) * row_bytes + s * U::kBytes;
+        U::block(b, u + 256 * s, [](int, float, float) {});
+        uint8_t* ps = panel + s * super_bytes;
+        if constexpr (kQ6) {
+          for (int i = 0; i < 16; ++i) ps[kQ6KScalesAt + i * kGemmRows + r] = b[192 + i];
+          std::memcpy(ps + kQ6KDAt + 2 * r, b + 208, 2);
+        } else {
+          uint8_t sc[8], mn[8];
+          graph::unpack_k_scales(b + 4, sc, mn);
+          for (int j = 0; j < 8; ++j) {
+            ps[kQ4KScalesAt + j * kGemmRows + r] = sc[j];
+            ps[kQ4KMinsAt + j * kGemmRows + r] = mn[j];
+          }
+          std::memcpy(ps + kQ4KDAt + 2 * r, b, 2);
+          std::memcpy(ps + kQ4KDminAt + 2 * r, b + 2, 2);
+        }
+      }
+    }
+    for (int64_t c = 0; c < K / 32; ++c)
+      for (int h = 0; h < 2; ++h) {
+        transpose_16_rows(staged.data() + 16 * h * K + 32 * c, K, groups, _mm512_setzero_si512());
+        uint8_t* ps = panel + c / 8 * super_bytes;
+        const int64_t j = c % 8;
+        __m512i g[8];
+        for (int i = 0; i < 8; ++i) g[i] = _mm512_load_si512(groups + 64 * i);
+        for (int i = 0; i < 4; ++i)  // low 4 bits of quants 8i + t and 8i + 4 + t in one byte
+          _mm512_store_si512(ps + j * 512 + h * 256 + i * 64,
+                             _mm512_or_si512(_mm512_and_si512(g[2 * i], nibble),
+                                             _mm512_slli_epi16(_mm512_and_si512(g[2 * i + 1], nibble), 4)));
+        if constexpr (kQ6)
+          for (int q = 0; q < 2; ++q) {  // bits 4-5 of groups 4q .. 4q + 3, two bits each
+            __m512i high = _mm512_setzero_si512();
+            for (int t = 0; t < 4; ++t)
+              high = _mm512_or_si512(high, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(g[4 * q + t], 4), top), 2 * t));
+            _mm512_store_si512(ps + kQ6KHighAt + j * 256 + h * 128 + q * 64, high);
+          }
+      }
+  }
+}
+
 // Any M on the panels of a K-quant (q4_k or q6_k): up to kKPanelGemvRows rows the panels' GEMV, row by
 // row (the panel stays in L2 for the rows after the first); more rows unpack each panel into the
 // block GEMM's in `scratch` and run its tiles, as block_gemm does.
@@ -891,7 +887,9 @@ void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t
 namespace kiln::kernels::quantized {
 QGemvFn avx512_vnni_q8_0_gemv() { return gemv; }
 Q8_0PackFn avx512_vnni_k_pack(QuantizationEncoding e) {
-  return e == QuantizationEncoding::q4_k ? q4_k_pack : e == QuantizationEncoding::q6_k ? q6_k_pack : nullptr;
+  return e == QuantizationEncoding::q4_k   ? k_pack<QuantizationEncoding::q4_k>
+         : e == QuantizationEncoding::q6_k ? k_pack<QuantizationEncoding::q6_k>
+                                           : nullptr;
 }
 KPanelsFn avx512_vnni_k_panels(QuantizationEncoding e) {
   return e == QuantizationEncoding::q4_k   ? k_panels<QuantizationEncoding::q4_k>
