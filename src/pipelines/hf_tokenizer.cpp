@@ -7,6 +7,8 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <limits>
 #include <array>
 #include <cstdlib>
 #include <mutex>
@@ -325,6 +327,21 @@ class JsonReader {
   template <class T>
   T optional(const json& obj, const char* name, T fallback) const {
     if (!obj.is_object() || !obj.contains(name) || obj.at(name).is_null()) return fallback;
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // The JSON library converts any number with a plain cast: a float, or an integer out of T's
+      // range, would be undefined behaviour (a fuzzed "stop": 9.2e18), so integers only, in range.
+      const json& v = obj.at(name);
+      const bool in_range =
+          v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+          : v.is_number_integer()
+              ? v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                    (v.get<int64_t>() < 0 || static_cast<uint64_t>(v.get<int64_t>()) <= static_cast<uint64_t>(std::numeric_limits<T>::max()))
+              : false;
+      if (!in_range)
+        fail(fmt::format("'{}' is {}, expected an integer in [{}, {}]", name, json_input::describe(v),
+                         std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+      return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
+    }
     try {
       return obj.at(name).get<T>();
     } catch (const json::exception&) {

@@ -710,6 +710,27 @@ TEST(TokenizerLoad, UnsupportedPartsAreNamed) {
 }
 
 // Hostile tokenizer.json files (issue 19): each a LoadError naming the file, never a crash.
+// An integer field given as a float or out of its type's range is refused by name (the JSON
+// library's own conversion would be undefined behaviour: a fuzzed decoder "stop": 9.2e18).
+TEST(TokenizerLoad, IntegerFieldsMustBeIntegersInRange) {
+  for (const nlohmann::json& stop : {nlohmann::json(9.22e18), nlohmann::json(1.5), nlohmann::json(-1)}) {
+    SCOPED_TRACE(stop.dump());
+    EXPECT_THROW(
+        {
+          try {
+            load_edited("byte_level_bpe.json", "strip_stop.json", [&](nlohmann::json& doc) {
+              doc["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 0}, {"stop", stop}};
+            });
+          } catch (const LoadError& e) {
+            EXPECT_NE(std::string(e.what()).find("'stop' is"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("expected an integer"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        LoadError);
+  }
+}
+
 TEST(TokenizerLoad, HostileJsonIsLoadErrorNamingTheFile) {
   const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
   const std::vector<std::pair<std::string, std::string>> cases = {
