@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <limits>
 #include <array>
 #include <cstdlib>
@@ -331,12 +332,9 @@ class JsonReader {
       // The JSON library converts any number with a plain cast: a float, or an integer out of T's
       // range, would be undefined behaviour (a fuzzed "stop": 9.2e18), so integers only, in range.
       const json& v = obj.at(name);
-      const bool in_range =
-          v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
-          : v.is_number_integer()
-              ? v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-                    (v.get<int64_t>() < 0 || static_cast<uint64_t>(v.get<int64_t>()) <= static_cast<uint64_t>(std::numeric_limits<T>::max()))
-              : false;
+      const bool in_range = v.is_number_unsigned()  ? std::in_range<T>(v.get<uint64_t>())
+                            : v.is_number_integer() ? std::in_range<T>(v.get<int64_t>())
+                                                    : false;
       if (!in_range)
         fail(fmt::format("'{}' is {}, expected an integer in [{}, {}]", name, json_input::describe(v),
                          std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));

@@ -62,16 +62,19 @@ thread_local ThreadScratch t_scratch;
 
 bool packed_ahead(const Problem& p) { return p.packed_b || p.packed_b_narrow; }
 
+// This thread's scratch for the GEMM over `rows` rows of p: A's row block, B's panels unless packed
+// ahead, and the f32 accumulators of a 16-bit C.
+Workspace gemm_workspace(const Blocking& b, const Problem& p, int64_t rows) {
+  Workspace ws{t_scratch.a.get(static_cast<size_t>((std::min(b.mc, rows) + b.mr) * b.kc)),
+               packed_ahead(p) ? nullptr : t_scratch.b.get(static_cast<size_t>(b.kc * b.nc)), nullptr};
+  if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.get(static_cast<size_t>(rows * b.nc));
+  return ws;
+}
+
 // Columns [n0, n1) of a small-M problem, on the calling thread. B packed at init runs the GEMM's own
 // loops on its panels (n0 a multiple of nr), so every row gets the bits it gets at any M.
 void run_small_m(const IsaKernels& k, const Problem& p, int64_t n0, int64_t n1) {
-  if (packed_ahead(p)) {
-    const Blocking& b = k.blocking;
-    Workspace ws{t_scratch.a.get(static_cast<size_t>((std::min(b.mc, p.M) + b.mr) * b.kc)), nullptr, nullptr};
-    if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.get(static_cast<size_t>(p.M * b.nc));
-    k.gemm(p, 0, p.M, n0, n1, ws);
-    return;
-  }
+  if (packed_ahead(p)) return k.gemm(p, 0, p.M, n0, n1, gemm_workspace(k.blocking, p, p.M));
   Workspace ws{t_scratch.a.get(static_cast<size_t>(p.M * p.K)), nullptr, nullptr};
   k.small_m(p, n0, n1, ws);
 }
@@ -100,10 +103,7 @@ void run_part(const IsaKernels& k, const Problem& p, int64_t t, int64_t parts) {
     m1 = std::min(p.M, (t + 1) * row_tiles / parts * b.mr);
   }
   if (m0 >= m1 || n0 >= n1) return;
-  Workspace ws{t_scratch.a.get(static_cast<size_t>((std::min(b.mc, m1 - m0) + b.mr) * b.kc)),
-               packed ? nullptr : t_scratch.b.get(static_cast<size_t>(b.kc * b.nc)), nullptr};
-  if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.get(static_cast<size_t>((m1 - m0) * b.nc));
-  k.gemm(p, m0, m1, n0, n1, ws);
+  k.gemm(p, m0, m1, n0, n1, gemm_workspace(b, p, m1 - m0));
 }
 
 // Handles what needs no kernel; true when nothing is left to do.

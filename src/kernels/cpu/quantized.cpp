@@ -528,7 +528,7 @@ bool qmatmul_packed_panels(const Kernel& qmatmul) {
 std::optional<quantized::PackedTarget> qmatmul_packed_target(const Kernel& qmatmul, const TensorView& lhs,
                                                                const TensorView& w, const TensorView& out) {
   const auto* kernel = dynamic_cast<const QmatmulKernel*>(&qmatmul);
-  if (!kernel || !kernel->packed()) return std::nullopt;  // packed: a Q8_0 or Q4_K kernel
+  if (!kernel || !kernel->packed()) return std::nullopt;  // packed: a Q8_0, Q4_K or Q6_K kernel
   const QmatmulShape s = check_qmatmul(kernel->encoding(), lhs, w, out);
   const uint8_t* panels = kernel->panels_for(w, s.K);
   if (!panels) return std::nullopt;

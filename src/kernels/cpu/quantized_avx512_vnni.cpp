@@ -569,6 +569,28 @@ void block_gemm_tile(const Q8Activations& x, int64_t ablock, const uint8_t* pane
   store_tile(acc, y, m0, ldy, mask0, mask1);
 }
 
+// Every activation row of x against one unpacked panel (y: its first column), 16 chunks (20-24 KiB
+// of the panel) at a time, which stay in L1 while every activation row passes over them.
+template <int kSub>
+void block_gemm_panel(const Q8Activations& x, int64_t ablock, const uint8_t* panel, float* y, int64_t ldy,
+                      __mmask16 mask0, __mmask16 mask1) {
+  const int64_t chunks = x.K / 32;
+  for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {
+    const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
+    int64_t m = 0;
+    for (; m + kGemmMR <= x.M; m += kGemmMR)
+      block_gemm_tile<kGemmMR, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0);
+    switch (x.M - m) {
+      case 1: block_gemm_tile<1, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 2: block_gemm_tile<2, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 3: block_gemm_tile<3, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 4: block_gemm_tile<4, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 5: block_gemm_tile<5, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      default: break;
+    }
+  }
+}
+
 template <QuantizationEncoding E>
 void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
                 int64_t ldy, uint8_t* scratch) {
@@ -580,21 +602,7 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
     const int64_t rows = lo(kGemmRows, n1 - n);
     unpack_panel<E>(w, row_bytes, n, rows, K, staged, panel);
     const auto [mask0, mask1] = panel_masks(rows);
-    // 16 chunks (20-24 KiB of the panel) stay in L1 while every activation row passes over them.
-    for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {
-      const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
-      int64_t m = 0;
-      for (; m + kGemmMR <= x.M; m += kGemmMR)
-        block_gemm_tile<kGemmMR, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0);
-      switch (x.M - m) {
-        case 1: block_gemm_tile<1, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 2: block_gemm_tile<2, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 3: block_gemm_tile<3, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 4: block_gemm_tile<4, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 5: block_gemm_tile<5, kSub>(x, ablock, panel, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        default: break;
-      }
-    }
+    block_gemm_panel<kSub>(x, ablock, panel, y + n, ldy, mask0, mask1);
   }
 }
 
@@ -849,7 +857,7 @@ void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t
               uint8_t* scratch) {
   constexpr bool kQ6 = E == QuantizationEncoding::q6_k;
   constexpr int kSub = kQ6 ? 2 : 1;
-  const int64_t K = x.K, chunks = K / 32;
+  const int64_t K = x.K;
   for (int64_t n = n0; n < n1; n += kGemmRows) {
     const uint8_t* panel = panels + n / kGemmRows * k_panel_bytes(E, K);
     const auto [mask0, mask1] = panel_masks(lo(kGemmRows, n1 - n));
@@ -859,20 +867,7 @@ void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t
       continue;
     }
     (kQ6 ? q6_k_panel_to_gemm_panel : q4_k_panel_to_gemm_panel)(panel, K, scratch);
-    for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {
-      const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
-      int64_t m = 0;
-      for (; m + kGemmMR <= x.M; m += kGemmMR)
-        block_gemm_tile<kGemmMR, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0);
-      switch (x.M - m) {
-        case 1: block_gemm_tile<1, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 2: block_gemm_tile<2, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 3: block_gemm_tile<3, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 4: block_gemm_tile<4, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        case 5: block_gemm_tile<5, kSub>(x, 256, scratch, m, c0, c1, y + n, ldy, mask0, mask1, c0 == 0); break;
-        default: break;
-      }
-    }
+    block_gemm_panel<kSub>(x, activation_block(E), scratch, y + n, ldy, mask0, mask1);
   }
 }
 
