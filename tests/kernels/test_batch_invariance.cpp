@@ -120,6 +120,13 @@ void expect_batch_invariant(const Product& p, const HostTensor& x, const std::st
     }
 }
 
+// bf16 weights whose products round the activations to bf16 above 8 rows: on AMX tiles, or on the
+// avx512_bf16 level's dot GEMM (gemm::kBf16DotMinRows). Those are checked here at 8 rows or fewer,
+// above 8 in test_gemm_amx.cpp.
+bool rounds_above_eight(DType dtype, Isa isa) {
+  return dtype == DType::bf16 && ((amx::available() && isa == gemm::best_isa()) || isa == Isa::avx512_bf16);
+}
+
 HostTensor activations(int64_t K, uint32_t seed) {
   return kernel_test::tensor_from_doubles(DType::f32, {kRows, K}, kernel_test::pseudo_random(kRows * K, seed));
 }
@@ -169,7 +176,7 @@ TEST(BatchInvariance, MatmulRowsMatchTheRowAloneForEveryWeightDtype) {
 // gemm::kNarrowSmallMMax (32) rows, so every row of those steps too is bitwise the row alone, both
 // layouts, single or grouped. Fixed ones (a model's) run on their panels at every M (the test after
 // this one). N = 150 at K = 1120 spans two of the chunks' column blocks.
-// CPUs with AMX run bf16 above 8 rows on the tiles (activations rounded to bf16): bf16 is checked
+// bf16 above 8 rows on AMX or the bf16 dot GEMM rounds the activations (rounds_above_eight): checked
 // there at 8 rows or fewer only.
 TEST(BatchInvariance, NarrowWeightsGiveEveryRowItsBitsAloneUpTo32Rows) {
   static_assert(gemm::kNarrowSmallMMax == 32);
@@ -182,8 +189,7 @@ TEST(BatchInvariance, NarrowWeightsGiveEveryRowItsBitsAloneUpTo32Rows) {
       const HostTensor x =
           kernel_test::tensor_from_doubles(DType::f32, {kMany, s.K}, kernel_test::pseudo_random(kMany * s.K, seed++));
       for (DType dtype : {DType::f16, DType::bf16}) {
-        const bool amx_takes_bf16 = dtype == DType::bf16 && amx::available() && isa == gemm::best_isa();
-        const std::span<const int64_t> ms = amx_takes_bf16 ? std::span<const int64_t>(kMs) : many_ms;
+        const std::span<const int64_t> ms = rounds_above_eight(dtype, isa) ? std::span<const int64_t>(kMs) : many_ms;
         for (bool transpose_b : {true, false}) {
           std::vector<double> w;
           Product p{Op::matmul, {{"transpose_b", int64_t{transpose_b}}}, {}, {s.N}};
@@ -211,7 +217,7 @@ TEST(BatchInvariance, NarrowWeightsGiveEveryRowItsBitsAloneUpTo32Rows) {
 // whatever the rows, so each row of every M from 1 to 40 (across 6-row tiles, the small-M split into
 // panels of columns and the GEMM's row split) is bitwise that row alone, on 1 or 2 threads, both
 // layouts, single or grouped, and within the double reference. Without SIMD kernels nothing is packed
-// (the portable GEMV, checked above up to 8 rows); bf16 on AMX CPUs runs the tiles above 8 rows.
+// (the portable GEMV, checked above up to 8 rows); bf16 rounds above 8 rows where rounds_above_eight.
 TEST(BatchInvariance, FixedFloatWeightsGiveEveryRowTheSameBitsAtEveryM) {
   const int64_t kMany = 40;
   const int64_t ms[] = {1, 2, 3, 7, 8, 9, 13, 32, 33, 40};
@@ -222,8 +228,7 @@ TEST(BatchInvariance, FixedFloatWeightsGiveEveryRowTheSameBitsAtEveryM) {
     const int64_t K = 1120, N = 150;
     const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {kMany, K}, kernel_test::pseudo_random(kMany * K, seed++));
     for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-      const bool amx_takes_bf16 = dtype == DType::bf16 && amx::available() && isa == gemm::best_isa();
-      const std::span<const int64_t> m_list = amx_takes_bf16 ? std::span<const int64_t>(kMs) : std::span<const int64_t>(ms);
+      const std::span<const int64_t> m_list = rounds_above_eight(dtype, isa) ? std::span<const int64_t>(kMs) : std::span<const int64_t>(ms);
       for (bool transpose_b : {true, false}) {
         std::vector<double> w;
         Product p{Op::matmul, {{"transpose_b", int64_t{transpose_b}}}, {}, {N}, /*fixed_weights=*/true};

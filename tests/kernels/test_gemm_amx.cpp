@@ -2,8 +2,9 @@
 // double-precision loop written here over the exact bf16 inputs: edge sizes around the 16 x 16 tiles,
 // the 32 x 32 blocks and K's 32-wide tiles, both rhs layouts, the prepared (packed at init) and
 // unprepared paths, and 1 vs 2 threads; and f32 activations x bf16 weights -> f32 (activations
-// rounded to bf16 on AMX, exact without). Skipped where the CPU or OS has no AMX, except the tests that
-// the matmul stays correct without it.
+// rounded to bf16 above 8 rows on AMX and on the avx512_bf16 level's vdpbf16ps GEMM, exact on the
+// other levels). Skipped where the CPU or OS has no AMX (or AVX512_BF16, for the dot GEMM's tests),
+// except the tests that the matmul stays correct without it.
 //
 // Tolerance, per element: K * 2^-23 * sum_k |a_k b_k| (f32 accumulation in any order; bf16 products
 // are exact in f32) plus the final rounding to bf16 (2^-8 of |result|). One wrong or missing product
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/forced_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/threaded_parallel.h"
@@ -477,10 +479,9 @@ TEST(AmxMixedMatmul, ManyRowBlocksMatchNaiveLoopOnOneOrTwoThreads) {
   EXPECT_EQ(run_amx(c, &two), serial) << label(c) << ", 2 threads";
 }
 
-TEST(AmxMixedMatmul, ActivationsRoundToNearestEvenAndTheResultStaysF32) {
-  SKIP_WITHOUT_AMX();
-  // C[m] = A[m, 0] * 1 + A[m, 1] * 2^-20 with A[m, 1] = 1: the activation A[m, 0] is rounded to
-  // bf16 (spacing 2^-7 at 1), the 2^-20 survives because C is not rounded to bf16.
+// C[m] = A[m, 0] * 1 + A[m, 1] * 2^-20 with A[m, 1] = 1, through the matmul kernel: the activation
+// A[m, 0] is rounded to bf16 (spacing 2^-7 at 1), the 2^-20 survives because C is not rounded to bf16.
+void expect_activations_round_to_nearest_even(const std::string& path) {
   const float tie_down = 1 + std::ldexp(1.f, -8);                           // -> 1 (even)
   const float tie_up = 1 + 3 * std::ldexp(1.f, -8);                         // -> 1 + 2^-6 (even)
   const float above_tie = 1 + std::ldexp(1.f, -8) + std::ldexp(1.f, -20);   // -> 1 + 2^-7
@@ -495,7 +496,12 @@ TEST(AmxMixedMatmul, ActivationsRoundToNearestEvenAndTheResultStaysF32) {
   for (const auto& [x0, x1] : rows) c.a.insert(c.a.end(), {x0, x1});
   const std::vector<float> out = run_matmul(c, nullptr);
   for (int64_t m = 0; m < 9; ++m)
-    EXPECT_EQ(out[m], expected[m] + std::ldexp(1.f, -20)) << "row " << m << ", activation " << rows[m].first;
+    EXPECT_EQ(out[m], expected[m] + std::ldexp(1.f, -20)) << path << ": row " << m << ", activation " << rows[m].first;
+}
+
+TEST(AmxMixedMatmul, ActivationsRoundToNearestEvenAndTheResultStaysF32) {
+  SKIP_WITHOUT_AMX();
+  expect_activations_round_to_nearest_even("AMX");
 }
 
 TEST(AmxMixedMatmul, StridedActivationsGiveTheSameBits) {
@@ -534,29 +540,97 @@ TEST(AmxMixedMatmul, DecodeRowsAndF32WeightsKeepTheExactPaths) {
   EXPECT_EQ(matmul_packing(*prepared), MatmulPacking::f32_panels);
 }
 
-TEST(AmxMixedMatmul, WithoutAmxF32ActivationsStayExact) {
-  // What every CPU without AMX runs (here forced off): bf16 widened to f32, activations not rounded.
-  amx::disable_for_testing(true);
-  struct Restore {
-    ~Restore() { amx::disable_for_testing(false); }
-  } restore;
+TEST(AmxMixedMatmul, LevelsWithoutBf16ProductsKeepF32ActivationsExact) {
+  // What CPUs without AMX or AVX512_BF16 run (each such level forced here, AMX off): bf16 widened to
+  // f32, activations not rounded, at every M.
   uint32_t seed = 1500;
-  for (int64_t M : {1, 9, 33, 128})
-    for (bool weight_nk : {true, false}) {
-      const MixedCase c = make_mixed_case(M, 70, 130, weight_nk, seed++);
-      const auto prepared = build_prepared(c);
-      if (gemm::active_isa() != gemm::Isa::generic) {
-        EXPECT_EQ(matmul_packing(*prepared), MatmulPacking::narrow_panels)
-            << label(c) << ": without AMX a bf16 weight is packed as bf16 for the SIMD GEMM";
+  for (gemm::Isa isa : kernel_test::supported_isas()) {
+    if (isa == gemm::Isa::avx512_bf16) continue;  // the dot GEMM's tests below
+    kernel_test::ForcedIsa forced(isa);
+    for (int64_t M : {1, 9, 33, 128})
+      for (bool weight_nk : {true, false}) {
+        const MixedCase c = make_mixed_case(M, 70, 130, weight_nk, seed++);
+        const std::string what = label(c) + " on " + gemm::isa_name(isa);
+        const auto prepared = build_prepared(c);
+        if (isa != gemm::Isa::generic) {
+          EXPECT_EQ(matmul_packing(*prepared), MatmulPacking::narrow_panels)
+              << what << ": without AMX a bf16 weight is packed as bf16 for the SIMD GEMM";
+        }
+        const std::vector<float> with = run_matmul(c, prepared.get());
+        expect_mixed_matches_naive(c, with, /*round_activations=*/false, what);
+        // Above the chunked rows both run the GEMM: the panels packed at build as bf16 give the bits of
+        // widening per call.
+        if (M > gemm::kNarrowSmallMMax) {
+          EXPECT_EQ(with, run_matmul(c, nullptr)) << what << " prepared vs per call";
+        }
       }
-      const std::vector<float> with = run_matmul(c, prepared.get());
-      expect_mixed_matches_naive(c, with, /*round_activations=*/false, label(c) + " without AMX");
-      // Above the chunked rows both run the GEMM: the panels packed at build as bf16 give the bits of
-      // widening per call.
-      if (M > gemm::kNarrowSmallMMax) {
-        EXPECT_EQ(with, run_matmul(c, nullptr)) << label(c) << " prepared vs per call";
+  }
+}
+
+// ---- the same on the avx512_bf16 level's vdpbf16ps GEMM (no AMX) -----------------------------------
+
+#define SKIP_WITHOUT_BF16_DOT()                                 \
+  if (!gemm::isa_supported(gemm::Isa::avx512_bf16))             \
+  GTEST_SKIP() << "the CPU has no AVX512_BF16 (vdpbf16ps): the " \
+                  "bf16 dot GEMM is not compiled in or cannot run"
+
+// Above gemm::kBf16DotMinRows rows the activations are rounded to bf16 and multiplied with the weight
+// in k pairs: packed at build (the panels are in pairs on this level) or per call, 1 or 2 threads, the
+// same bits, and the naive loop over rounded activations; odd K (a padded last pair) and K = 1.
+TEST(Bf16DotMixedMatmul, RoundedActivationsMatchNaiveLoopPreparedOrNotOnAnyThreadCount) {
+  SKIP_WITHOUT_BF16_DOT();
+  kernel_test::ForcedIsa forced(gemm::Isa::avx512_bf16);
+  ThreadedParallel two(2);
+  uint32_t seed = 1600;
+  for (int64_t M : {9, 17, 33, 128})
+    for (int64_t N : {1, 17, 100})
+      for (int64_t K : {1, 33, 2048})
+        for (bool weight_nk : {true, false}) {
+          const MixedCase c = make_mixed_case(M, N, K, weight_nk, seed++);
+          const auto prepared = build_prepared(c);
+          ASSERT_EQ(matmul_packing(*prepared), MatmulPacking::narrow_panels) << label(c);
+          const std::vector<float> direct = run_matmul(c, prepared.get());
+          expect_mixed_matches_naive(c, direct, /*round_activations=*/true, label(c));
+          EXPECT_EQ(run_matmul(c, nullptr), direct) << label(c) << " unprepared (packed per call)";
+          EXPECT_EQ(run_matmul(c, prepared.get(), &two), direct) << label(c) << " prepared, 2 threads";
+          EXPECT_EQ(run_matmul(c, nullptr, &two), direct) << label(c) << " unprepared, 2 threads";
+        }
+}
+
+TEST(Bf16DotMixedMatmul, ActivationsRoundToNearestEvenAndTheResultStaysF32) {
+  SKIP_WITHOUT_BF16_DOT();
+  kernel_test::ForcedIsa forced(gemm::Isa::avx512_bf16);
+  expect_activations_round_to_nearest_even("vdpbf16ps");
+}
+
+// A row's bits above 8 rows do not depend on M or on the rows around it (the engine's batches), and
+// a strided lhs (the rounding's scalar path) gives the same bits. Up to 8 rows the exact f32 path
+// runs (test_batch_invariance.cpp checks those rows against each other and the f32 loop).
+TEST(Bf16DotMixedMatmul, EveryRowGetsItsBitsAtEveryMAboveEight) {
+  SKIP_WITHOUT_BF16_DOT();
+  kernel_test::ForcedIsa forced(gemm::Isa::avx512_bf16);
+  ThreadedParallel two(2);
+  const MixedCase all = make_mixed_case(40, 150, 1120, true, 1700);
+  const auto prepared = build_prepared(all);
+  const std::vector<float> whole = run_matmul(all, prepared.get());
+  expect_mixed_matches_naive(all, whole, /*round_activations=*/true, label(all));
+  for (int64_t M : {9, 13, 32})
+    for (int64_t m0 : {int64_t{0}, 40 - M})
+      for (Parallel* parallel : {static_cast<Parallel*>(nullptr), static_cast<Parallel*>(&two)}) {
+        MixedCase part = all;
+        part.M = M;
+        part.a.assign(all.a.begin() + m0 * all.K, all.a.begin() + (m0 + M) * all.K);
+        const std::vector<float> got = run_matmul(part, prepared.get(), parallel);
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), whole.begin() + m0 * all.N))
+            << "rows " << m0 << ".." << m0 + M << (parallel ? ", 2 threads" : "") << " differ from those rows at M = 40";
       }
-    }
+  // The lhs read through a transposed view (a_col = M): the same bits.
+  std::vector<float> a_t(static_cast<size_t>(all.K * all.M));
+  for (int64_t m = 0; m < all.M; ++m)
+    for (int64_t k = 0; k < all.K; ++k) a_t[k * all.M + m] = all.a[m * all.K + k];
+  std::vector<float> strided(whole.size());
+  run_matmul(all, prepared.get(), nullptr, TensorView{a_t.data(), DType::f32, {all.M, all.K}, {1, all.M}}, strided);
+  EXPECT_EQ(strided, whole) << "transposed lhs";
 }
 
 }  // namespace

@@ -213,9 +213,10 @@ struct GemmBenchResult {
   std::optional<double> onednn_gflops;  // nullopt: oneDNN not available in this build, or see onednn_note
   std::string onednn_note;              // why oneDNN has no figure though it is built in (its error)
   double peak_gflops = 0;               // measure_peak_gflops(threads, dtype) in the same run
-  // bf16 on a CPU with AVX512_BF16: the vdpbf16ps peak (measure_bf16_dot_peak_gflops) in the same run,
-  // ANCHORS.md's "bf16 dot peak". On AMX CPUs kiln's bf16 GEMM runs on the tiles, whose peak is
-  // peak_gflops; this one says what the vector bf16 unit could do.
+  // bf16 on a CPU with AVX512_BF16 (and bf16 weights above 8 rows where the GEMM multiplies them in
+  // bf16): the vdpbf16ps peak (measure_bf16_dot_peak_gflops) in the same run, ANCHORS.md's "bf16 dot
+  // peak". On AMX CPUs kiln's bf16 GEMM runs on the tiles, whose peak is peak_gflops; this one says
+  // what the vector bf16 unit could do.
   std::optional<double> bf16_dot_peak_gflops;
 };
 

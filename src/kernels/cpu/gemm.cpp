@@ -181,23 +181,28 @@ std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t
     if (packed) packed(q0 * nr, std::min(p.N, q1 * nr));
   };
   if (p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16) {
-    // The 16-bit elements moved as they are: B[k, n] -> panel n / nr, row k, lane n % nr.
-    const size_t bytes = static_cast<size_t>(panels * nr * p.K) * sizeof(uint16_t);
+    // The 16-bit elements moved as they are: B[k, n] -> panel n / nr, row k, lane n % nr; or in k
+    // pairs (bf16 on a bf16_pairs level): row k / 2, lane n % nr, half k % 2, the depth made even.
+    const bool pairs = p.b_storage == BStorage::bf16 && k->bf16_pairs;
+    const int64_t depth = pairs ? (p.K + 1) / 2 * 2 : p.K;
+    const size_t bytes = static_cast<size_t>(panels * nr * depth) * sizeof(uint16_t);
     void* data = allocate_aligned(bytes);
     if (!data) throw std::bad_alloc();
     std::shared_ptr<uint16_t> narrow(static_cast<uint16_t*>(data), [](uint16_t* d) { std::free(d); });
     const auto* B = static_cast<const uint16_t*>(p.b);
     uint16_t* dst = narrow.get();
+    auto at = [&](int64_t kk, int64_t j) { return pairs ? (kk / 2 * nr + j) * 2 + kk % 2 : kk * nr + j; };
     for (int64_t q = 0; q < panels; ++q) {
-      uint16_t* panel = dst + q * p.K * nr;
+      uint16_t* panel = dst + q * depth * nr;
       for (int64_t j = 0; j < nr; ++j) {
         const int64_t n = q * nr + j;
         if (n >= p.N) {
-          for (int64_t kk = 0; kk < p.K; ++kk) panel[kk * nr + j] = 0;
+          for (int64_t kk = 0; kk < depth; ++kk) panel[at(kk, j)] = 0;
           continue;
         }
         const uint16_t* column = B + n * p.b_col;  // walked along k (contiguous for transpose_b)
-        for (int64_t kk = 0; kk < p.K; ++kk) panel[kk * nr + j] = column[kk * p.b_row];
+        for (int64_t kk = 0; kk < p.K; ++kk) panel[at(kk, j)] = column[kk * p.b_row];
+        if (depth > p.K) panel[at(p.K, j)] = 0;
       }
       if ((q + 1) % slice_panels == 0 || q + 1 == panels) report(q - q % slice_panels, q + 1);
     }
@@ -260,8 +265,12 @@ bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {
 }
 
 bool small_m_applies(const Problem& p) {
-  // f16 / bf16 above kSmallM rows: the chunks unless B was packed ahead (the GEMM is faster then).
-  const bool narrow = (p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16) && !p.packed_b_narrow;
+  // f16 / bf16 above kSmallM rows: the chunks unless B was packed ahead (the GEMM is faster then), or
+  // bf16 on a level that multiplies in bf16 above kBf16DotMinRows (packed ahead or not, so that the
+  // rounding of the activations does not depend on it).
+  const IsaKernels* k = kernels_of(active_isa());
+  const bool bf16_dot = p.b_storage == BStorage::bf16 && k && k->bf16_pairs;
+  const bool narrow = (p.b_storage == BStorage::f16 || (p.b_storage == BStorage::bf16 && !bf16_dot)) && !p.packed_b_narrow;
   return (p.M <= kSmallM || (narrow && p.M <= kNarrowSmallMMax)) && p.b_storage != BStorage::q8_0 &&
          (p.b_row == 1 || p.b_col == 1);
 }

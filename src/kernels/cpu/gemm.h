@@ -66,7 +66,11 @@ struct Problem {
 // f32, zero past N, nr the level's register tile width. Every M then runs on them (small M too, on
 // the GEMM's own loops: a row's bits do not depend on M), so the original is not read again.
 // An f16 / bf16 B keeps its 16-bit elements in the same layout (`narrow`, `panels` empty): the
-// copy costs the weight's own size, and the GEMM widens it in registers instead of per call.
+// copy costs the weight's own size, and the GEMM widens it in registers instead of per call. On a
+// level with `bf16_pairs` a bf16 B is packed in k pairs, [ceil(N / nr)][ceil(K / 2)][nr][2] (zero
+// past K), the operand layout of vdpbf16ps: above kBf16DotMinRows rows the activations are then
+// rounded to bf16 and multiplied with it (twice the f32 FMA's rate on Zen 4), as AMX does; up to
+// that the GEMM widens the pairs to f32 and sums in the same order as the plain layout.
 struct PackedB {
   Isa isa = Isa::generic;  // the level it was packed for (another level's nr may differ)
   int64_t K = 0, N = 0;
@@ -108,8 +112,15 @@ struct IsaKernels {
   bool (*small_m)(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws);
   // All of p's B (dtype f32, storage same / f16 / bf16) -> dst, the PackedB layout.
   void (*pack_b)(const Problem& p, float* dst);
+  // A bf16 B packed ahead (PackedB::narrow) is in k pairs, and runs vdpbf16ps above kBf16DotMinRows.
+  bool bf16_pairs = false;
 };
 inline constexpr int64_t kSmallM = 8;
+// Rows above which a bf16 weight runs the bf16 dot GEMM on a level with IsaKernels::bf16_pairs (its
+// activations rounded to bf16), packed ahead or not: the same rule as AMX's tiles (amx::kMinRows).
+// Up to this many rows (decode) every row keeps its exact f32 products and its bits at any M; above
+// it every row gets the same bits at any M above it (docs/batching.md).
+inline constexpr int64_t kBf16DotMinRows = kSmallM;
 // f16 / bf16 weights with f32 activations that were not packed at init take the small-M path up to
 // this many rows too: the rows in chunks of at most kSmallM, each chunk over a block of weight
 // columns that stays in L2, so the weight is read from memory once and every row gets the bits it

@@ -38,7 +38,8 @@ namespace {
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx512_bf16_kernels() {
-  static const IsaKernels kernels{Isa::avx512_bf16, kBlocking, gemm_entry, small_m_entry, pack_b_entry};
+  static const IsaKernels kernels{Isa::avx512_bf16, kBlocking, gemm_entry, small_m_entry, pack_b_entry,
+                                  /*bf16_pairs=*/true};
   return &kernels;
 }
 }  // namespace kiln::kernels::gemm

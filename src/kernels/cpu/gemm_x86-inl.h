@@ -183,27 +183,43 @@ template <int R, class BT>
   }
 }
 
-// C[R x nr] (+)= A[R rows, lda apart][kc] . Bp[kc][NR]. Meanwhile fetches `pf_lines` cache lines
-// from `pf` into L2 (this call's share of the B micro-panel that comes next), one per k step.
-template <int R, class BT>
-void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const BT* __restrict b, float* c,
-                int64_t ldc, int64_t nr, bool accumulate, const BT* pf, int64_t pf_lines) {
-  constexpr int64_t kLine = 64 / sizeof(BT);  // elements of B per cache line
-  V acc[R][kNV];
+#if defined(KILN_GEMM_BF16_DOT)
+// An element of bf16 B panels in k pairs ([kc / 2][NR][2], PackedB's layout on this level).
+struct bf16_pair_t {
+  uint16_t bits;
+};
+// One k pair of such panels (k even), f32 products: the low halves (row k) widened and multiplied
+// first, then the high halves (row k + 1), so each sum takes its products in the plain layout's
+// order. `both` false: row k alone (an odd depth's last row; its pair's other half is padding).
+template <int R>
+[[gnu::always_inline]] inline void micro_step(V (&acc)[R][kNV], const float* __restrict a, int64_t lda,
+                                              const bf16_pair_t* __restrict b, int64_t k, bool both = true) {
+  __m512i w[kNV];
+#pragma GCC unroll 8
+  for (int v = 0; v < kNV; ++v) w[v] = _mm512_loadu_si512(b + (k * kNR + v * kL * 2));
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i) {
+    const V ai = Vec::set1(a[i * lda + k]);
 #pragma GCC unroll 8
-    for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::zero();
-    // The C tile is read (or written) after the loop: start fetching it now.
+    for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::fma(ai, _mm512_castsi512_ps(_mm512_slli_epi32(w[v], 16)), acc[i][v]);
+  }
+  if (!both) return;
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
 #pragma GCC unroll 8
-    for (int v = 0; v < kNV; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + v * kL), _MM_HINT_T0);
+  for (int i = 0; i < R; ++i) {
+    const V ai = Vec::set1(a[i * lda + k + 1]);
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::fma(ai, _mm512_castsi512_ps(_mm512_and_si512(w[v], high)), acc[i][v]);
   }
-  const int64_t kp = lo(kc, pf_lines);
-  for (int64_t k = 0; k < kp; ++k) {
-    _mm_prefetch(reinterpret_cast<const char*>(pf + k * kLine), _MM_HINT_T1);
-    micro_step(acc, a, lda, b, k);
-  }
-  for (int64_t k = kp; k < kc; ++k) micro_step(acc, a, lda, b, k);
+}
+template <class BT> constexpr bool kPairedB = std::is_same_v<BT, bf16_pair_t>;
+#else
+template <class BT> constexpr bool kPairedB = false;
+#endif
+
+// C[R x nr] (+)= acc: stores the register tile, adding to what C holds when `accumulate`.
+template <int R>
+[[gnu::always_inline]] inline void store_tile(V (&acc)[R][kNV], float* c, int64_t ldc, int64_t nr, bool accumulate) {
   if (nr == kNR) {
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i)
@@ -221,6 +237,42 @@ void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const BT* __
     for (int v = 0; v < kNV; ++v) Vec::store(&tile[i][v * kL], acc[i][v]);
   for (int64_t i = 0; i < R; ++i)
     for (int64_t j = 0; j < nr; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
+}
+
+// The register tile's accumulators set to zero, and C's tile fetched: it is read (or written) after
+// the loop.
+template <int R> [[gnu::always_inline]] inline void start_tile(V (&acc)[R][kNV], const float* c, int64_t ldc) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) acc[i][v] = Vec::zero();
+#pragma GCC unroll 8
+    for (int v = 0; v < kNV; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + v * kL), _MM_HINT_T0);
+  }
+}
+
+// C[R x nr] (+)= A[R rows, lda apart][kc] . Bp[kc][NR] (or bf16 k pairs). Meanwhile fetches
+// `pf_lines` cache lines from `pf` into L2 (this call's share of the B micro-panel that comes next),
+// one per k.
+template <int R, class BT>
+void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const BT* __restrict b, float* c,
+                int64_t ldc, int64_t nr, bool accumulate, const BT* pf, int64_t pf_lines) {
+  constexpr int64_t kLine = 64 / sizeof(BT);  // elements of B per cache line
+  constexpr int64_t kStep = kPairedB<BT> ? 2 : 1;
+  V acc[R][kNV];
+  start_tile(acc, c, ldc);
+  const int64_t steps = kc / kStep, fetching = lo(steps, (pf_lines + kStep - 1) / kStep);
+  for (int64_t s = 0; s < fetching; ++s) {
+#pragma GCC unroll 2
+    for (int64_t j = 0; j < kStep; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + (s * kStep + j) * kLine), _MM_HINT_T1);
+    micro_step(acc, a, lda, b, s * kStep);
+  }
+  for (int64_t s = fetching; s < steps; ++s) micro_step(acc, a, lda, b, s * kStep);
+#if defined(KILN_GEMM_BF16_DOT)
+  if constexpr (kPairedB<BT>)
+    if (kc % 2) micro_step(acc, a, lda, b, kc - 1, /*both=*/false);
+#endif
+  store_tile(acc, c, ldc, nr, accumulate);
 }
 
 // C[mr x nr] (+)= A[mr rows, lda apart][kc] . Bp[kc][NR], for mr <= MR: a last, partial row tile
@@ -361,7 +413,7 @@ void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
             // The B micro-panel after this one (or the next depth block's first, when ahead-packed),
             // fetched into L2 a share per row tile: its first pass would otherwise wait on memory.
             const BT* next_b = jr + kNR < nc ? bp + panel_stride
-                               : ahead && pc + kc < p.K ? ahead + jc / kNR * p.K * kNR + (pc + kc) * kNR
+                               : ahead && pc + kc < p.K ? ahead + jc / kNR * panel_stride + (pc + kc) * kNR
                                                         : nullptr;
             const int64_t next_lines = next_b ? (jr + kNR < nc ? kc : lo(kKC, p.K - pc - kc)) * kNR / kLine : 0;
             const int64_t tiles = (mc + kMR - 1) / kMR, lines_per_tile = (next_lines + tiles - 1) / tiles;
@@ -385,8 +437,17 @@ void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
         sweep(p.packed_b + jc / kNR * p.K * kNR + pc * kNR, p.K * kNR, p.packed_b);
       } else if (kNarrowB && p.packed_b_narrow) {
         if constexpr (kNarrowB) {
-          const TB* packed = reinterpret_cast<const TB*>(p.packed_b_narrow);
-          sweep(packed + jc / kNR * p.K * kNR + pc * kNR, p.K * kNR, packed);
+#if defined(KILN_GEMM_BF16_DOT)
+          if constexpr (std::is_same_v<TB, bf16_t>) {  // k pairs, the depth made even
+            const auto* pairs = reinterpret_cast<const bf16_pair_t*>(p.packed_b_narrow);
+            const int64_t depth = (p.K + 1) / 2 * 2;
+            sweep(pairs + jc / kNR * depth * kNR + pc * kNR, depth * kNR, pairs);
+          } else
+#endif
+          {
+            const TB* packed = reinterpret_cast<const TB*>(p.packed_b_narrow);
+            sweep(packed + jc / kNR * p.K * kNR + pc * kNR, p.K * kNR, packed);
+          }
         }
       } else {
         if constexpr (std::is_same_v<TB, Q8_0Rows>)
@@ -413,45 +474,49 @@ void pack_b_entry(const Problem& p, float* dst) {
 // ---- bf16 x bf16 with vdpbf16ps ---------------------------------------------------------------------
 
 #if defined(KILN_GEMM_BF16_DOT)
-// C[mr x nr] (+)= A[MR rows of bf16, lda apart][kc] . Bp[kc / 2][NR][2]: each step takes one k pair,
-// a 32-bit broadcast of each A row's pair against NV vectors of 16 B pairs.
-void micro_bf16(int64_t kpairs, const uint16_t* __restrict a, int64_t lda, const uint16_t* __restrict b, float* c,
-                int64_t ldc, int64_t mr, int64_t nr, bool accumulate) {
-  __m512 acc[kMR][kNV];
-#pragma GCC unroll 8
-  for (int i = 0; i < kMR; ++i)
-#pragma GCC unroll 8
-    for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_setzero_ps();
-  for (int64_t q = 0; q < kpairs; ++q) {
+// C[R x nr] (+)= A[R rows of bf16, lda apart][kpairs * 2] . Bp[kpairs][NR][2]: each step takes one k
+// pair, a 32-bit broadcast of each A row's pair against NV vectors of 16 B pairs. Meanwhile fetches
+// `pf_lines` cache lines from `pf` into L2, two per step (as micro_rows).
+template <int R>
+void micro_dot_rows(int64_t kpairs, const uint16_t* __restrict a, int64_t lda, const uint16_t* __restrict b, float* c,
+                    int64_t ldc, int64_t nr, bool accumulate, const uint16_t* pf, int64_t pf_lines) {
+  V acc[R][kNV];
+  start_tile(acc, c, ldc);
+  auto step = [&](int64_t q) {
     __m512i bv[kNV];
 #pragma GCC unroll 8
     for (int v = 0; v < kNV; ++v) bv[v] = _mm512_loadu_si512(b + (q * kNR + v * kL) * 2);
 #pragma GCC unroll 8
-    for (int i = 0; i < kMR; ++i) {
+    for (int i = 0; i < R; ++i) {
       uint32_t pair;
       std::memcpy(&pair, a + i * lda + 2 * q, sizeof(pair));
       const __m512i ai = _mm512_set1_epi32(static_cast<int>(pair));
 #pragma GCC unroll 8
       for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)ai, (__m512bh)bv[v]);
     }
+  };
+  const int64_t fetching = lo(kpairs, (pf_lines + 1) / 2);
+  for (int64_t q = 0; q < fetching; ++q) {
+    _mm_prefetch(reinterpret_cast<const char*>(pf + 2 * q * 32), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(pf + (2 * q + 1) * 32), _MM_HINT_T1);
+    step(q);
   }
-  if (mr == kMR && nr == kNR) {
-#pragma GCC unroll 8
-    for (int i = 0; i < kMR; ++i)
-#pragma GCC unroll 8
-      for (int v = 0; v < kNV; ++v) {
-        float* dst = c + i * ldc + v * kL;
-        _mm512_storeu_ps(dst, accumulate ? _mm512_add_ps(acc[i][v], _mm512_loadu_ps(dst)) : acc[i][v]);
-      }
-    return;
+  for (int64_t q = fetching; q < kpairs; ++q) step(q);
+  store_tile(acc, c, ldc, nr, accumulate);
+}
+
+// micro_dot_rows for mr <= MR rows (A holds only those).
+void micro_dot(int64_t mr, int64_t kpairs, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc,
+               int64_t nr, bool accumulate, const uint16_t* pf = nullptr, int64_t pf_lines = 0) {
+  static_assert(kMR == 6, "micro_dot dispatches on 1..6 rows");
+  switch (mr) {
+    case 6: return micro_dot_rows<6>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    case 5: return micro_dot_rows<5>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    case 4: return micro_dot_rows<4>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    case 3: return micro_dot_rows<3>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    case 2: return micro_dot_rows<2>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
+    default: return micro_dot_rows<1>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
   }
-  alignas(64) float tile[kMR][kNR];
-#pragma GCC unroll 8
-  for (int i = 0; i < kMR; ++i)
-#pragma GCC unroll 8
-    for (int v = 0; v < kNV; ++v) _mm512_storeu_ps(&tile[i][v * kL], acc[i][v]);
-  for (int64_t i = 0; i < mr; ++i)
-    for (int64_t j = 0; j < nr; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
 }
 
 // B[k0 + k, n0 + j] (bf16) -> panels [ceil(nc / NR)][ceil(kc / 2)][NR][2], zero past kc and nc.
@@ -520,7 +585,7 @@ void gemm_bf16(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
         const int64_t mr = lo(kMR, m1 - ir);
         const uint16_t* a;
         int64_t lda;
-        if (p.a_col == 1 && mr == kMR && kc % 2 == 0 && p.a_row % 2 == 0) {  // pairs read in place
+        if (p.a_col == 1 && kc % 2 == 0 && p.a_row % 2 == 0) {  // pairs read in place
           a = A + ir * p.a_row + pc;
           lda = p.a_row;
         } else {
@@ -529,11 +594,82 @@ void gemm_bf16(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
           lda = kp * 2;
         }
         for (int64_t jr = 0; jr < nc; jr += kNR)
-          micro_bf16(kp, a, lda, packed_b + jr / kNR * kp * kNR * 2, ws.c_acc + (ir - m0) * kNC + jr, kNC, mr,
-                     lo(kNR, nc - jr), pc > 0);
+          micro_dot(mr, kp, a, lda, packed_b + jr / kNR * kp * kNR * 2, ws.c_acc + (ir - m0) * kNC + jr, kNC,
+                    lo(kNR, nc - jr), pc > 0);
       }
     }
     store_rows(ws.c_acc, kNC, m1 - m0, nc, static_cast<bf16_t*>(p.c) + m0 * p.ldc + jc, p.ldc);
+  }
+}
+
+// f32 A rows [m0, m0 + mc), depth [k0, k0 + kc) -> bf16 rows of kc rounded up to even (zero
+// padded), rounded to nearest even as vcvtneps2bf16 does (denormals to zero).
+void pack_a_rounded_bf16(const Problem& p, int64_t m0, int64_t mc, int64_t k0, int64_t kc, uint16_t* dst) {
+  const float* A = static_cast<const float*>(p.a);
+  const int64_t ld = (kc + 1) / 2 * 2;
+  for (int64_t i = 0; i < mc; ++i) {
+    uint16_t* d = dst + i * ld;
+    const float* row = A + (m0 + i) * p.a_row + k0 * p.a_col;
+    if (p.a_col == 1) {
+      for (int64_t k = 0; k < ld; k += kL) {
+        const __mmask16 in = static_cast<__mmask16>(k + kL <= kc ? 0xFFFF : k < kc ? (1u << (kc - k)) - 1 : 0);
+        const __mmask16 out = static_cast<__mmask16>(k + kL <= ld ? 0xFFFF : (1u << (ld - k)) - 1);
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, row + k));
+        _mm256_mask_storeu_epi16(d + k, out, (__m256i)h);
+      }
+      continue;
+    }
+    alignas(64) float column[kL];
+    for (int64_t k = 0; k < ld; k += kL) {
+      for (int64_t j = 0; j < kL; ++j) column[j] = k + j < kc ? row[(k + j) * p.a_col] : 0.0f;
+      const __mmask16 out = static_cast<__mmask16>(k + kL <= ld ? 0xFFFF : (1u << (ld - k)) - 1);
+      _mm256_mask_storeu_epi16(d + k, out, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(column)));
+    }
+  }
+}
+
+// f32 A x bf16 B -> f32 C, above kBf16DotMinRows rows: each A block rounded to bf16 once, then
+// vdpbf16ps against B in k pairs, packed ahead (PackedB's layout here) or per block here. Loops and
+// prefetch as gemm_f32's (depth blocks of the same bytes: 2 * kKC k of bf16); every row's sums are
+// taken in one order whatever M, the rows around it, and whether B was packed ahead.
+void gemm_dot_bf16(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
+  constexpr int64_t kKCDot = 2 * kKC;
+  const uint16_t* ahead = p.packed_b_narrow;
+  const int64_t depth = (p.K + 1) / 2 * 2;
+  uint16_t* packed_a = reinterpret_cast<uint16_t*>(ws.packed_a);
+  const int64_t m_tiles = (m1 - m0 + kMR - 1) / kMR, m_blocks = (m_tiles * kMR + kMC - 1) / kMC;
+  const int64_t mc_step = (m_tiles + m_blocks - 1) / m_blocks * kMR;
+  float* C = static_cast<float*>(p.c);
+  for (int64_t jc = n0; jc < n1; jc += kNC) {
+    const int64_t nc = lo(kNC, n1 - jc);
+    for (int64_t pc = 0; pc < p.K; pc += kKCDot) {
+      const int64_t kc = lo(kKCDot, p.K - pc), kp = (kc + 1) / 2;
+      // The block's micro-panels, panel_stride elements apart.
+      const uint16_t* block = ahead ? ahead + jc / kNR * depth * kNR + pc * kNR : reinterpret_cast<uint16_t*>(ws.packed_b);
+      const int64_t panel_stride = ahead ? depth * kNR : kp * kNR * 2;
+      if (!ahead) pack_b_bf16(p, pc, kc, jc, nc, reinterpret_cast<uint16_t*>(ws.packed_b));
+      for (int64_t ic = m0; ic < m1; ic += mc_step) {
+        const int64_t mc = lo(mc_step, m1 - ic);
+        pack_a_rounded_bf16(p, ic, mc, pc, kc, packed_a);
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const uint16_t* bp = block + jr / kNR * panel_stride;
+          // The next B micro-panel (or, packed ahead, the next depth block's first), fetched into L2
+          // a share per row tile.
+          const uint16_t* next_b = jr + kNR < nc           ? bp + panel_stride
+                                   : ahead && pc + kc < p.K ? ahead + jc / kNR * depth * kNR + (pc + kc) * kNR
+                                                            : nullptr;
+          const int64_t next_pairs = jr + kNR < nc ? kp : (lo(kKCDot, p.K - pc - kc) + 1) / 2;
+          const int64_t next_lines = next_b ? next_pairs * kNR * 2 / 32 : 0;
+          const int64_t tiles = (mc + kMR - 1) / kMR, lines_per_tile = (next_lines + tiles - 1) / tiles;
+          for (int64_t ir = 0; ir < mc; ir += kMR) {
+            const int64_t pf_first = lo(ir / kMR * lines_per_tile, next_lines);
+            micro_dot(lo(kMR, mc - ir), kp, packed_a + ir * kp * 2, kp * 2, bp, C + (ic + ir) * p.ldc + jc + jr, p.ldc,
+                      lo(kNR, nc - jr), pc > 0, next_b ? next_b + pf_first * 32 : nullptr,
+                      lo(lines_per_tile, next_lines - pf_first));
+          }
+        }
+      }
+    }
   }
 }
 #endif
@@ -809,7 +945,11 @@ template <class T, class TB = T> bool small_m_typed(const Problem& p, int64_t n0
 void gemm_entry(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
   switch (p.b_storage) {  // f32 activations with narrow or quantized weights
     case BStorage::f16: return gemm_f32<float, f16_t>(p, m0, m1, n0, n1, ws);
-    case BStorage::bf16: return gemm_f32<float, bf16_t>(p, m0, m1, n0, n1, ws);
+    case BStorage::bf16:
+#if defined(KILN_GEMM_BF16_DOT)
+      if (p.M > kBf16DotMinRows) return gemm_dot_bf16(p, m0, m1, n0, n1, ws);
+#endif
+      return gemm_f32<float, bf16_t>(p, m0, m1, n0, n1, ws);
     case BStorage::q8_0: return gemm_f32<float, Q8_0Rows>(p, m0, m1, n0, n1, ws);
     case BStorage::same: break;
   }
