@@ -275,20 +275,25 @@ void micro_rows(int64_t kc, const float* __restrict a, int64_t lda, const BT* __
   store_tile(acc, c, ldc, nr, accumulate);
 }
 
-// C[mr x nr] (+)= A[mr rows, lda apart][kc] . Bp[kc][NR], for mr <= MR: a last, partial row tile
-// runs a kernel of its own height, not the full one on zero rows.
+// f.template operator()<R>() with R = mr, 1..MR: a last, partial row tile runs a kernel of its own
+// height, not the full one on zero rows.
+template <class F> void with_rows(int64_t mr, F&& f) {
+  static_assert(kMR == 6, "with_rows dispatches on 1..6 rows");
+  switch (mr) {
+    case 6: return f.template operator()<6>();
+    case 5: return f.template operator()<5>();
+    case 4: return f.template operator()<4>();
+    case 3: return f.template operator()<3>();
+    case 2: return f.template operator()<2>();
+    default: return f.template operator()<1>();
+  }
+}
+
+// C[mr x nr] (+)= A[mr rows, lda apart][kc] . Bp[kc][NR], for mr <= MR.
 template <class BT>
 void micro_f32(int64_t kc, const float* a, int64_t lda, const BT* b, float* c, int64_t ldc, int64_t mr,
                int64_t nr, bool accumulate, const BT* pf, int64_t pf_lines) {
-  static_assert(kMR == 6, "micro_f32 dispatches on 1..6 rows");
-  switch (mr) {
-    case 6: return micro_rows<6>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    case 5: return micro_rows<5>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    case 4: return micro_rows<4>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    case 3: return micro_rows<3>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    case 2: return micro_rows<2>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    default: return micro_rows<1>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-  }
+  with_rows(mr, [&]<int R>() { micro_rows<R>(kc, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines); });
 }
 
 // B[k0 + k, n0 + j] for k < kc, j < nc -> panels [ceil(nc / NR)][kc][NR] of f32, zero past nc.
@@ -508,15 +513,7 @@ void micro_dot_rows(int64_t kpairs, const uint16_t* __restrict a, int64_t lda, c
 // micro_dot_rows for mr <= MR rows (A holds only those).
 void micro_dot(int64_t mr, int64_t kpairs, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc,
                int64_t nr, bool accumulate, const uint16_t* pf = nullptr, int64_t pf_lines = 0) {
-  static_assert(kMR == 6, "micro_dot dispatches on 1..6 rows");
-  switch (mr) {
-    case 6: return micro_dot_rows<6>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    case 5: return micro_dot_rows<5>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    case 4: return micro_dot_rows<4>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    case 3: return micro_dot_rows<3>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    case 2: return micro_dot_rows<2>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-    default: return micro_dot_rows<1>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines);
-  }
+  with_rows(mr, [&]<int R>() { micro_dot_rows<R>(kpairs, a, lda, b, c, ldc, nr, accumulate, pf, pf_lines); });
 }
 
 // B[k0 + k, n0 + j] (bf16) -> panels [ceil(nc / NR)][ceil(kc / 2)][NR][2], zero past kc and nc.
