@@ -385,6 +385,13 @@ template <class T> void pack_a_f32(const Problem& p, int64_t m0, int64_t mr, int
   }
 }
 
+// Rows per block of A for a GEMM over `rows` rows: blocks of equal height in whole row tiles, at most
+// kMC (a last block of a few rows would stream all of the B block for little work).
+inline int64_t row_block(int64_t rows) {
+  const int64_t tiles = (rows + kMR - 1) / kMR, blocks = (tiles * kMR + kMC - 1) / kMC;
+  return (tiles + blocks - 1) / blocks * kMR;
+}
+
 // Rows [m0, m1) x columns [n0, n1) of C, in blocks of NC columns, KC depth and MC rows. For each
 // B micro-panel (kc x NR, in L2) the micro-kernel sweeps the block's rows, MR at a time, from the
 // A block held in L2; B is read from memory once per row block. Every C element sums its
@@ -396,10 +403,7 @@ void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
   constexpr bool kF32 = std::is_same_v<T, float>;
   // A is packed per row block even when it could be read in place: rows a power of two apart would
   // share a few L2 sets, and the block would not stay in L2.
-  // Row blocks of equal height (whole row tiles): a last block of a few rows would stream all of the
-  // B block for little work.
-  const int64_t m_tiles = (m1 - m0 + kMR - 1) / kMR, m_blocks = (m_tiles * kMR + kMC - 1) / kMC;
-  const int64_t mc_step = (m_tiles + m_blocks - 1) / m_blocks * kMR;
+  const int64_t mc_step = row_block(m1 - m0);
   for (int64_t jc = n0; jc < n1; jc += kNC) {
     const int64_t nc = lo(kNC, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kKC) {
@@ -634,8 +638,7 @@ void gemm_dot_bf16(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t
   const uint16_t* ahead = p.packed_b_narrow;
   const int64_t depth = (p.K + 1) / 2 * 2;
   uint16_t* packed_a = reinterpret_cast<uint16_t*>(ws.packed_a);
-  const int64_t m_tiles = (m1 - m0 + kMR - 1) / kMR, m_blocks = (m_tiles * kMR + kMC - 1) / kMC;
-  const int64_t mc_step = (m_tiles + m_blocks - 1) / m_blocks * kMR;
+  const int64_t mc_step = row_block(m1 - m0);
   float* C = static_cast<float*>(p.c);
   for (int64_t jc = n0; jc < n1; jc += kNC) {
     const int64_t nc = lo(kNC, n1 - jc);
