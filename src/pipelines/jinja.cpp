@@ -116,7 +116,9 @@ struct DictObj {
   ~DictObj();
 
  private:
-  static constexpr size_t kIndexFrom = 12;
+  // Above the 12 entries of a loop object, which every iteration of a for loop builds anew: an index
+  // for it cost 13 allocations per iteration, 2-3x the loop's own time.
+  static constexpr size_t kIndexFrom = 16;
   std::unordered_map<std::string, size_t> index_;
 };
 
@@ -2849,6 +2851,7 @@ Value Renderer::make_loop(const std::vector<Value>& items, size_t i) {
   const auto n = static_cast<int64_t>(items.size());
   const auto k = static_cast<int64_t>(i);
   auto d = make_dict(Obj::Loop);
+  d->items.reserve(12);
   d->set("index0", k);
   d->set("index", k + 1);
   d->set("revindex", n - k);

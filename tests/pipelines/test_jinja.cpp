@@ -109,6 +109,31 @@ TEST(Jinja, LoopsAndLoopVariables) {
   });
 }
 
+// Dicts are searched in place while small and through an index once they grow: keys found, values
+// replaced in place and the insertion order kept on both sides of the switch.
+TEST(Jinja, DictsOfAnySizeFindTheirKeysInOrder) {
+  for (int n : {1, 12, 15, 16, 17, 40}) {
+    nlohmann::ordered_json d = nlohmann::ordered_json::object();
+    std::string keys, values;
+    for (int i = n - 1; i >= 0; --i) {  // descending, so order is not sorted order
+      d["k" + std::to_string(i)] = i * i;
+      keys += "k" + std::to_string(i) + ",";
+      values += std::to_string(i * i) + ",";
+    }
+    const nlohmann::ordered_json context = {{"d", d}};
+    SCOPED_TRACE(n);
+    EXPECT_EQ(render("{% for k in d %}{{ k }},{% endfor %}", context.dump()), keys);
+    EXPECT_EQ(render("{% for k in d %}{{ d[k] }},{% endfor %}", context.dump()), values);
+    EXPECT_EQ(render("{{ d.k0 }} {{ d['k' ~ (d|length - 1)] }} {{ d.missing is defined }}", context.dump()),
+              "0 " + std::to_string((n - 1) * (n - 1)) + " False");
+    // A namespace is a dict too; `set ns.x` replaces in place whatever its size.
+    EXPECT_EQ(render("{% set ns = namespace(d) %}{% set ns.k0 = 'z' %}{% set ns.extra = 1 %}{{ ns.k0 }}{{ ns.extra }}"
+                     "{{ ns['k' ~ (d|length - 1)] }}",
+                     context.dump()),
+              "z1" + (n == 1 ? std::string("z") : std::to_string((n - 1) * (n - 1))));
+  }
+}
+
 TEST(Jinja, ScopingSetNamespaceAndBlocks) {
   check({
       // A set inside a loop stays in the loop, and each iteration starts afresh.
