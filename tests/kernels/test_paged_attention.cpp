@@ -347,6 +347,21 @@ TEST(PagedAttentionKernel, DecodeOfManySequencesAndLongHistories) {
   check(s, DType::bf16);
 }
 
+// Blocks of 32 positions (two chunks of 16 keys each for the AVX-512 path) and head dims past 64
+// (more than one register tile of head dims, one not a multiple of 16), with prefill runs of 8
+// tokens x 4 query heads per kv head, and a window that starts inside a block's second chunk.
+TEST(PagedAttentionKernel, BlocksOfMoreThanSixteenKeysAndWideHeads) {
+  for (int64_t head_dim : {80, 128}) {
+    PagedBatch s{12, 32, 2, head_dim, 8, {75, 33, 9}, {}};
+    s.tokens = concat({chunk(0, 60, 15), {{1, 32}}, chunk(2, 0, 9)});
+    check(s);
+    check(s, DType::bf16);
+    check(s, DType::f16);
+    s.window = 21;
+    check(s);
+  }
+}
+
 TEST(PagedAttentionKernel, OneSequenceInterruptedByAnotherStartsANewRun) {
   // Sequence 0's tokens are not all adjacent in the batch: each adjacent group is its own run.
   PagedBatch s{16, 2, 1, 4, 2, {9, 3}, {}};

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vector_math.h"
 
 #if defined(__x86_64__)
 // GCC 12 flags the deliberately undefined upper halves inside some AVX-512 intrinsics (the

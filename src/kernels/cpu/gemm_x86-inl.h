@@ -30,29 +30,8 @@ struct Vec {
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static float sum(V v) { return _mm512_reduce_add_ps(v); }
-  // r[j] <- column j of the 16 x 16 matrix whose rows are r[0..15] (unpack, then 128-bit shuffles).
-  static void transpose(V* r) {
-    V t[16], u[16];
-    for (int a = 0; a < 8; ++a) {
-      t[2 * a] = _mm512_unpacklo_ps(r[2 * a], r[2 * a + 1]);
-      t[2 * a + 1] = _mm512_unpackhi_ps(r[2 * a], r[2 * a + 1]);
-    }
-    for (int g = 0; g < 4; ++g) {  // u[4g + c], 128-bit lane l: column 4l + c of rows 4g..4g+3
-      u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-      u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-      u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-      u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    for (int c = 0; c < 4; ++c) {
-      const V w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), w1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
-      const V w2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88),
-              w3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
-      r[c] = _mm512_shuffle_f32x4(w0, w2, 0x88);
-      r[8 + c] = _mm512_shuffle_f32x4(w0, w2, 0xDD);
-      r[4 + c] = _mm512_shuffle_f32x4(w1, w3, 0x88);
-      r[12 + c] = _mm512_shuffle_f32x4(w1, w3, 0xDD);
-    }
-  }
+  // r[j] <- column j of the 16 x 16 matrix whose rows are r[0..15].
+  static void transpose(V* r) { vmath::transpose16_avx512(r); }
 };
 constexpr int kMR = 6, kNV = 4;  // 6 x 64 tile: 24 zmm accumulators
 // kc 512: the C tile is loaded and stored once per depth block, so a deep block halves that traffic

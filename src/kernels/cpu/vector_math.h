@@ -1,6 +1,6 @@
-// Private: SIMD exp and the elementwise functions built on it (sigmoid, silu) over f32 arrays. The
-// elementwise and fused_elementwise kernels both call these loops, so a fused op gives the same bits
-// as the ops it replaced; attention's softmax uses the same exp.
+// Private: SIMD exp and the elementwise functions built on it (sigmoid, silu) over f32 arrays, and a
+// 16 x 16 register transpose. The elementwise and fused_elementwise kernels both call these loops,
+// so a fused op gives the same bits as the ops it replaced; attention's softmax uses the same exp.
 //
 // exp is Cephes' single-precision polynomial (within 2 ulp of the exact value; 0, 1, inf and NaN
 // exact): libm's scalar expf, called once per element, costs more than the rest of a SiLU or a
@@ -31,9 +31,11 @@ int64_t extreme_index(const float* x, int64_t n, bool largest);
 #if defined(__x86_64__)
 #define KILN_VMATH_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
-// misreports once inlined into a target("avx512f") function (GCC bug 105593, fixed in GCC 13).
+// misreports once inlined into a target("avx512f") function (GCC bug 105593, fixed in GCC 13); in
+// the shuffles of the transpose as -Wuninitialized.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 // exp(x) for every f32 x: n = round(x / ln 2), r = x - n ln 2 (in two parts, exact for |n| <= 150),
 // exp(r) by Cephes' polynomial, times 2^n by vscalefps, which rounds to subnormals, zero and infinity
 // as the exact result would. Clamping to [-104, 89] keeps n small (exp(-104) rounds to 0, exp(89) to
@@ -52,6 +54,31 @@ KILN_VMATH_AVX512 inline __m512 exp_avx512(__m512 x) {
   y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(y, n);
+}
+
+// r[j] <- column j of the 16 x 16 matrix whose rows are r[0..15] (unpack, then 128-bit shuffles):
+// the GEMM's packing of transposed operands and paged attention's key tiles.
+[[gnu::always_inline]] KILN_VMATH_AVX512 inline void transpose16_avx512(__m512* r) {
+  __m512 t[16], u[16];
+  for (int a = 0; a < 8; ++a) {
+    t[2 * a] = _mm512_unpacklo_ps(r[2 * a], r[2 * a + 1]);
+    t[2 * a + 1] = _mm512_unpackhi_ps(r[2 * a], r[2 * a + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // u[4g + c], 128-bit lane l: column 4l + c of rows 4g..4g+3
+    u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+    u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), w1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+    const __m512 w2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88),
+                 w3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_f32x4(w0, w2, 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(w0, w2, 0xDD);
+    r[4 + c] = _mm512_shuffle_f32x4(w1, w3, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(w1, w3, 0xDD);
+  }
 }
 #pragma GCC diagnostic pop
 #endif
