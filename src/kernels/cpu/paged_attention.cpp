@@ -336,6 +336,9 @@ KILN_AVX512 void transpose_keys(const E* k, int64_t stride, int64_t n, int64_t h
 template <class E, int R>
 KILN_AVX512 void attend_chunk(const UnitRows& u, int64_t r0, const __mmask16* seen, const float* kt, const E* v,
                               int64_t stride, float scale, float softcap) {
+  __mmask16 any = 0;
+  for (int r = 0; r < R; ++r) any |= seen[r];
+  if (any == 0) return;  // none of these rows sees the chunk (other rows of the unit do)
   const int64_t hd = u.hd;
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 p[R];
@@ -389,12 +392,8 @@ KILN_AVX512 void attend_chunk(const UnitRows& u, int64_t r0, const __mmask16* se
     l += _mm512_reduce_add_ps(p[r]);
   }
   alignas(64) float weights[R][16];
-  __mmask16 any = 0;
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    _mm512_store_ps(weights[r], p[r]);
-    any |= seen[r];
-  }
+  for (int r = 0; r < R; ++r) _mm512_store_ps(weights[r], p[r]);
   const int first = __builtin_ctz(any), last = 32 - __builtin_clz(static_cast<unsigned>(any));
   // Head dims 64 at a time: R x 4 accumulators stay in registers (masks past hd load and store
   // nothing).
