@@ -19,6 +19,7 @@
 #include "kiln/errors.h"
 #include "kiln/ext/extensions.h"
 #include "kiln/graph/custom_op_check.h"
+#include "ext/library_init.h"
 
 // The registrar a library registers through during kiln_extension_init (opaque to it).
 struct KilnExtRegistrar {
@@ -305,21 +306,7 @@ void* open_private_copy(const fs::path& path, const std::string& bytes, uint64_t
 
 }  // namespace
 
-std::shared_ptr<const Library> load_library(const fs::path& path) {
-  const std::string bytes = read_file(path);
-  const uint64_t hash = fnv1a64(bytes);
-  LoadedLibraries& state = loaded();
-  std::lock_guard lock(state.mutex);
-  const auto key = std::make_pair(key_path(path), hash);
-  if (auto it = state.by_key.find(key); it != state.by_key.end()) return it->second;
-
-  void* handle = open_private_copy(path, bytes, hash, state.next_copy++);
-  auto init = reinterpret_cast<KilnExtInitFn>(dlsym(handle, KILN_EXT_INIT_SYMBOL));
-  if (!init)
-    throw ExtensionError(fmt::format("extension '{}': does not export {} (expected the entry point of "
-                                     "kiln/extension.h, declared extern \"C\" with default visibility)",
-                                     path.string(), KILN_EXT_INIT_SYMBOL));
-
+std::shared_ptr<Library> run_extension_init(const fs::path& path, uint64_t hash, KilnExtInitFn init) {
   auto library = std::make_shared<Library>(path, hash);
   std::array<char, 1024> message{};
   KilnExtInitArgs args{};
@@ -351,6 +338,25 @@ std::shared_ptr<const Library> load_library(const fs::path& path) {
     throw ExtensionError(fmt::format("extension '{}': registers no ops (expected at least one register_op "
                                      "call in {})", path.string(), KILN_EXT_INIT_SYMBOL));
 
+  return library;
+}
+
+std::shared_ptr<const Library> load_library(const fs::path& path) {
+  const std::string bytes = read_file(path);
+  const uint64_t hash = fnv1a64(bytes);
+  LoadedLibraries& state = loaded();
+  std::lock_guard lock(state.mutex);
+  const auto key = std::make_pair(key_path(path), hash);
+  if (auto it = state.by_key.find(key); it != state.by_key.end()) return it->second;
+
+  void* handle = open_private_copy(path, bytes, hash, state.next_copy++);
+  auto init = reinterpret_cast<KilnExtInitFn>(dlsym(handle, KILN_EXT_INIT_SYMBOL));
+  if (!init)
+    throw ExtensionError(fmt::format("extension '{}': does not export {} (expected the entry point of "
+                                     "kiln/extension.h, declared extern \"C\" with default visibility)",
+                                     path.string(), KILN_EXT_INIT_SYMBOL));
+
+  std::shared_ptr<Library> library = run_extension_init(path, hash, init);
   state.by_key.emplace(key, library);
   for (const auto& op : library->ops()) state.ops_by_name[op->name()].push_back(op.get());
   static std::once_flag install_check;

@@ -94,7 +94,8 @@ class Library {
 
  private:
   friend struct Registration;
-  friend std::shared_ptr<const Library> load_library(const std::filesystem::path& path);
+  friend std::shared_ptr<Library> run_extension_init(const std::filesystem::path& path, uint64_t content_hash,
+                                                     KilnExtInitFn init);
   std::filesystem::path path_;
   uint64_t content_hash_;
   uint32_t abi_minor_ = 0;
