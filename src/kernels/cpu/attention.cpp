@@ -209,14 +209,12 @@ KILN_AVX512 inline __m512 reduce16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
 }
 
-inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
-
 // q . k_j for the keys j < n (n <= 16) whose rows start k_row apart: one vector of scores (0 past n).
 KILN_AVX512 inline __m512 dots16(const float* q, const float* k, int64_t k_row, int64_t hd, int64_t n) {
   __m512 part[16];
   for (int j = 0; j < 16; ++j) part[j] = _mm512_setzero_ps();
   for (int64_t c = 0; c < hd; c += 16) {
-    const __mmask16 m = first_lanes(hd - c);
+    const __mmask16 m = vmath::first_lanes(hd - c);
     const __m512 qv = _mm512_maskz_loadu_ps(m, q + c);
     for (int64_t j = 0; j < n; ++j) part[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + j * k_row + c), part[j]);
   }
@@ -232,7 +230,7 @@ KILN_AVX512 void weighted_sum(const float* p, const float* v, int64_t v_row, int
   __mmask16 mask[NV];
   __m512 even[NV], odd[NV];
   for (int i = 0; i < NV; ++i) {
-    mask[i] = first_lanes(hd - 16 * i);
+    mask[i] = vmath::first_lanes(hd - 16 * i);
     even[i] = odd[i] = _mm512_setzero_ps();
   }
   int64_t t = 0;
@@ -261,7 +259,7 @@ KILN_AVX512 void weighted_sum(const float* p, const float* v, int64_t v_row, int
 KILN_AVX512 inline void axpy_avx512(float* acc, float p, const float* x, int64_t n) {
   const __m512 pv = _mm512_set1_ps(p);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = first_lanes(n - i);
+    const __mmask16 m = vmath::first_lanes(n - i);
     _mm512_mask_storeu_ps(acc + i, m,
                           _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, acc + i)));
   }
@@ -294,7 +292,7 @@ KILN_AVX512 void attend_row(const Dims& d, float scale, float softcap, const Row
       __mmask16 hidden = 0;
       if (!o.all_masked)
         for (int64_t j = 0; j < n; ++j) hidden |= static_cast<__mmask16>(o.mask[(t0 + j) * o.mask_stride] ? 1u << j : 0u);
-      const __mmask16 valid = first_lanes(n);
+      const __mmask16 valid = vmath::first_lanes(n);
       for (int64_t g = 0; g < gs; ++g) {
         float* row = scores.data() + g * total + t0;
         if (o.all_masked) {
@@ -317,13 +315,13 @@ KILN_AVX512 void attend_row(const Dims& d, float scale, float softcap, const Row
           if (row[t] != -std::numeric_limits<float>::infinity()) row[t] = softcap * std::tanh(row[t] / softcap);
       __m512 mx = minus_inf;
       for (int64_t t = 0; t < total; t += 16) {
-        const __mmask16 m = total - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (total - t)) - 1);
+        const __mmask16 m = vmath::first_lanes(total - t);
         mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, m, row + t));
       }
       const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
       __m512 sum = _mm512_setzero_ps();
       for (int64_t t = 0; t < total; t += 16) {
-        const __mmask16 m = total - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (total - t)) - 1);
+        const __mmask16 m = vmath::first_lanes(total - t);
         const __m512 s = _mm512_maskz_loadu_ps(m, row + t);
         const __mmask16 shown = _mm512_mask_cmp_ps_mask(m, s, minus_inf, _CMP_NEQ_OQ);
         const __m512 p = _mm512_maskz_mov_ps(shown, vmath::exp_avx512(_mm512_sub_ps(s, max)));

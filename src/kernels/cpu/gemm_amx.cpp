@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/strided.h"
+#include "kernels/cpu/vector_math.h"
 #include "kiln/errors.h"
 
 #if defined(__x86_64__)
@@ -145,12 +146,9 @@ void pack_a_chunk(const uint16_t* src, int64_t a_col, int64_t width, uint16_t* d
 void pack_a_chunk(const float* src, int64_t a_col, int64_t width, uint16_t* d) {
   if (a_col == 1) {
     // The masked-off lanes load as 0.0f, which rounds to bf16 zero: the K padding.
-    const auto lanes = [](int64_t n) {
-      return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : n <= 0 ? 0u : (1u << n) - 1);
-    };
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), round_to_bf16(_mm512_maskz_loadu_ps(lanes(width), src)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), round_to_bf16(_mm512_maskz_loadu_ps(vmath::first_lanes(width), src)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 16),
-                        round_to_bf16(_mm512_maskz_loadu_ps(lanes(width - 16), src + 16)));
+                        round_to_bf16(_mm512_maskz_loadu_ps(vmath::first_lanes(width - 16), src + 16)));
   } else {
     for (int64_t k = 0; k < width; ++k) d[k] = f32_to_bf16(src[k * a_col]);
     std::fill(d + width, d + kTileK, uint16_t{0});
@@ -201,7 +199,7 @@ struct PendingStore {
         const int64_t n = n0 + nt * kTileRows;
         const int64_t cols = std::min<int64_t>(kTileRows, N - n);
         if (cols <= 0) break;
-        const __mmask16 valid = static_cast<__mmask16>((1u << cols) - 1);
+        const __mmask16 valid = vmath::first_lanes(cols);
         const __m512 v = _mm512_loadu_ps(row + nt * kTileRows * kTileRows);
         // vcvtneps2bf16 rounds to nearest even and keeps NaN quiet, as f32_to_bf16 (and round_to_bf16,
         // in ~8 fewer instructions beside the tile products); it reads denormals as zero, but

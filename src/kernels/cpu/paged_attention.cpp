@@ -267,11 +267,7 @@ void check_batch(const Geometry& g, const TensorView& tables, const std::vector<
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-}
-
-// The elements [0, 16) of a row of the cache's type under mask m = first_lanes(n) (0 past it), as
+// The elements [0, 16) of a row of the cache's type under mask m = vmath::first_lanes(n) (0 past it), as
 // f32. 16-bit elements: a partial row is copied out (masked 16-bit loads would need AVX512BW).
 KILN_AVX512 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 KILN_AVX512 inline __m256i load16_bits(const void* p, __mmask16 m) {
@@ -315,7 +311,7 @@ template <class E>
 KILN_AVX512 void transpose_keys(const E* k, int64_t stride, int64_t n, int64_t hd, float* kt, const NextRows& next,
                                 int64_t c0) {
   for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-    const __mmask16 m = first_lanes(hd - d0);
+    const __mmask16 m = vmath::first_lanes(hd - d0);
     const int64_t offset = d0 * static_cast<int64_t>(sizeof(E));
     if (next.k != nullptr)
       for (int64_t r = c0; r < std::min(c0 + 16, next.rows); ++r) {
@@ -383,7 +379,7 @@ KILN_AVX512 void attend_chunk(const UnitRows& u, int64_t r0, const __mmask16* se
       l *= correction;
       float* a = u.acc + (r0 + r) * hd;
       for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-        const __mmask16 dm = first_lanes(hd - d0);
+        const __mmask16 dm = vmath::first_lanes(hd - d0);
         _mm512_mask_storeu_ps(a + d0, dm, _mm512_mul_ps(_mm512_maskz_loadu_ps(dm, a + d0), _mm512_set1_ps(correction)));
       }
       m = chunk_max;
@@ -401,7 +397,7 @@ KILN_AVX512 void attend_chunk(const UnitRows& u, int64_t r0, const __mmask16* se
     __mmask16 dm[4];
     __m512 a[R][4];
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) dm[i] = first_lanes(hd - d0 - 16 * i);
+    for (int i = 0; i < 4; ++i) dm[i] = vmath::first_lanes(hd - d0 - 16 * i);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
@@ -524,7 +520,7 @@ void attend_block_avx512(const Geometry& g, float scale, float softcap, const E*
     for (int64_t i = 0; i < count; ++i) {
       // Token i's keys in this chunk: [max(lo, c0), min(lo + visible, c0 + 16)), as lanes from c0.
       const int64_t from = std::max(lo[i], c0) - c0, to = std::min(lo[i] + visible[i], c0 + 16) - c0;
-      const auto mask = static_cast<__mmask16>(to > from ? first_lanes(to) & ~first_lanes(from) : 0);
+      const auto mask = static_cast<__mmask16>(to > from ? vmath::first_lanes(to) & ~vmath::first_lanes(from) : 0);
       any |= mask;
       for (int64_t gi = 0; gi < g.group; ++gi) row_seen[i * g.group + gi] = mask;
     }

@@ -28,7 +28,7 @@ template <Fn kFn> KILN_VMATH_AVX512 void loop_avx512(const float* x, float* y, i
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, eval<kFn>(_mm512_loadu_ps(x + i)));
   if (i < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 tail = first_lanes(n - i);
     _mm512_mask_storeu_ps(y + i, tail, eval<kFn>(_mm512_maskz_loadu_ps(tail, x + i)));
   }
 }
@@ -46,7 +46,7 @@ template <bool kLargest> KILN_VMATH_AVX512 int64_t extreme_index_avx512(const fl
     nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     best = kLargest ? _mm512_max_ps(best, v) : _mm512_min_ps(best, v);
   }
-  const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+  const __mmask16 tail = first_lanes(n - i);
   if (i < n) {
     const __m512 v = _mm512_mask_loadu_ps(fill, tail, x + i);
     nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);

@@ -36,6 +36,11 @@ int64_t extreme_index(const float* x, int64_t n, bool largest);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+// The mask of lanes [0, n) of a 16-lane vector: all for n >= 16, none for n <= 0 (a loop's tail).
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
 // exp(x) for every f32 x: n = round(x / ln 2), r = x - n ln 2 (in two parts, exact for |n| <= 150),
 // exp(r) by Cephes' polynomial, times 2^n by vscalefps, which rounds to subnormals, zero and infinity
 // as the exact result would. Clamping to [-104, 89] keeps n small (exp(-104) rounds to 0, exp(89) to
