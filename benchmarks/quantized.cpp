@@ -214,6 +214,7 @@ void shapes(benchmark::internal::Benchmark* b) {
     b->Args({1, 768, 768, threads});
     b->Args({2, 2048, 8192, threads});
     b->Args({8, 2048, 8192, threads});
+    b->Args({16, 2048, 8192, threads});
   }
   b->UseRealTime();
 }

@@ -159,12 +159,15 @@ using QBlockGemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t 
 QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
 // ---- Q4_K and Q6_K packed at init (AVX-512 + AVX512_VNNI) -------------------------------------------
 // A fixed Q4_K or Q6_K weight (a model's) is repacked once into panels of kGemmRows rows that keep
-// its bits a weight, per super-block of 256: the low 4 bits of the quants of each sub-block j of 32
-// as [2 halves][4][16 rows][4 bytes], byte t of vector i holding quant 8i + t (low nibble) and
-// 8i + 4 + t (high nibble), so one load and a mask or a shift give a vpdpbusd 4 quants of 16 rows.
-//   Q4_K (4736 bytes, the rows' 4608 + 2.8%): then sc and m [8][32 rows] u8, d and dmin [32] f16.
-//   Q6_K (6720 bytes, the rows' own size): then the top 2 bits [8][2 halves][2][16 rows][4 bytes]
-//   (byte t of vector c: quant 4 (4c + g) + t's in bits 2g), sc [16][32 rows] i8, d [32] f16.
+// its bits a weight, per super-block of 256, in the order decode reads them (one forward stream):
+//   Q4_K (4736 bytes, the rows' 4608 + 2.8%): d and dmin [32 rows] f16, then per sub-block j of 32
+//   quants sc_j and m_j [32 rows] u8 and the quants' low 4 bits.
+//   Q6_K (6720 bytes, the rows' own size): d [32 rows] f16, then per pair of sub-blocks of 16 their
+//   sc [2][32 rows] i8, their 32 quants' low 4 bits, and the top 2 bits [2 halves][2][16 rows][4
+//   bytes] (byte t of vector c: quant 4 (4c + g) + t's in bits 2g).
+// The low 4 bits of 32 quants are [2 halves][4][16 rows][4 bytes], byte t of vector i holding quant
+// 8i + t (low nibble) and 8i + 4 + t (high nibble), so one load and a mask or a shift give a
+// vpdpbusd 4 quants of 16 rows.
 // Decode (M <= kKPanelGemvRows) runs on them 16 rows per instruction, the scales applied once per
 // sub-block in int32 (the row GEMV's integer sums, scaled in f32 once per super-block); more rows
 // unpack each panel into the block GEMM's (the same quants and (a, b) as from the rows, so the same
