@@ -377,9 +377,51 @@ inline int64_t row_block(int64_t rows) {
 // products in the same order (k blocks in turn, k ascending within one) whether B was packed here
 // or ahead (p.packed_b, or p.packed_b_narrow for f16 / bf16), so both give identical bits.
 // T: A and C's element type; TB: B's (float, f16_t, bf16_t or Q8_0Rows), converted while packing.
+// gemm_f32 for one row tile (m1 - m0 <= kMR: decode, small batches) on B packed ahead: each B
+// micro-panel is read over its whole depth before the next, and the panels lie one after another,
+// so the weight is one forward stream that the hardware prefetcher follows with no help (the depth
+// blocks of gemm_f32's order jump between micro-panels every kc rows). A's tile is packed over the
+// whole depth (kMR x K, the workspace's size for one tile). Each sum takes its depth blocks in the
+// same order as there, so a row's bits are the same.
+template <class T, class TB>
+void gemm_one_tile(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  const int64_t mr = m1 - m0;
+  pack_a_f32<T>(p, m0, mr, 0, p.K, ws.packed_a);
+  auto stream = [&]<class BT>(const BT* panels, int64_t panel_stride) {
+    for (int64_t jc = n0; jc < n1; jc += kNC) {
+      const int64_t nc = lo(kNC, n1 - jc);
+      for (int64_t jr = 0; jr < nc; jr += kNR) {
+        const BT* bp = panels + (jc + jr) / kNR * panel_stride;
+        const int64_t nr = lo(kNR, nc - jr);
+        for (int64_t pc = 0; pc < p.K; pc += kKC) {
+          const int64_t kc = lo(kKC, p.K - pc);
+          if constexpr (kF32)
+            micro_f32(kc, ws.packed_a + pc, p.K, bp + pc * kNR, static_cast<float*>(p.c) + m0 * p.ldc + jc + jr, p.ldc,
+                      mr, nr, pc > 0, static_cast<const BT*>(nullptr), 0);
+          else
+            micro_f32(kc, ws.packed_a + pc, p.K, bp + pc * kNR, ws.c_acc + jr, kNC, mr, nr, pc > 0,
+                      static_cast<const BT*>(nullptr), 0);
+        }
+      }
+      if constexpr (!kF32) store_rows(ws.c_acc, kNC, mr, nc, static_cast<T*>(p.c) + m0 * p.ldc + jc, p.ldc);
+    }
+  };
+  if (p.packed_b) return stream(p.packed_b, p.K * kNR);
+  if constexpr (std::is_same_v<TB, f16_t> || std::is_same_v<TB, bf16_t>) {  // gemm_f32's choice of layout
+#if defined(KILN_GEMM_BF16_DOT)
+    if constexpr (std::is_same_v<TB, bf16_t>)  // k pairs, the depth made even
+      return stream(reinterpret_cast<const bf16_pair_t*>(p.packed_b_narrow), (p.K + 1) / 2 * 2 * kNR);
+#endif
+    stream(reinterpret_cast<const TB*>(p.packed_b_narrow), p.K * kNR);
+  }
+}
+
 template <class T, class TB = T>
 void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
   constexpr bool kF32 = std::is_same_v<T, float>;
+  constexpr bool kNarrowB = std::is_same_v<TB, f16_t> || std::is_same_v<TB, bf16_t>;
+  if (m1 - m0 <= kMR && (p.packed_b || (kNarrowB && p.packed_b_narrow))) return gemm_one_tile<T, TB>(p, m0, m1, n0, n1, ws);
   // A is packed per row block even when it could be read in place: rows a power of two apart would
   // share a few L2 sets, and the block would not stay in L2.
   const int64_t mc_step = row_block(m1 - m0);
@@ -420,7 +462,6 @@ void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
           }
         }
       };
-      constexpr bool kNarrowB = std::is_same_v<TB, f16_t> || std::is_same_v<TB, bf16_t>;
       if (p.packed_b) {
         sweep(p.packed_b + jc / kNR * p.K * kNR + pc * kNR, p.K * kNR, p.packed_b);
       } else if (kNarrowB && p.packed_b_narrow) {
