@@ -713,26 +713,47 @@ void q4_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
 }
 
 // Offsets within one super-block of a Q6_K panel (kGemmRows rows x 256 weights), in the order decode
-// reads them: d, then per pair j of sub-blocks (32 quants) the scales of both, the low 4 bits, the
-// top 2 bits.
-constexpr int64_t kQ6KDAt = 0, kQ6KSubBytes = 64 + 512 + 256;
+// reads them: d, then per pair j of sub-blocks (32 quants) the scales of both and the quants of two
+// halves of 16 rows (q6_k_groups' 6 vectors each).
+constexpr int64_t kQ6KDAt = 0, kQ6KSubBytes = 64 + 2 * 6 * 64;
 constexpr int64_t q6_k_scales_at(int64_t j) { return 64 + j * kQ6KSubBytes; }  // sub-block 2j; 2j + 1 32 on
-constexpr int64_t q6_k_low_at(int64_t j) { return 64 + j * kQ6KSubBytes + 64; }
-constexpr int64_t q6_k_high_at(int64_t j) { return 64 + j * kQ6KSubBytes + 64 + 512; }
-static_assert(q6_k_high_at(7) + 256 == kQ6KPanelSuperBytes);
+constexpr int64_t q6_k_quants_at(int64_t j) { return 64 + j * kQ6KSubBytes + 64; }
+static_assert(q6_k_quants_at(7) + 2 * 6 * 64 == kQ6KPanelSuperBytes);
 
-// Quant group g (0..7: quants 4g .. 4g + 3 of a 32) of 16 rows from a Q6_K panel's sub-block vectors:
-// its low nibbles from lo[g / 2], its top two bits from high[g / 4] (bits 2 (g % 4) of each byte).
-inline __m512i q6_k_group(const __m512i (&lo)[4], const __m512i (&high)[2], int g) {
-  const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-  const __m512i l = g % 2 == 0 ? _mm512_and_si512(lo[g / 2], nib) : _mm512_and_si512(_mm512_srli_epi16(lo[g / 2], 4), nib);
-  const __m512i h = high[g / 4];
-  const __m512i t = g % 4 == 0 ? _mm512_slli_epi16(h, 4) : g % 4 == 1 ? _mm512_slli_epi16(h, 2) : g % 4 == 2 ? h : _mm512_srli_epi16(h, 2);
-  return _mm512_or_si512(l, _mm512_and_si512(t, top));
+// Q6_K quants of 16 rows as 6 bits in a byte: for groups A, B, C, D (quants 4g .. 4g + 3 of 32, for
+// g = 4q .. 4q + 3) three vectors X, Y, Z hold A, B, C in bits 0-5 and D's bits 0-1, 2-3, 4-5 in
+// their bits 6-7, so a group costs 1.5 instructions on average beside its vpdpbusd (it was 4.25 with
+// the low nibbles and top bits in separate vectors). Select by mask: vpternlogd 0xE4 is c ? a : b.
+constexpr int kSelect = 0xE4;
+inline void q6_k_groups(const uint8_t* p, __m512i (&g)[8]) {
+  const __m512i six = _mm512_set1_epi8(0x3F), two = _mm512_set1_epi8(0x03), four = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 2
+  for (int q = 0; q < 2; ++q) {
+    const __m512i x = _mm512_load_si512(p + (3 * q) * 64), y = _mm512_load_si512(p + (3 * q + 1) * 64),
+                  z = _mm512_load_si512(p + (3 * q + 2) * 64);
+    g[4 * q] = _mm512_and_si512(x, six);
+    g[4 * q + 1] = _mm512_and_si512(y, six);
+    g[4 * q + 2] = _mm512_and_si512(z, six);
+    // The 16-bit shifts bring the next byte's bits in above the two wanted; the masks drop them.
+    const __m512i xy = _mm512_ternarylogic_epi32(_mm512_srli_epi16(x, 6), _mm512_srli_epi16(y, 4), two, kSelect);
+    g[4 * q + 3] = _mm512_and_si512(_mm512_ternarylogic_epi32(xy, _mm512_srli_epi16(z, 2), four, kSelect), six);
+  }
+}
+// The inverse, for packing: groups g[0..7] (u8 quants < 64) -> the 6 vectors at p.
+inline void q6_k_store_groups(const __m512i (&g)[8], uint8_t* p) {
+  const __m512i two = _mm512_set1_epi8(0x03);
+  for (int q = 0; q < 2; ++q) {
+    const __m512i d = g[4 * q + 3];
+    for (int t = 0; t < 3; ++t) {  // D's bits 2t, 2t + 1 -> bits 6-7 (masked first: nothing crosses bytes)
+      const __m512i bits = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(d, 2 * t), two), 6);
+      _mm512_store_si512(p + (3 * q + t) * 64, _mm512_or_si512(g[4 * q + t], bits));
+    }
+  }
 }
 
 // q4_k_panel_row for Q6_K: per sub-block of 16 the dot of u = q + 32, then
-// (d d_x) * sum_i sc_i (dot_i - 32 sum_i(q_x)), the row GEMV's integer sums.
+// (d d_x) * sum_i sc_i (dot_i - 32 sum_i(q_x)), the row GEMV's integer sums (exact in int32, so
+// each dot starting from -32 sum_i(q_x) gives the same sum).
 void q6_k_panel_row(const Q8Activations& x, const uint8_t* panel, int64_t m, float* y, __mmask16 mask0,
                     __mmask16 mask1) {
   const int64_t K = x.K, supers = K / 256;
@@ -741,34 +762,30 @@ void q6_k_panel_row(const Q8Activations& x, const uint8_t* panel, int64_t m, flo
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* ps = panel + s * kQ6KPanelSuperBytes;
     __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-    __m512i msum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     const uint8_t* xs = xrow + s * 256;
     const int16_t* xs16 = x.sum16 + m * (K / 16) + s * 16;
 #pragma GCC unroll 2
     for (int j = 0; j < 8; ++j) {
       int32_t quads[8];
       std::memcpy(quads, xs + 32 * j, 32);
-      const __m512i sum_a = _mm512_set1_epi32(xs16[2 * j]), sum_b = _mm512_set1_epi32(xs16[2 * j + 1]);
+      const __m512i start_a = _mm512_set1_epi32(-32 * xs16[2 * j]), start_b = _mm512_set1_epi32(-32 * xs16[2 * j + 1]);
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        __m512i lo[4], high[2];
-        for (int i = 0; i < 4; ++i) lo[i] = _mm512_load_si512(ps + q6_k_low_at(j) + h * 256 + i * 64);
-        for (int c = 0; c < 2; ++c) high[c] = _mm512_load_si512(ps + q6_k_high_at(j) + h * 128 + c * 64);
-        __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        __m512i u[8];
+        q6_k_groups(ps + q6_k_quants_at(j) + h * 384, u);
+        __m512i dot[2] = {start_a, start_b};
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) dot[g / 4] = _mm512_dpbusd_epi32(dot[g / 4], q6_k_group(lo, high, g), _mm512_set1_epi32(quads[g]));
+        for (int g = 0; g < 8; ++g) dot[g / 4] = _mm512_dpbusd_epi32(dot[g / 4], u[g], _mm512_set1_epi32(quads[g]));
         const __m512i sc_a = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + q6_k_scales_at(j) + 16 * h)));
         const __m512i sc_b = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + q6_k_scales_at(j) + 32 + 16 * h)));
         isum[h] = _mm512_add_epi32(isum[h], _mm512_add_epi32(_mm512_mullo_epi32(dot[0], sc_a), _mm512_mullo_epi32(dot[1], sc_b)));
-        msum[h] = _mm512_add_epi32(msum[h], _mm512_add_epi32(_mm512_mullo_epi32(sc_a, sum_a), _mm512_mullo_epi32(sc_b, sum_b)));
       }
     }
     const __m512 dx = _mm512_set1_ps(x.d[m * supers + s]);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ6KDAt + 32 * h)));
-      const __m512i total = _mm512_sub_epi32(isum[h], _mm512_slli_epi32(msum[h], 5));
-      acc[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, dx), acc[h]);
+      acc[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[h]), _mm512_mul_ps(d, dx), acc[h]);
     }
   }
   _mm512_mask_storeu_ps(y, mask0, acc[0]);
@@ -783,10 +800,9 @@ void q6_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
     for (int j = 0; j < 8; ++j) {
       uint8_t* chunk = gemm_panel + (s * 8 + j) * kChunkBytes<2>;
       for (int h = 0; h < 2; ++h) {
-        __m512i lo[4], high[2];
-        for (int i = 0; i < 4; ++i) lo[i] = _mm512_load_si512(ps + q6_k_low_at(j) + h * 256 + i * 64);
-        for (int c = 0; c < 2; ++c) high[c] = _mm512_load_si512(ps + q6_k_high_at(j) + h * 128 + c * 64);
-        for (int g = 0; g < 8; ++g) _mm512_store_si512(chunk + 512 * h + 64 * g, q6_k_group(lo, high, g));
+        __m512i u[8];
+        q6_k_groups(ps + q6_k_quants_at(j) + h * 384, u);
+        for (int g = 0; g < 8; ++g) _mm512_store_si512(chunk + 512 * h + 64 * g, u[g]);
       }
       auto* ab = reinterpret_cast<float*>(chunk + 1024);
       for (int t = 0; t < 2; ++t)
@@ -813,7 +829,7 @@ void k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* 
   const int64_t supers = K / 256, super_bytes = kQ6 ? kQ6KPanelSuperBytes : kQ4KPanelSuperBytes;
   std::vector<uint8_t> staged(static_cast<size_t>(kGemmRows * K));
   alignas(64) uint8_t groups[8 * 64];  // one chunk of 32 quants of 16 rows: [8 dwords][16 rows][4]
-  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x03);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
     uint8_t* panel = panels + n0 / kGemmRows * k_panel_bytes(E, K);
     std::memset(panel, 0, static_cast<size_t>(k_panel_bytes(E, K)));  // rows past N: scales and d zero
@@ -849,17 +865,14 @@ void k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* 
         const int64_t j = c % 8;
         __m512i g[8];
         for (int i = 0; i < 8; ++i) g[i] = _mm512_load_si512(groups + 64 * i);
-        for (int i = 0; i < 4; ++i)  // low 4 bits of quants 8i + t and 8i + 4 + t in one byte
-          _mm512_store_si512(ps + (kQ6 ? q6_k_low_at(j) : q4_k_quants_at(j)) + h * 256 + i * 64,
-                             _mm512_or_si512(_mm512_and_si512(g[2 * i], nibble),
-                                             _mm512_slli_epi16(_mm512_and_si512(g[2 * i + 1], nibble), 4)));
-        if constexpr (kQ6)
-          for (int q = 0; q < 2; ++q) {  // bits 4-5 of groups 4q .. 4q + 3, two bits each
-            __m512i high = _mm512_setzero_si512();
-            for (int t = 0; t < 4; ++t)
-              high = _mm512_or_si512(high, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(g[4 * q + t], 4), top), 2 * t));
-            _mm512_store_si512(ps + q6_k_high_at(j) + h * 128 + q * 64, high);
-          }
+        if constexpr (kQ6) {
+          q6_k_store_groups(g, ps + q6_k_quants_at(j) + h * 384);
+        } else {
+          for (int i = 0; i < 4; ++i)  // low 4 bits of quants 8i + t and 8i + 4 + t in one byte
+            _mm512_store_si512(ps + q4_k_quants_at(j) + h * 256 + i * 64,
+                               _mm512_or_si512(_mm512_and_si512(g[2 * i], nibble),
+                                               _mm512_slli_epi16(_mm512_and_si512(g[2 * i + 1], nibble), 4)));
+        }
       }
   }
 }
