@@ -163,10 +163,11 @@ QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
 //   Q4_K (4736 bytes, the rows' 4608 + 2.8%): d and dmin [32 rows] f16, then per sub-block j of 32
 //   quants sc_j and m_j [32 rows] u8 and the quants' low 4 bits.
 //   Q6_K (6720 bytes, the rows' own size): d [32 rows] f16, then per pair of sub-blocks of 16 their
-//   sc [2][32 rows] i8, their 32 quants' low 4 bits, and the top 2 bits [2 halves][2][16 rows][4
-//   bytes] (byte t of vector c: quant 4 (4c + g) + t's in bits 2g).
-// The low 4 bits of 32 quants are [2 halves][4][16 rows][4 bytes], byte t of vector i holding quant
-// 8i + t (low nibble) and 8i + 4 + t (high nibble), so one load and a mask or a shift give a
+//   sc [2][32 rows] i8 and their 32 quants u = q + 32, 6 bits in a byte: [2 halves][2][3][16 rows][4
+//   bytes], three vectors per 4 groups of 4 quants, the fourth group's bits in their bits 6-7
+//   (quantized_avx512_vnni.cpp's q6_k_groups).
+// Q4_K's low 4 bits of 32 quants are [2 halves][4][16 rows][4 bytes], byte t of vector i holding
+// quant 8i + t (low nibble) and 8i + 4 + t (high nibble), so one load and a mask or a shift give a
 // vpdpbusd 4 quants of 16 rows.
 // Decode (M <= kKPanelGemvRows) runs on them 16 rows per instruction, the scales applied once per
 // sub-block in int32 (the row GEMV's integer sums, scaled in f32 once per super-block); more rows
