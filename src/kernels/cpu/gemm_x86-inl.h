@@ -371,12 +371,6 @@ inline int64_t row_block(int64_t rows) {
   return (tiles + blocks - 1) / blocks * kMR;
 }
 
-// Rows [m0, m1) x columns [n0, n1) of C, in blocks of NC columns, KC depth and MC rows. For each
-// B micro-panel (kc x NR, in L2) the micro-kernel sweeps the block's rows, MR at a time, from the
-// A block held in L2; B is read from memory once per row block. Every C element sums its
-// products in the same order (k blocks in turn, k ascending within one) whether B was packed here
-// or ahead (p.packed_b, or p.packed_b_narrow for f16 / bf16), so both give identical bits.
-// T: A and C's element type; TB: B's (float, f16_t, bf16_t or Q8_0Rows), converted while packing.
 // gemm_f32 for one row tile (m1 - m0 <= kMR: decode, small batches) on B packed ahead: each B
 // micro-panel is read over its whole depth before the next, and the panels lie one after another,
 // so the weight is one forward stream that the hardware prefetcher follows with no help (the depth
@@ -417,6 +411,12 @@ void gemm_one_tile(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t
   }
 }
 
+// Rows [m0, m1) x columns [n0, n1) of C, in blocks of NC columns, KC depth and MC rows. For each
+// B micro-panel (kc x NR, in L2) the micro-kernel sweeps the block's rows, MR at a time, from the
+// A block held in L2; B is read from memory once per row block. Every C element sums its
+// products in the same order (k blocks in turn, k ascending within one) whether B was packed here
+// or ahead (p.packed_b, or p.packed_b_narrow for f16 / bf16), so both give identical bits.
+// T: A and C's element type; TB: B's (float, f16_t, bf16_t or Q8_0Rows), converted while packing.
 template <class T, class TB = T>
 void gemm_f32(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
   constexpr bool kF32 = std::is_same_v<T, float>;
