@@ -317,9 +317,9 @@ inline void store_tile(const __m512 (&acc)[MR][2], float* y, int64_t m0, int64_t
 
 // Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (`mask0`/`mask1`: which of each half exist),
 // blocks [b0, b1); `first`: y holds nothing yet. `ahead` (or null): panel bytes a later pass reads,
-// of which this tile fetches lines [line0, line1) of each block into L2 meanwhile: with few rows
-// (batched decode) a pass is too short for the hardware prefetcher to hide the weights' trip from
-// DRAM, and the pass's tiles share the fetching so it is spread over the whole pass.
+// of which this tile fetches lines [line0, line1) of each block into L2 meanwhile (gemm passes it
+// when a pass has several tiles, whose going back over the pass's blocks breaks the forward stream
+// the hardware prefetcher follows); the pass's tiles share the fetching, spread over the pass.
 template <int MR>
 void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t b0, int64_t b1, float* y,
                int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first, const uint8_t* ahead, int64_t line0,
