@@ -621,7 +621,7 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
 // reads them (quantized.h): d and dmin, then per sub-block j its scales and mins, then its quants.
 // A row's pass over the panels is then one forward stream, which the hardware prefetcher follows
 // with nothing else: with the scales after the quants (a second stream, 4 KiB ahead) and a software
-// prefetch, a Zen 4 core read 17-19 GB/s from DRAM; in this order, without prefetch, 27-28.
+// prefetch, a Zen 4 core read 17-19 GB/s from DRAM; in this order, without prefetch, 25-28.
 constexpr int64_t kQ4KDAt = 0, kQ4KDminAt = 64, kQ4KSubBytes = 64 + 512;
 constexpr int64_t q4_k_scales_at(int64_t j) { return 128 + j * kQ4KSubBytes; }
 constexpr int64_t q4_k_mins_at(int64_t j) { return 128 + j * kQ4KSubBytes + 32; }
@@ -724,7 +724,7 @@ static_assert(q6_k_quants_at(7) + 2 * 6 * 64 == kQ6KPanelSuperBytes);
 
 // Q6_K quants of 16 rows as 6 bits in a byte: for groups A, B, C, D (quants 4g .. 4g + 3 of 32, for
 // g = 4q .. 4q + 3) three vectors X, Y, Z hold A, B, C in bits 0-5 and D's bits 0-1, 2-3, 4-5 in
-// their bits 6-7, so a group costs 1.5 instructions on average beside its vpdpbusd (it was 4.25 with
+// their bits 6-7, so a group costs 2.25 instructions on average beside its vpdpbusd (it was 4.25 with
 // the low nibbles and top bits in separate vectors). Select by mask: vpternlogd 0xE4 is c ? a : b.
 constexpr int kSelect = 0xE4;
 inline void q6_k_groups(const uint8_t* p, __m512i (&g)[8]) {
