@@ -409,16 +409,17 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
       int64_t tile = 0;
       auto line0 = [&] { return tile * lines / tiles; };
       auto line1 = [&] { return (tile + 1) * lines / tiles; };
-      int64_t m = 0;
-      for (; m + kGemmMR <= x.M; m += kGemmMR, ++tile)
-        gemm_tile<kGemmMR>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1());
-      switch (x.M - m) {
-        case 1: gemm_tile<1>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-        case 2: gemm_tile<2>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-        case 3: gemm_tile<3>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-        case 4: gemm_tile<4>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-        case 5: gemm_tile<5>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-        default: break;
+      // Tiles of equal height (8 rows: 4 + 4, not 6 + 2); a row's sums are its own in any tile.
+      const int64_t height = (x.M + tiles - 1) / tiles;
+      for (int64_t m = 0; m < x.M; m += height, ++tile) {
+        switch (lo(height, x.M - m)) {
+          case 1: gemm_tile<1>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+          case 2: gemm_tile<2>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+          case 3: gemm_tile<3>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+          case 4: gemm_tile<4>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+          case 5: gemm_tile<5>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+          default: gemm_tile<kGemmMR>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+        }
       }
     }
   }
