@@ -62,11 +62,12 @@ thread_local ThreadScratch t_scratch;
 
 bool packed_ahead(const Problem& p) { return p.packed_b || p.packed_b_narrow; }
 
-// This thread's scratch for the GEMM over `rows` rows of p: A's row block (one row tile on B packed
-// ahead: the tile over the whole depth), B's panels unless packed ahead, and the f32 accumulators of
-// a 16-bit C.
+// This thread's scratch for the GEMM over `rows` rows of p: A's row block, or for one row tile on B
+// packed ahead the tile over the whole depth (gemm_one_tile; whichever is larger, so either loop
+// fits), B's panels unless packed ahead, and the f32 accumulators of a 16-bit C.
 Workspace gemm_workspace(const Blocking& b, const Problem& p, int64_t rows) {
-  const int64_t a_floats = rows <= b.mr && packed_ahead(p) ? b.mr * p.K : (std::min(b.mc, rows) + b.mr) * b.kc;
+  const int64_t one_tile = rows <= b.mr && packed_ahead(p) ? b.mr * p.K : 0;
+  const int64_t a_floats = std::max(one_tile, (std::min(b.mc, rows) + b.mr) * b.kc);
   Workspace ws{t_scratch.a.get(static_cast<size_t>(a_floats)),
                packed_ahead(p) ? nullptr : t_scratch.b.get(static_cast<size_t>(b.kc * b.nc)), nullptr};
   if (p.dtype != DType::f32) ws.c_acc = t_scratch.c.get(static_cast<size_t>(rows * b.nc));
