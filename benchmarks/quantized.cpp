@@ -1,14 +1,17 @@
 // Decode GEMV per weight dtype: x f32 [M, K] times a weight [N, K] stored f32, bf16, f16 (matmul with
 // transpose_b) or quantized (qmatmul: q8_0, q4_0, q4_k, q5_k, q6_k), as weight bytes streamed per second, beside a plain streaming read
 // of the same footprint in the same run (the roofline). Each benchmark cycles through copies of its
-// weight totalling >= 1 GiB, so the weights come from DRAM, not the (300 MiB on the Xeon measured) L3.
+// weight totalling >= 1 GiB, so the weights come from DRAM, not the (300 MiB on the Xeon measured) L3;
+// KILN_BENCH_WEIGHT_MIB sets that total (1: a single copy, which stays in cache).
 // BM_gemm_*: prefill-sized products (M = 128) as GFLOP/s (2 M N K per call).
 //
 //   build-rel/bench_quantized --benchmark_counters_tabular=true
 //   args: M / N / K / threads.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -26,7 +29,11 @@ namespace {
 using kiln::DType;
 using kiln::kernels::TensorView;
 
-constexpr size_t kFootprint = size_t{1} << 30;
+// KILN_BENCH_WEIGHT_MIB=1 runs each benchmark on one copy (from cache: the kernels' compute rate).
+const size_t kFootprint = [] {
+  const char* mib = std::getenv("KILN_BENCH_WEIGHT_MIB");
+  return mib ? static_cast<size_t>(std::max(1, std::atoi(mib))) << 20 : size_t{1} << 30;
+}();
 
 std::vector<float> random_floats(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -170,6 +177,8 @@ void packed(benchmark::State& state, kiln::graph::QuantizationEncoding e) {
   }
   state.counters["weight B/s"] =
       benchmark::Counter(static_cast<double>(panel_bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(M * N * K), benchmark::Counter::kIsIterationInvariantRate);
 }
 void BM_q8_0_packed(benchmark::State& s) { packed(s, kiln::graph::QuantizationEncoding::q8_0); }
 void BM_q4_k_packed(benchmark::State& s) { packed(s, kiln::graph::QuantizationEncoding::q4_k); }
@@ -242,6 +251,9 @@ BENCHMARK(BM_f32)->Name("BM_gemm_f32")->Apply(gemm_shapes);
 BENCHMARK(BM_q8_0)->Name("BM_gemm_q8_0")->Apply(gemm_shapes);
 BENCHMARK(BM_q4_k)->Name("BM_gemm_q4_k")->Apply(gemm_shapes);
 BENCHMARK(BM_q6_k)->Name("BM_gemm_q6_k")->Apply(gemm_shapes);
+BENCHMARK(BM_q8_0_packed)->Name("BM_gemm_q8_0_packed")->Apply(gemm_shapes);
+BENCHMARK(BM_q4_k_packed)->Name("BM_gemm_q4_k_packed")->Apply(gemm_shapes);
+BENCHMARK(BM_q6_k_packed)->Name("BM_gemm_q6_k_packed")->Apply(gemm_shapes);
 
 }  // namespace
 

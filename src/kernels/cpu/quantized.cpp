@@ -80,7 +80,7 @@ struct Scratch {
   std::vector<float> d;       // [M][K / 32]
   std::vector<int32_t> sum;   // [M][K / 32]
   std::vector<int16_t> sum16; // [M][K / 16] (Q6_K)
-  std::vector<float> scaled_sum;  // [M][K / B] (the block GEMM)
+  std::vector<float> sum_f32;  // [M][K / 32] (Q4_K and Q5_K's block GEMM)
   AlignedScratch<uint8_t> panel;  // the GEMM's packed weight panel
 };
 thread_local Scratch t_scratch;
@@ -229,19 +229,14 @@ Q8Activations quantize_lhs(const KernelContext& ctx, QuantizationEncoding e, con
   return Q8Activations{xq, xd, xsum, sum16, M, K};
 }
 
-// The block GEMM's d_x * sum(q_x) per weight block (Q8Activations::scaled_sum), in this thread's scratch.
-void add_scaled_sums(QuantizationEncoding e, Q8Activations& acts) {
-  const int64_t M = acts.M, K = acts.K;
-  const int64_t block = e == QuantizationEncoding::q6_k ? 16 : 32;  // weights per (a, b)
-  const int64_t sums_per_row = K / block, ablock = quantized::activation_block(e);
-  float* scaled = grow(t_scratch.scaled_sum, M * sums_per_row);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < sums_per_row; ++j) {
-      const int64_t i = m * sums_per_row + j;
-      const float sum = block == 16 ? static_cast<float>(acts.sum16[i]) : static_cast<float>(acts.sum[i]);
-      scaled[i] = acts.d[m * (K / ablock) + j * block / ablock] * sum;
-    }
-  acts.scaled_sum = scaled;
+// Q4_K and Q5_K's block GEMM subtracts b_j sum_j(q_x) in f32 (Q8Activations::sum_f32); the sums
+// converted once per call, in this thread's scratch. The other encodings' GEMMs need none.
+void add_f32_sums(QuantizationEncoding e, Q8Activations& acts) {
+  if (e != QuantizationEncoding::q4_k && e != QuantizationEncoding::q5_k) return;
+  const int64_t n = acts.M * acts.K / 32;
+  float* sums = grow(t_scratch.sum_f32, n);
+  for (int64_t i = 0; i < n; ++i) sums[i] = static_cast<float>(acts.sum[i]);
+  acts.sum_f32 = sums;
 }
 
 // The block GEMM (quantized.h) of Q4_0 and the K-quants, lhs [M, K] with M > gemm::kSmallM: the
@@ -251,7 +246,7 @@ void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorVi
                 int64_t row_bytes, int64_t M, int64_t K, int64_t N, float* y) {
   const quantized::QBlockGemmFn fn = quantized::avx512_vnni_block_gemm(e);
   Q8Activations acts = quantize_lhs(ctx, e, lhs, M, K, /*offset=*/false);
-  add_scaled_sums(e, acts);
+  add_f32_sums(e, acts);
   const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
   const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
   parallel_for(ctx, panels, std::max<int64_t>(1, panels / (gemm::kGemvPartsPerThread * threads)),
@@ -300,7 +295,7 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
   if (M == 0 || panels == 0) return;
   const KPanelsFn k_quant = avx512_vnni_k_panels(encoding);  // else Q8_0
   Q8Activations acts = quantize_lhs(ctx, encoding, lhs, M, K, /*offset=*/false);
-  if (k_quant && M > kKPanelGemvRows) add_scaled_sums(encoding, acts);
+  if (k_quant && M > kKPanelGemvRows) add_f32_sums(encoding, acts);
   const Q8_0GemmFn q8_0 = avx512_vnni_q8_0_gemm();
   const int64_t panel_bytes = k_quant ? k_panel_bytes(encoding, K) : gemm_panel_bytes(K);
   // The panels cut as the GEMV's rows are: gemm::kGemvPartsPerThread chunks per thread, claimed as

@@ -40,8 +40,8 @@ struct Q8Activations {
   const int32_t* sum = nullptr; // [M][K / 32]: each block's sum of q_x (Q8_0 GEMM, the other encodings)
   const int16_t* sum16 = nullptr;  // [M][K / 16]: sums of q_x per 16 (Q6_K, whose scales cover 16)
   int64_t M = 0, K = 0;
-  // [M][K / B]: d_x * the sum of q_x over each weight block of B (32, or 16 for Q6_K); the block GEMM's.
-  const float* scaled_sum = nullptr;
+  // [M][K / 32]: sum as f32, for Q4_K and Q5_K's block GEMM (which subtracts b_j sum_j(q_x) in f32).
+  const float* sum_f32 = nullptr;
 };
 
 // x [M][K] (K a multiple of 32, rows K apart) -> q [M][K], d and sum [M][K / 32]; q holds q_x + 128
@@ -118,7 +118,7 @@ void packed_gemm_group(const KernelContext& ctx, graph::QuantizationEncoding enc
 // summed in f32 over the row (the order differs between the portable and the SIMD kernels). The
 // GEMV serves every M up to gemm::kSmallM, so a row's result does not depend on M there; above it
 // the block GEMM below (where VNNI is) sums the same products in its own order.
-inline int64_t activation_block(graph::QuantizationEncoding e) {
+constexpr int64_t activation_block(graph::QuantizationEncoding e) {
   return e == graph::QuantizationEncoding::q8_0 || e == graph::QuantizationEncoding::q4_0 ? 32 : 256;
 }
 QGemvFn portable_block_gemv(graph::QuantizationEncoding);  // q4_0, q4_k, q5_k, q6_k
@@ -150,8 +150,10 @@ QGemvFn avx512_vnni_block_gemv(graph::QuantizationEncoding);
 // GEMV) while it is in L2:
 //   y = sum over activation blocks s of d_x,s * sum over the weight blocks j in s of
 //       (a_j * dot_j(u, q_x) - b_j * sum_j(q_x))
-// summed in f32 in block order whatever M is, so a row's bits are the same in every call of more
-// than kSmallM rows; they differ from its GEMV bits by f32 rounding.
+// the inner sum in f32 per activation block (Q4_0 and Q6_K: b_j sum_j subtracted in the integer dot,
+// as -8 or -32 sum_j(q_x)), then scaled by d_x,s and added to y, in block order whatever M is, so a
+// row's bits are the same in every call of more than kSmallM rows; they differ from its GEMV bits by
+// f32 rounding.
 // `panel`: block_gemm_panel_bytes(e, K) bytes, 64-byte aligned, for this call's panels.
 using QBlockGemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                               float* y, int64_t ldy, uint8_t* panel);
@@ -179,7 +181,7 @@ inline int64_t k_panel_bytes(graph::QuantizationEncoding e, int64_t K) {
   return K / 256 * (e == graph::QuantizationEncoding::q6_k ? kQ6KPanelSuperBytes : kQ4KPanelSuperBytes);
 }
 // y[m * ldy + n], n in [n0, n1) (n0 a multiple of kGemmRows), for any M, from the panels; x as for the
-// K-quants' GEMV (quantize_rows_256, with sums of 32, and of 16 for Q6_K), plus scaled_sum when
+// K-quants' GEMV (quantize_rows_256, with sums of 32, and of 16 for Q6_K), plus Q4_K's sum_f32 when
 // M > kKPanelGemvRows. `scratch`: block_gemm_panel_bytes(e, K) bytes, 64-byte aligned (read when
 // M > kKPanelGemvRows).
 using KPanelsFn = void (*)(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y,

@@ -535,67 +535,113 @@ void unpack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows,
                         _mm512_setzero_si512());
 }
 
+// How the block GEMM applies an encoding's (a, b) (quantized.h's table). Where b is a fixed multiple
+// of a (Q4_0: 8, Q6_K: 32) each weight block's integer dot starts from -offset * sum(q_x), exact, and b
+// costs nothing; Q4_K and Q5_K (b = dmin m_j) subtract b sum(q_x) in f32. Where the activations' scale
+// covers a super-block of 256 (the K-quants), its weight blocks' sums a_j dot_j - b_j sum_j gather in
+// f32 unscaled and d_x multiplies them once per super-block, not once per weight block: vpdpbusd
+// shares its two ports with every f32 multiply (Zen 4: each fma or mul beside 16 vpdpbusd costs a
+// cycle), so Q6_K's blocks of 16 went from 4 vpdpbusd + 3 f32 operations to 4 + 1.
+template <QuantizationEncoding E> struct BlockGemmRule {
+  static constexpr int kSub = Unpack<E>::kSub;           // weight blocks per chunk of 32 quants
+  static constexpr int kDwords = 8 / kSub;               // vpdpbusd per weight block and 16 rows
+  static constexpr bool kSuper = activation_block(E) == 256;
+  static constexpr int32_t kOffset = E == QuantizationEncoding::q4_0 ? 8 : E == QuantizationEncoding::q6_k ? 32 : 0;
+  static constexpr int kChunksPerSuper = kSuper ? 8 : 1;  // chunks per activation scale
+};
+
 // Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (mask0/mask1 as gemm_tile's), chunks [c0, c1)
-// of 32 quants; `first`: y holds nothing yet. `ablock`: activation elements per d_x (32 or 256).
-template <int MR, int kSub>
-void block_gemm_tile(const Q8Activations& x, int64_t ablock, const uint8_t* panel, int64_t m0, int64_t c0, int64_t c1,
-                     float* y, int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first) {
-  constexpr int kDwords = 8 / kSub;  // dword steps per weight block
-  const int64_t K = x.K, scales = K / ablock, blocks = K / 32 * kSub;
-  __m512 acc[MR][2];
-  load_tile(acc, y, m0, ldy, mask0, mask1, first);
-  for (int64_t c = c0; c < c1; ++c) {
-    const uint8_t* pc = panel + c * kChunkBytes<kSub>;
-    const auto* ab = reinterpret_cast<const float*>(pc + 1024);
-    const uint8_t* xc = x.x + m0 * K + 32 * c;
+// of 32 quants (whole super-blocks for the K-quants); `first`: y holds nothing yet. The running sums
+// stay in y (read and written once per super-block, or per chunk for Q4_0), so the registers hold
+// only a super-block's dots and sums.
+template <int MR, QuantizationEncoding E>
+void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t c0, int64_t c1, float* y,
+                     int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first) {
+  using Rule = BlockGemmRule<E>;
+  constexpr int kSub = Rule::kSub;
+  const int64_t K = x.K, ablocks = K / activation_block(E), blocks = K / 32 * kSub;
+  for (int64_t s0 = c0; s0 < c1; s0 += Rule::kChunksPerSuper) {
+    __m512 part[MR][2];  // this super-block's (or chunk's) sums, unscaled by d_x
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) part[m][0] = part[m][1] = _mm512_setzero_ps();
+    for (int64_t c = s0; c < s0 + Rule::kChunksPerSuper; ++c) {
+      const uint8_t* pc = panel + c * kChunkBytes<kSub>;
+      const auto* ab = reinterpret_cast<const float*>(pc + 1024);
+      const uint8_t* xc = x.x + m0 * K + 32 * c;
 #pragma GCC unroll 2
-    for (int t = 0; t < kSub; ++t) {
-      __m512i dot[MR][2];
-#pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int j = kDwords * t; j < kDwords * (t + 1); ++j) {
-        const __m512i w0 = _mm512_load_si512(pc + j * 64), w1 = _mm512_load_si512(pc + 512 + j * 64);
+      for (int t = 0; t < kSub; ++t) {
+        const int64_t block = kSub * c + t;
+        __m512i dot[MR][2];
 #pragma GCC unroll 8
         for (int m = 0; m < MR; ++m) {
-          int32_t quad;
-          std::memcpy(&quad, xc + m * K + 4 * j, 4);
-          const __m512i xq = _mm512_set1_epi32(quad);
-          dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], w0, xq);
-          dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], w1, xq);
+          if constexpr (Rule::kOffset != 0) {
+            const int32_t sum = kSub == 2 ? x.sum16[(m0 + m) * blocks + block] : x.sum[(m0 + m) * blocks + block];
+            dot[m][0] = dot[m][1] = _mm512_set1_epi32(-Rule::kOffset * sum);
+          } else {
+            dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+          }
+        }
+#pragma GCC unroll 8
+        for (int j = Rule::kDwords * t; j < Rule::kDwords * (t + 1); ++j) {
+          const __m512i w0 = _mm512_load_si512(pc + j * 64), w1 = _mm512_load_si512(pc + 512 + j * 64);
+#pragma GCC unroll 8
+          for (int m = 0; m < MR; ++m) {
+            int32_t quad;
+            std::memcpy(&quad, xc + m * K + 4 * j, 4);
+            const __m512i xq = _mm512_set1_epi32(quad);
+            dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], w0, xq);
+            dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], w1, xq);
+          }
+        }
+        const __m512 a0 = _mm512_load_ps(ab + t * kGemmRows), a1 = _mm512_load_ps(ab + t * kGemmRows + 16);
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) {
+          part[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), a0, part[m][0]);
+          part[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][1]), a1, part[m][1]);
+        }
+        if constexpr (Rule::kOffset == 0) {
+          const __m512 b0 = _mm512_load_ps(ab + (kSub + t) * kGemmRows), b1 = _mm512_load_ps(ab + (kSub + t) * kGemmRows + 16);
+#pragma GCC unroll 8
+          for (int m = 0; m < MR; ++m) {
+            const __m512 sum = _mm512_set1_ps(x.sum_f32[(m0 + m) * blocks + block]);
+            part[m][0] = _mm512_fnmadd_ps(b0, sum, part[m][0]);
+            part[m][1] = _mm512_fnmadd_ps(b1, sum, part[m][1]);
+          }
         }
       }
-      const __m512 a0 = _mm512_load_ps(ab + t * kGemmRows), a1 = _mm512_load_ps(ab + t * kGemmRows + 16);
-      const __m512 b0 = _mm512_load_ps(ab + (kSub + t) * kGemmRows), b1 = _mm512_load_ps(ab + (kSub + t) * kGemmRows + 16);
+    }
+    const bool fresh = first && s0 == c0;
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * scales + 32 * c / ablock]);
-        const __m512 sum = _mm512_set1_ps(x.scaled_sum[(m0 + m) * blocks + kSub * c + t]);
-        acc[m][0] = _mm512_fnmadd_ps(b0, sum, _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), _mm512_mul_ps(a0, dx), acc[m][0]));
-        acc[m][1] = _mm512_fnmadd_ps(b1, sum, _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][1]), _mm512_mul_ps(a1, dx), acc[m][1]));
-      }
+    for (int m = 0; m < MR; ++m) {
+      float* row = y + (m0 + m) * ldy;
+      const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * ablocks + 32 * s0 / activation_block(E)]);
+      const __m512 y0 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
+      const __m512 y1 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
+      _mm512_mask_storeu_ps(row, mask0, _mm512_fmadd_ps(part[m][0], dx, y0));
+      _mm512_mask_storeu_ps(row + 16, mask1, _mm512_fmadd_ps(part[m][1], dx, y1));
     }
   }
-  store_tile(acc, y, m0, ldy, mask0, mask1);
 }
 
 // Every activation row of x against one unpacked panel (y: its first column), 16 chunks (20-24 KiB
-// of the panel) at a time, which stay in L1 while every activation row passes over them.
-template <int kSub>
-void block_gemm_panel(const Q8Activations& x, int64_t ablock, const uint8_t* panel, float* y, int64_t ldy,
-                      __mmask16 mask0, __mmask16 mask1) {
+// of the panel: two super-blocks) at a time, which stay in L1 while every activation row passes
+// over them.
+template <QuantizationEncoding E>
+void block_gemm_panel(const Q8Activations& x, const uint8_t* panel, float* y, int64_t ldy, __mmask16 mask0,
+                      __mmask16 mask1) {
+  static_assert(kGemmBlocksPerPass % BlockGemmRule<E>::kChunksPerSuper == 0);
   const int64_t chunks = x.K / 32;
   for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {
     const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
     int64_t m = 0;
     for (; m + kGemmMR <= x.M; m += kGemmMR)
-      block_gemm_tile<kGemmMR, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0);
+      block_gemm_tile<kGemmMR, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0);
     switch (x.M - m) {
-      case 1: block_gemm_tile<1, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      case 2: block_gemm_tile<2, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      case 3: block_gemm_tile<3, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      case 4: block_gemm_tile<4, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      case 5: block_gemm_tile<5, kSub>(x, ablock, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 1: block_gemm_tile<1, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 2: block_gemm_tile<2, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 3: block_gemm_tile<3, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 4: block_gemm_tile<4, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 5: block_gemm_tile<5, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
       default: break;
     }
   }
@@ -605,14 +651,14 @@ template <QuantizationEncoding E>
 void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
                 int64_t ldy, uint8_t* scratch) {
   constexpr int kSub = Unpack<E>::kSub;
-  const int64_t K = x.K, chunks = K / 32, ablock = activation_block(E);
+  const int64_t K = x.K, chunks = K / 32;
   uint8_t* panel = scratch;
   uint8_t* staged = scratch + chunks * kChunkBytes<kSub>;
   for (int64_t n = n0; n < n1; n += kGemmRows) {
     const int64_t rows = lo(kGemmRows, n1 - n);
     unpack_panel<E>(w, row_bytes, n, rows, K, staged, panel);
     const auto [mask0, mask1] = panel_masks(rows);
-    block_gemm_panel<kSub>(x, ablock, panel, y + n, ldy, mask0, mask1);
+    block_gemm_panel<E>(x, panel, y + n, ldy, mask0, mask1);
   }
 }
 
@@ -887,7 +933,6 @@ template <QuantizationEncoding E>
 void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
               uint8_t* scratch) {
   constexpr bool kQ6 = E == QuantizationEncoding::q6_k;
-  constexpr int kSub = kQ6 ? 2 : 1;
   const int64_t K = x.K;
   for (int64_t n = n0; n < n1; n += kGemmRows) {
     const uint8_t* panel = panels + n / kGemmRows * k_panel_bytes(E, K);
@@ -898,7 +943,7 @@ void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t
       continue;
     }
     (kQ6 ? q6_k_panel_to_gemm_panel : q4_k_panel_to_gemm_panel)(panel, K, scratch);
-    block_gemm_panel<kSub>(x, activation_block(E), scratch, y + n, ldy, mask0, mask1);
+    block_gemm_panel<E>(x, scratch, y + n, ldy, mask0, mask1);
   }
 }
 
