@@ -1,7 +1,7 @@
 // The Q8_0 GEMV and GEMM of quantized.h for AVX-512 + AVX512_VNNI (Ice Lake / Sapphire Rapids,
 // Zen 4/5), and the activation quantizer they share. GEMV: two weight blocks (64 quants) per
 // vpdpbusd, f32 accumulation of the scaled block sums. GEMM: 16 weight rows per vpdpbusd from a
-// packed panel, 6 activation rows x 32 weight rows of accumulators.
+// packed panel, up to 5 activation rows x 32 weight rows of accumulators.
 // Standard headers first, then the target pragma (see gemm.h for why).
 #include <cstdint>
 #include <cstring>
