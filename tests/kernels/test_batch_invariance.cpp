@@ -394,8 +394,9 @@ TEST(BatchInvariance, BlockGemmGivesEveryRowTheSameBitsAtEveryMAboveEight) {
 // A model's Q4_K and Q6_K weights (fixed at build) on VNNI CPUs run on their nibble panels at every
 // M (quantized.h): up to 8 rows the panels' GEMV, whose rows never depend on the batch (each row of
 // every M from 1 to 8 bitwise that row at M = 8, within the reference's tolerance, grouped too, and
-// within a few roundings of the row GEMV on the file's rows); above 8 rows the block GEMM on the
-// panels unpacked, which gives bitwise what it gives from the file's rows.
+// within a few roundings of the row GEMV on the file's rows); above 8 rows the block GEMM's
+// arithmetic (Q4_K up to 32 rows on the panels as stored, else on the panels unpacked), which gives
+// bitwise what it gives from the file's rows.
 TEST(BatchInvariance, FixedKQuantWeightsRunTheirPanelsAtEveryM) {
   if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
     GTEST_SKIP() << "this CPU has no AVX512-VNNI: no K-quant panels to check";
@@ -425,7 +426,7 @@ TEST(BatchInvariance, FixedKQuantWeightsRunTheirPanelsAtEveryM) {
     }
     const HostTensor many = kernel_test::tensor_from_doubles(DType::f32, {40, K}, kernel_test::pseudo_random(40 * K, seed++));
     ThreadedParallel two(2);
-    for (int64_t M : {9, 13, 40})
+    for (int64_t M : {9, 13, 32, 33, 40})
       for (const Product& p : products) {
         Product from_rows = p;
         from_rows.fixed_weights = false;

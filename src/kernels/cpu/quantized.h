@@ -173,8 +173,9 @@ QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
 // vpdpbusd 4 quants of 16 rows.
 // Decode (M <= kKPanelGemvRows) runs on them 16 rows per instruction, the scales applied once per
 // sub-block in int32 (the row GEMV's integer sums, scaled in f32 once per super-block); more rows
-// unpack each panel into the block GEMM's (the same quants and (a, b) as from the rows, so the same
-// bits) on the way. The file's rows are then not read again.
+// run the block GEMM's arithmetic (the same quants and (a, b) as from the rows, so the same bits):
+// Q4_K up to 32 rows on the panels as stored, else on each panel unpacked into the block GEMM's on
+// the way. The file's rows are then not read again.
 inline constexpr int64_t kQ4KPanelSuperBytes = 4736, kQ6KPanelSuperBytes = 6720;
 inline constexpr int64_t kKPanelGemvRows = 8;  // gemm::kSmallM
 inline int64_t k_panel_bytes(graph::QuantizationEncoding e, int64_t K) {

@@ -734,6 +734,94 @@ void q4_k_panel_row(const Q8Activations& x, const uint8_t* panel, int64_t m, flo
   _mm512_mask_storeu_ps(y + 16, mask1, acc[1]);
 }
 
+// Rows [m0, m0 + MR) of y against super-blocks [s0, s1) of a Q4_K panel (mask0/mask1 as
+// gemm_tile's; `first`: y holds nothing yet), read as stored: the block GEMM's arithmetic without
+// unpacking the panel first. Each nibble vector is masked once for all MR rows (a low and a high
+// dot chain per row, the high one 16 times its quants, shifted back before the sum, exactly), and
+// a_j = d sc_j, b_j = dmin m_j are the same f32 products q4_k_panel_to_gemm_panel stores, so the
+// bits are the block GEMM's. Unpacking each panel per call took a sixth of a 16-row Q4_K_M step.
+template <int MR>
+void q4_k_panel_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t s0, int64_t s1, float* y,
+                     int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first) {
+  const int64_t K = x.K, supers = K / 256, blocks = K / 32;
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(static_cast<char>(0xF0));
+  for (int64_t s = s0; s < s1; ++s) {
+    const uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
+    __m512 part[MR][2];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) part[m][0] = part[m][1] = _mm512_setzero_ps();
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* pj = ps + q4_k_quants_at(j);
+      __m512i even[MR][2], odd[MR][2];
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) even[m][0] = even[m][1] = odd[m][0] = odd[m][1] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m512i v = _mm512_load_si512(pj + h * 256 + i * 64);
+          const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(v, high);
+#pragma GCC unroll 8
+          for (int m = 0; m < MR; ++m) {
+            const uint8_t* xq = x.x + (m0 + m) * K + s * 256 + 32 * j + 8 * i;
+            int32_t qa, qb;
+            std::memcpy(&qa, xq, 4);
+            std::memcpy(&qb, xq + 4, 4);
+            even[m][h] = _mm512_dpbusd_epi32(even[m][h], lo, _mm512_set1_epi32(qa));
+            odd[m][h] = _mm512_dpbusd_epi32(odd[m][h], hi, _mm512_set1_epi32(qb));
+          }
+        }
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ4KDAt + 32 * h)));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ4KDminAt + 32 * h)));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + q4_k_scales_at(j) + 16 * h))));
+        const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ps + q4_k_mins_at(j) + 16 * h))));
+        const __m512 a = _mm512_mul_ps(d, sc), b = _mm512_mul_ps(dmin, mn);
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) {
+          const __m512i dot = _mm512_add_epi32(even[m][h], _mm512_srai_epi32(odd[m][h], 4));
+          const __m512 sum = _mm512_set1_ps(x.sum_f32[(m0 + m) * blocks + s * 8 + j]);
+          part[m][h] = _mm512_fnmadd_ps(b, sum, _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), a, part[m][h]));
+        }
+      }
+    }
+    const bool fresh = first && s == s0;
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      float* row = y + (m0 + m) * ldy;
+      const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * supers + s]);
+      const __m512 y0 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
+      const __m512 y1 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
+      _mm512_mask_storeu_ps(row, mask0, _mm512_fmadd_ps(part[m][0], dx, y0));
+      _mm512_mask_storeu_ps(row + 16, mask1, _mm512_fmadd_ps(part[m][1], dx, y1));
+    }
+  }
+}
+
+// Every activation row of x against one Q4_K panel, two super-blocks (9.5 KiB, L1) at a time, in
+// row tiles of equal height (at most 4: two dot chains per row and half, and the sums, fill the
+// registers). Up to kQ4KPanelGemmRows rows; above, unpacking the panel once pays for the block
+// GEMM's 5-row tiles (Zen 4, one core from cache, 2048 x 8192: 16 rows 222-260 GFLOP/s unpacked,
+// 286-301 here; 32 rows 288 and 294-301; 64 rows 303-318 and 291-296).
+constexpr int64_t kQ4KPanelGemmRows = 32;
+void q4_k_panel_gemm(const Q8Activations& x, const uint8_t* panel, float* y, int64_t ldy, __mmask16 mask0,
+                     __mmask16 mask1) {
+  constexpr int kRows = 4;
+  const int64_t supers = x.K / 256, tiles = (x.M + kRows - 1) / kRows, height = (x.M + tiles - 1) / tiles;
+  for (int64_t s0 = 0; s0 < supers; s0 += 2) {
+    const int64_t s1 = lo(supers, s0 + 2);
+    for (int64_t m = 0; m < x.M; m += height) {
+      switch (lo(height, x.M - m)) {
+        case 1: q4_k_panel_tile<1>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0); break;
+        case 2: q4_k_panel_tile<2>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0); break;
+        case 3: q4_k_panel_tile<3>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0); break;
+        default: q4_k_panel_tile<kRows>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0); break;
+      }
+    }
+  }
+}
+
 // A Q4_K panel -> the block GEMM's panel (its quants and (a, b) exactly as unpack_panel makes them
 // from the rows: a = d sc_j, b = dmin m_j, the same f32 products), so the GEMM gives the same bits
 // from either.
@@ -928,8 +1016,9 @@ void k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* 
 }
 
 // Any M on the panels of a K-quant (q4_k or q6_k): up to kKPanelGemvRows rows the panels' GEMV, row by
-// row (the panel stays in L2 for the rows after the first); more rows unpack each panel into the
-// block GEMM's in `scratch` and run its tiles, as block_gemm does.
+// row (the panel stays in L2 for the rows after the first); Q4_K up to kQ4KPanelGemmRows rows the
+// GEMM on the panels as stored; more rows (and Q6_K) unpack each panel into the block GEMM's in
+// `scratch` and run its tiles, as block_gemm does.
 template <QuantizationEncoding E>
 void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
               uint8_t* scratch) {
@@ -941,6 +1030,10 @@ void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t
     if (x.M <= kKPanelGemvRows) {
       for (int64_t m = 0; m < x.M; ++m)
         (kQ6 ? q6_k_panel_row : q4_k_panel_row)(x, panel, m, y + m * ldy + n, mask0, mask1);
+      continue;
+    }
+    if (!kQ6 && x.M <= kQ4KPanelGemmRows) {
+      q4_k_panel_gemm(x, panel, y + n, ldy, mask0, mask1);
       continue;
     }
     (kQ6 ? q6_k_panel_to_gemm_panel : q4_k_panel_to_gemm_panel)(panel, K, scratch);
