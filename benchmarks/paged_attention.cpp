@@ -93,6 +93,7 @@ void shapes(benchmark::internal::Benchmark* b) {
   for (int64_t threads : {1, 2})
     for (int64_t length : {64, 512, 2048}) b->Args({16, length, threads});
   b->Args({1, 4096, 1});
+  for (int64_t threads : {1, 2}) b->Args({1, 48, threads});  // one stream, a short context: the launch itself
 }
 
 }  // namespace
