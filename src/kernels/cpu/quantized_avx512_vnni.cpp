@@ -1,7 +1,7 @@
 // The Q8_0 GEMV and GEMM of quantized.h for AVX-512 + AVX512_VNNI (Ice Lake / Sapphire Rapids,
 // Zen 4/5), and the activation quantizer they share. GEMV: two weight blocks (64 quants) per
 // vpdpbusd, f32 accumulation of the scaled block sums. GEMM: 16 weight rows per vpdpbusd from a
-// packed panel, up to 5 activation rows x 32 weight rows of accumulators.
+// packed panel, 6 activation rows x 32 weight rows of accumulators.
 // Standard headers first, then the target pragma (see gemm.h for why).
 #include <cstdint>
 #include <cstring>
@@ -315,6 +315,20 @@ inline void store_tile(const __m512 (&acc)[MR][2], float* y, int64_t m0, int64_t
   }
 }
 
+// dot[m][h] += w_h . the 4 activation quants of row m at x + m * K, for a tile's rows m < MR: one
+// broadcast dword feeds 16 weight rows per vpdpbusd.
+template <int MR>
+inline void dot_quads(__m512i (&dot)[MR][2], __m512i w0, __m512i w1, const uint8_t* x, int64_t K) {
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    int32_t quad;
+    std::memcpy(&quad, x + m * K, 4);
+    const __m512i xq = _mm512_set1_epi32(quad);
+    dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], w0, xq);
+    dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], w1, xq);
+  }
+}
+
 // Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (`mask0`/`mask1`: which of each half exist),
 // blocks [b0, b1); `first`: y holds nothing yet. `ahead` (or null): panel bytes a later pass reads,
 // of which this tile fetches lines [line0, line1) of each block into L2 meanwhile (gemm passes it
@@ -349,15 +363,7 @@ void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       const __m512i w0 = _mm512_load_si512(pb + j * 128), w1 = _mm512_load_si512(pb + j * 128 + 64);
-      __m512i(&chain)[MR][2] = dot[j % kChains];
-#pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        int32_t quad;
-        std::memcpy(&quad, xb + m * K + 4 * j, 4);
-        const __m512i xq = _mm512_set1_epi32(quad);
-        chain[m][0] = _mm512_dpbusd_epi32(chain[m][0], w0, xq);
-        chain[m][1] = _mm512_dpbusd_epi32(chain[m][1], w1, xq);
-      }
+      dot_quads(dot[j % kChains], w0, w1, xb + 4 * j, K);
     }
     if constexpr (kChains == 2)
 #pragma GCC unroll 8
@@ -377,10 +383,10 @@ void gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t
   store_tile(acc, y, m0, ldy, mask0, mask1);
 }
 
-// Rows per tile: 5 rows x 32 columns keep 10 accumulators and 10 dots in registers. Zen 4, one core
-// from cache: Q8_0 at 16 rows (4 tiles of 4) 325-332 GFLOP/s against 318-322 with 6 (6 + 6 + 4),
-// at 128 rows 320-324 against 318-319; the K-quants' block GEMM the same either way.
-constexpr int kGemmMR = 5;
+// Rows per tile: 6 rows x 32 columns keep 12 accumulators and 12 dots in registers. Tiles of 4 or
+// 5 rows measured the same on Zen 4 (one core from cache, Q8_0 at 16 and 128 rows, five alternated
+// rounds), and 6 keeps a 6-row decode batch in one tile (one forward stream).
+constexpr int kGemmMR = 6;
 // Blocks per pass over the activation rows: 16 blocks of a panel (17 KiB) stay in L1 meanwhile.
 constexpr int64_t kGemmBlocksPerPass = 16;
 
@@ -420,6 +426,7 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
           case 2: gemm_tile<2>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
           case 3: gemm_tile<3>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
           case 4: gemm_tile<4>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
+          case 5: gemm_tile<5>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
           default: gemm_tile<kGemmMR>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
         }
       }
@@ -537,6 +544,22 @@ void unpack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows,
                         _mm512_setzero_si512());
 }
 
+// y[m0 + m] = d_x[m] * part[m] (+ y[m0 + m] unless `fresh`) for a tile's rows m < MR, 32 columns
+// (the masked ones); d_x[m] at dx[m * dx_stride]: the running sums' one scaling per activation block.
+template <int MR>
+inline void add_scaled_tile(const __m512 (&part)[MR][2], const float* dx, int64_t dx_stride, float* y, int64_t m0,
+                            int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool fresh) {
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    float* row = y + (m0 + m) * ldy;
+    const __m512 d = _mm512_set1_ps(dx[m * dx_stride]);
+    const __m512 y0 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
+    const __m512 y1 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
+    _mm512_mask_storeu_ps(row, mask0, _mm512_fmadd_ps(part[m][0], d, y0));
+    _mm512_mask_storeu_ps(row + 16, mask1, _mm512_fmadd_ps(part[m][1], d, y1));
+  }
+}
+
 // How the block GEMM applies an encoding's (a, b) (quantized.h's table). Where b is a fixed multiple
 // of a (Q4_0: 8, Q6_K: 32) each weight block's integer dot starts from -offset * sum(q_x), exact, and b
 // costs nothing; Q4_K and Q5_K (b = dmin m_j) subtract b sum(q_x) in f32. Where the activations' scale
@@ -550,78 +573,86 @@ template <QuantizationEncoding E> struct BlockGemmRule {
   static constexpr bool kSuper = activation_block(E) == 256;
   static constexpr int32_t kOffset = E == QuantizationEncoding::q4_0 ? 8 : E == QuantizationEncoding::q6_k ? 32 : 0;
   static constexpr int kChunksPerSuper = kSuper ? 8 : 1;  // chunks per activation scale
+  static_assert(!kSuper || activation_block(E) == 8 * 32);
 };
 
 // Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (mask0/mask1 as gemm_tile's), chunks [c0, c1)
-// of 32 quants (whole super-blocks for the K-quants); `first`: y holds nothing yet. The running sums
-// stay in y (read and written once per super-block, or per chunk for Q4_0), so the registers hold
-// only a super-block's dots and sums.
+// of 32 quants (whole super-blocks for the K-quants); `first`: y holds nothing yet. The K-quants'
+// running sums stay in y (read and written once per super-block), so the registers hold only a
+// super-block's dots and sums; Q4_0's (d_x per chunk) stay in registers.
 template <int MR, QuantizationEncoding E>
 void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t c0, int64_t c1, float* y,
                      int64_t ldy, __mmask16 mask0, __mmask16 mask1, bool first) {
   using Rule = BlockGemmRule<E>;
   constexpr int kSub = Rule::kSub;
   const int64_t K = x.K, ablocks = K / activation_block(E), blocks = K / 32 * kSub;
-  for (int64_t s0 = c0; s0 < c1; s0 += Rule::kChunksPerSuper) {
-    __m512 part[MR][2];  // this super-block's (or chunk's) sums, unscaled by d_x
+  // Weight block t of chunk c: its integer dots for the tile's rows, from -offset * sum(q_x).
+  const auto block_dots = [&](int64_t c, int t, __m512i (&dot)[MR][2]) {
+    const uint8_t* pc = panel + c * kChunkBytes<kSub>;
+    const int64_t block = kSub * c + t;
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      if constexpr (Rule::kOffset != 0) {
+        const int32_t sum = kSub == 2 ? x.sum16[(m0 + m) * blocks + block] : x.sum[(m0 + m) * blocks + block];
+        dot[m][0] = dot[m][1] = _mm512_set1_epi32(-Rule::kOffset * sum);
+      } else {
+        dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = Rule::kDwords * t; j < Rule::kDwords * (t + 1); ++j)
+      dot_quads(dot, _mm512_load_si512(pc + j * 64), _mm512_load_si512(pc + 512 + j * 64), x.x + m0 * K + 32 * c + 4 * j,
+                K);
+  };
+  // Row i of chunk c's (a, b) table (a_t at i = t, b_t at i = kSub + t), columns 16h .. 16h + 15.
+  const auto ab_row = [&](int64_t c, int i, int h) {
+    return _mm512_load_ps(reinterpret_cast<const float*>(panel + c * kChunkBytes<kSub> + 1024) + i * kGemmRows + 16 * h);
+  };
+  if constexpr (!Rule::kSuper) {  // Q4_0: y += (a d_x) dot per chunk
+    static_assert(kSub == 1 && Rule::kOffset != 0);
+    __m512 acc[MR][2];
+    load_tile(acc, y, m0, ldy, mask0, mask1, first);
+    for (int64_t c = c0; c < c1; ++c) {
+      __m512i dot[MR][2];
+      block_dots(c, 0, dot);
+      const __m512 a0 = ab_row(c, 0, 0), a1 = ab_row(c, 0, 1);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * ablocks + c]);
+        acc[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), _mm512_mul_ps(a0, dx), acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][1]), _mm512_mul_ps(a1, dx), acc[m][1]);
+      }
+    }
+    store_tile(acc, y, m0, ldy, mask0, mask1);
+    return;
+  }
+  for (int64_t s0 = c0; s0 < c1; s0 += 8) {
+    __m512 part[MR][2];  // this super-block's sums, unscaled by d_x
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) part[m][0] = part[m][1] = _mm512_setzero_ps();
-    for (int64_t c = s0; c < s0 + Rule::kChunksPerSuper; ++c) {
-      const uint8_t* pc = panel + c * kChunkBytes<kSub>;
-      const auto* ab = reinterpret_cast<const float*>(pc + 1024);
-      const uint8_t* xc = x.x + m0 * K + 32 * c;
+    for (int64_t c = s0; c < s0 + 8; ++c) {
 #pragma GCC unroll 2
       for (int t = 0; t < kSub; ++t) {
-        const int64_t block = kSub * c + t;
         __m512i dot[MR][2];
-#pragma GCC unroll 8
-        for (int m = 0; m < MR; ++m) {
-          if constexpr (Rule::kOffset != 0) {
-            const int32_t sum = kSub == 2 ? x.sum16[(m0 + m) * blocks + block] : x.sum[(m0 + m) * blocks + block];
-            dot[m][0] = dot[m][1] = _mm512_set1_epi32(-Rule::kOffset * sum);
-          } else {
-            dot[m][0] = dot[m][1] = _mm512_setzero_si512();
-          }
-        }
-#pragma GCC unroll 8
-        for (int j = Rule::kDwords * t; j < Rule::kDwords * (t + 1); ++j) {
-          const __m512i w0 = _mm512_load_si512(pc + j * 64), w1 = _mm512_load_si512(pc + 512 + j * 64);
-#pragma GCC unroll 8
-          for (int m = 0; m < MR; ++m) {
-            int32_t quad;
-            std::memcpy(&quad, xc + m * K + 4 * j, 4);
-            const __m512i xq = _mm512_set1_epi32(quad);
-            dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], w0, xq);
-            dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], w1, xq);
-          }
-        }
-        const __m512 a0 = _mm512_load_ps(ab + t * kGemmRows), a1 = _mm512_load_ps(ab + t * kGemmRows + 16);
+        block_dots(c, t, dot);
+        const __m512 a0 = ab_row(c, t, 0), a1 = ab_row(c, t, 1);
 #pragma GCC unroll 8
         for (int m = 0; m < MR; ++m) {
           part[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][0]), a0, part[m][0]);
           part[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][1]), a1, part[m][1]);
         }
         if constexpr (Rule::kOffset == 0) {
-          const __m512 b0 = _mm512_load_ps(ab + (kSub + t) * kGemmRows), b1 = _mm512_load_ps(ab + (kSub + t) * kGemmRows + 16);
+          const __m512 b0 = ab_row(c, kSub + t, 0), b1 = ab_row(c, kSub + t, 1);
 #pragma GCC unroll 8
           for (int m = 0; m < MR; ++m) {
-            const __m512 sum = _mm512_set1_ps(x.sum_f32[(m0 + m) * blocks + block]);
+            const __m512 sum = _mm512_set1_ps(x.sum_f32[(m0 + m) * blocks + kSub * c + t]);
             part[m][0] = _mm512_fnmadd_ps(b0, sum, part[m][0]);
             part[m][1] = _mm512_fnmadd_ps(b1, sum, part[m][1]);
           }
         }
       }
     }
-    const bool fresh = first && s0 == c0;
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) {
-      float* row = y + (m0 + m) * ldy;
-      const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * ablocks + 32 * s0 / activation_block(E)]);
-      const __m512 y0 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
-      const __m512 y1 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
-      _mm512_mask_storeu_ps(row, mask0, _mm512_fmadd_ps(part[m][0], dx, y0));
-      _mm512_mask_storeu_ps(row + 16, mask1, _mm512_fmadd_ps(part[m][1], dx, y1));
-    }
+    add_scaled_tile(part, x.d + m0 * ablocks + s0 / 8, ablocks, y, m0, ldy, mask0, mask1, first && s0 == c0);
   }
 }
 
@@ -643,6 +674,7 @@ void block_gemm_panel(const Q8Activations& x, const uint8_t* panel, float* y, in
       case 2: block_gemm_tile<2, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
       case 3: block_gemm_tile<3, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
       case 4: block_gemm_tile<4, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
+      case 5: block_gemm_tile<5, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
       default: break;
     }
   }
@@ -786,23 +818,14 @@ void q4_k_panel_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, i
         }
       }
     }
-    const bool fresh = first && s == s0;
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) {
-      float* row = y + (m0 + m) * ldy;
-      const __m512 dx = _mm512_set1_ps(x.d[(m0 + m) * supers + s]);
-      const __m512 y0 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask0, row);
-      const __m512 y1 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask1, row + 16);
-      _mm512_mask_storeu_ps(row, mask0, _mm512_fmadd_ps(part[m][0], dx, y0));
-      _mm512_mask_storeu_ps(row + 16, mask1, _mm512_fmadd_ps(part[m][1], dx, y1));
-    }
+    add_scaled_tile(part, x.d + m0 * supers + s, supers, y, m0, ldy, mask0, mask1, first && s == s0);
   }
 }
 
 // Every activation row of x against one Q4_K panel, two super-blocks (9.5 KiB, L1) at a time, in
 // row tiles of equal height (at most 4: two dot chains per row and half, and the sums, fill the
 // registers). Up to kQ4KPanelGemmRows rows; above, unpacking the panel once pays for the block
-// GEMM's 5-row tiles (Zen 4, one core from cache, 2048 x 8192: 16 rows 222-260 GFLOP/s unpacked,
+// GEMM's 6-row tiles (Zen 4, one core from cache, 2048 x 8192: 16 rows 222-260 GFLOP/s unpacked,
 // 286-301 here; 32 rows 288 and 294-301; 64 rows 303-318 and 291-296).
 constexpr int64_t kQ4KPanelGemmRows = 32;
 void q4_k_panel_gemm(const Q8Activations& x, const uint8_t* panel, float* y, int64_t ldy, __mmask16 mask0,
