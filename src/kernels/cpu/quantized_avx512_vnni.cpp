@@ -438,7 +438,7 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
 
 // A panel of kGemmRows weight rows per chunk of 32 quants: [2 halves][8 dwords][16 rows][4 u8] as
 // the Q8_0 panel's quants (no +128: u is unsigned already), then a [kSub][32 rows] and b [kSub][32
-// rows] in f32, kSub = 32 / B weight blocks per chunk.
+// rows] in f32, kSub = 32 / B weight blocks per chunk (b read only for Q4_K and Q5_K: BlockGemmRule).
 template <int kSub> constexpr int64_t kChunkBytes = block_gemm_chunk_bytes(kSub);
 
 // One encoding's blocks -> u8 quants and each weight block's (a, b) (quantized.h's table).
@@ -953,8 +953,9 @@ void q6_k_panel_row(const Q8Activations& x, const uint8_t* panel, int64_t m, flo
   _mm512_mask_storeu_ps(y + 16, mask1, acc[1]);
 }
 
-// A Q6_K panel -> the block GEMM's panel: the quants u and (a, b) = (d sc_i, 32 d sc_i) as
-// Unpack<q6_k> makes them from the rows, so the GEMM gives the same bits from either.
+// A Q6_K panel -> the block GEMM's panel: the quants u and a = d sc_i as Unpack<q6_k> makes them
+// from the rows, so the GEMM gives the same bits from either (b = 32 a is not written: the GEMM
+// subtracts it in the integer dot).
 void q6_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_panel) {
   for (int64_t s = 0; s < K / 256; ++s) {
     const uint8_t* ps = panel + s * kQ6KPanelSuperBytes;
@@ -971,9 +972,7 @@ void q6_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
           const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ps + kQ6KDAt + 32 * h)));
           const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
               _mm_load_si128(reinterpret_cast<const __m128i*>(ps + q6_k_scales_at(j) + t * 32 + 16 * h))));
-          const __m512 a = _mm512_mul_ps(d, sc);
-          _mm512_store_ps(ab + t * kGemmRows + 16 * h, a);
-          _mm512_store_ps(ab + (2 + t) * kGemmRows + 16 * h, _mm512_mul_ps(_mm512_set1_ps(32.0f), a));
+          _mm512_store_ps(ab + t * kGemmRows + 16 * h, _mm512_mul_ps(d, sc));
         }
     }
   }
