@@ -165,6 +165,7 @@ void Executor::build_kernels() {
     Interner interner(*this, &info.dim_slots);
     kernels::KernelInit init{step.op, &step.attrs, views, std::span<const bool>(fixed.get(), step.inputs.size()),
                              &interner};
+    init.parallel = info.context.parallel;
     // Bytes of a weight the kernel now runs on a copy of: where they are pages of a mapped file they
     // are dropped at once, so the process never holds the file and the copies together (another
     // reader, e.g. a tied embedding's gather, reads back what it touches).

@@ -100,6 +100,10 @@ struct KernelInit {
   // calls this on the bytes it has copied, as it goes: the executor then drops them where they are
   // pages of a mapped file (Model::copied_weights), so a weight is never held twice. May be empty.
   std::function<void(size_t input, const void* data, size_t bytes)> copied = {};
+  // The threads the launches will run on, for work done once at build (packing a fixed weight: its
+  // fresh pages are zeroed by the system as they are first written, so one thread alone took most
+  // of a load). Null: the building thread alone.
+  Parallel* parallel = nullptr;
 
   template <class T> const T& attr(const char* name) const { return graph::get_attr<T>(*attrs, name, op); }
   bool has_attr(const char* name) const { return attrs->count(name) != 0; }

@@ -173,7 +173,8 @@ void force_isa_for_testing(std::optional<Isa> isa) {
   g_forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
 }
 
-std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t n0, int64_t n1)>& packed) {
+std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t n0, int64_t n1)>& packed,
+                              Parallel* parallel) {
   const IsaKernels* k = kernels_of(active_isa());
   if (!k || p.dtype != DType::f32 || p.b_storage == BStorage::q8_0 || p.K <= 0 || p.N <= 0) return std::nullopt;
   const int64_t nr = k->blocking.nr, panels = (p.N + nr - 1) / nr;
@@ -182,6 +183,15 @@ std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t
   const int64_t slice_panels = std::max<int64_t>(1, (int64_t{8} << 20) / (nr * p.K * element));
   auto report = [&](int64_t q0, int64_t q1) {
     if (packed) packed(q0 * nr, std::min(p.N, q1 * nr));
+  };
+  // Panels [q0, q1) of a slice on the given threads, then reported.
+  const KernelContext build{parallel};
+  auto slices = [&](auto&& pack_panels) {
+    for (int64_t q0 = 0; q0 < panels; q0 += slice_panels) {
+      const int64_t q1 = std::min(panels, q0 + slice_panels);
+      parallel_for(build, q1 - q0, 1, [&](int64_t a, int64_t b) { pack_panels(q0 + a, q0 + b); });
+      report(q0, q1);
+    }
   };
   if (p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16) {
     // The 16-bit elements moved as they are: B[k, n] -> panel n / nr, row k, lane n % nr; or in k
@@ -195,34 +205,33 @@ std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t
     const auto* B = static_cast<const uint16_t*>(p.b);
     uint16_t* dst = narrow.get();
     auto at = [&](int64_t kk, int64_t j) { return pairs ? (kk / 2 * nr + j) * 2 + kk % 2 : kk * nr + j; };
-    for (int64_t q = 0; q < panels; ++q) {
-      uint16_t* panel = dst + q * depth * nr;
-      for (int64_t j = 0; j < nr; ++j) {
-        const int64_t n = q * nr + j;
-        if (n >= p.N) {
-          for (int64_t kk = 0; kk < depth; ++kk) panel[at(kk, j)] = 0;
-          continue;
+    slices([&](int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q) {
+        uint16_t* panel = dst + q * depth * nr;
+        for (int64_t j = 0; j < nr; ++j) {
+          const int64_t n = q * nr + j;
+          if (n >= p.N) {
+            for (int64_t kk = 0; kk < depth; ++kk) panel[at(kk, j)] = 0;
+            continue;
+          }
+          const uint16_t* column = B + n * p.b_col;  // walked along k (contiguous for transpose_b)
+          for (int64_t kk = 0; kk < p.K; ++kk) panel[at(kk, j)] = column[kk * p.b_row];
+          if (depth > p.K) panel[at(p.K, j)] = 0;
         }
-        const uint16_t* column = B + n * p.b_col;  // walked along k (contiguous for transpose_b)
-        for (int64_t kk = 0; kk < p.K; ++kk) panel[at(kk, j)] = column[kk * p.b_row];
-        if (depth > p.K) panel[at(p.K, j)] = 0;
       }
-      if ((q + 1) % slice_panels == 0 || q + 1 == panels) report(q - q % slice_panels, q + 1);
-    }
+    });
     return PackedB{k->isa, p.K, p.N, nullptr, std::move(narrow)};
   }
   const size_t bytes = static_cast<size_t>(panels * nr * p.K) * sizeof(float);
   void* data = allocate_aligned(bytes);
   if (!data) throw std::bad_alloc();
   std::shared_ptr<float> panels_data(static_cast<float*>(data), [](float* f) { std::free(f); });
-  for (int64_t q0 = 0; q0 < panels; q0 += slice_panels) {
-    const int64_t q1 = std::min(panels, q0 + slice_panels);
+  slices([&](int64_t q0, int64_t q1) {
     Problem columns = p;  // B's columns [q0 * nr, q1 * nr): their panels are independent of the rest
     columns.b = static_cast<const char*>(p.b) + q0 * nr * p.b_col * element;
     columns.N = std::min(p.N, q1 * nr) - q0 * nr;
     k->pack_b(columns, panels_data.get() + q0 * nr * p.K);
-    report(q0, q1);
-  }
+  });
   return PackedB{k->isa, p.K, p.N, std::move(panels_data), nullptr};
 }
 

@@ -80,8 +80,10 @@ struct PackedB {
 // p's B (its a, c and M are not read) packed for the active level; nullopt when that level has no
 // SIMD kernels or p's B cannot be packed (Q8_0, dtype not f32 with f32/f16/bf16 storage). `packed`,
 // when given, is told each range of B's columns [n0, n1) as soon as it is packed (slices of about
-// 8 MiB), so the caller can let go of them as packing goes.
-std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t n0, int64_t n1)>& packed = {});
+// 8 MiB), so the caller can let go of them as packing goes. Each slice's panels are packed on
+// `parallel`'s threads where given (the same bytes either way).
+std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t n0, int64_t n1)>& packed = {},
+                              Parallel* parallel = nullptr);
 
 // Scratch the driver hands to one thread's call (sizes from Blocking): the ISA code allocates
 // nothing itself.

@@ -418,10 +418,15 @@ QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(ini
   // dropped as packing goes, so even the largest weight (an output projection) is not held twice.
   const int64_t slice = std::max<int64_t>(1, (int64_t{8} << 20) / (quantized::kGemmRows * w.strides[0])) *
                         quantized::kGemmRows;
+  // Each slice's panels are packed on the launches' threads (panels are independent).
+  const KernelContext build{init.parallel};
   for (int64_t n = 0; n < N; n += slice) {
     const int64_t rows = std::min(slice, N - n);
     const uint8_t* src = w.as<uint8_t>() + n * w.strides[0];
-    pack(src, w.strides[0], rows, K, dst + n / quantized::kGemmRows * panel_bytes);
+    parallel_for(build, (rows + quantized::kGemmRows - 1) / quantized::kGemmRows, 1, [&](int64_t p0, int64_t p1) {
+      const int64_t r0 = p0 * quantized::kGemmRows, r1 = std::min(rows, p1 * quantized::kGemmRows);
+      pack(src + r0 * w.strides[0], w.strides[0], r1 - r0, K, dst + (n + r0) / quantized::kGemmRows * panel_bytes);
+    });
     init.report_copied(1, src, static_cast<size_t>(rows * w.strides[0]));
   }
 }
