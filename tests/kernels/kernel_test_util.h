@@ -110,14 +110,16 @@ inline TensorView permuted(const TensorView& v, const std::vector<int64_t>& perm
 }
 
 // Builds the registered CPU kernel for `op` (keyed as graph::kernel_key keys it: the first operand's
-// dtype, else the first result's) from `attrs` and these operands (none of them fixed). A missing
-// kernel throws std::logic_error naming the op and dtype.
+// dtype, else the first result's) from `attrs` and these operands (none of them fixed unless
+// `fixed` says so), on the calling thread unless a `parallel` is given for its build-time work. A
+// missing kernel throws std::logic_error naming the op and dtype.
 inline std::unique_ptr<const Kernel> build_kernel(graph::Op op, const graph::Attrs& attrs,
                                                   const std::vector<TensorView>& inputs,
                                                   const std::vector<TensorView>& outputs,
-                                                  std::span<const bool> fixed = {}) {
+                                                  std::span<const bool> fixed = {}, Parallel* parallel = nullptr) {
   DType key = !inputs.empty() ? inputs.front().dtype : !outputs.empty() ? outputs.front().dtype : DType::f32;
   KernelInit init{op, &attrs, inputs, fixed, nullptr};
+  init.parallel = parallel;
   std::unique_ptr<const Kernel> kernel = cpu_kernels().build({op, DeviceKind::CPU, key}, init);
   if (!kernel)
     throw std::logic_error("no CPU kernel for " + std::string(graph::op_name(op)) + " on " +

@@ -301,6 +301,35 @@ TEST(Gemm, PreparedLaunchReadsThePanelsPackedAtInit) {
   expect_matches_naive(other, 0, M, N, K, launch(other, *prepared), "another rhs");
 }
 
+// A fixed weight packed at build on two threads (each slice's panels split between them, as a
+// model's init does) gives the launches the bits it gives packed on one: f32 and bf16 panels.
+TEST(Gemm, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
+  if (gemm::best_isa() == Isa::generic) GTEST_SKIP() << "no SIMD level on this CPU";
+  const int64_t M = 20, N = 333, K = 72;  // several panels, the last one partial
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Operands o = make_operands(DType::f32, 0, 0, M, N, K, Rhs::transposed, 21);
+    HostTensor w(dtype, {N, K});
+    for (int64_t i = 0; i < N * K; ++i) {
+      const float v = o.b.at<float>(i);
+      const uint16_t narrow = f32_to_bf16(v);
+      if (dtype == DType::f32)
+        std::memcpy(w.bytes.data() + i * 4, &v, 4);
+      else
+        std::memcpy(w.bytes.data() + i * 2, &narrow, 2);
+    }
+    const bool fixed[] = {false, true};
+    HostTensor shape_only(DType::f32, {M, N});
+    ThreadedParallel two(2);
+    const auto serial = build_kernel(Op::matmul, o.attrs, {o.a_view, w.view()}, {shape_only.view()}, fixed);
+    const auto threaded = build_kernel(Op::matmul, o.attrs, {o.a_view, w.view()}, {shape_only.view()}, fixed, &two);
+    EXPECT_NE(matmul_packing(*threaded), MatmulPacking::none) << dtype_name(dtype);
+    HostTensor want(DType::f32, {M, N}), got(DType::f32, {M, N});
+    run_built(*serial, {o.a_view, w.view()}, {want.view()});
+    run_built(*threaded, {o.a_view, w.view()}, {got.view()});
+    EXPECT_EQ(got.bytes, want.bytes) << dtype_name(dtype);
+  }
+}
+
 // Only a GEMM reads the panels: a lhs whose rows are statically <= 8 (decode) gets no packed copy.
 TEST(Gemm, PrepareSkipsWeightsOnlyEverUsedForSmallM) {
   if (gemm::best_isa() == Isa::generic) GTEST_SKIP() << "no SIMD level on this CPU";

@@ -236,6 +236,34 @@ TEST(DequantizeBlocks, DecodesGatheredRowsOfAnyLeadingShape) {
   }
 }
 
+// A fixed weight's panels packed at build on two threads (as a model's init does) give the launches
+// the bits of panels packed on one: Q8_0, Q4_K and Q6_K, several panels, the last one partial, at a
+// decode row, a few rows (Q4_K's panels as stored) and many (unpacked per call).
+TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
+  if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: no panels are packed";
+  ForcedIsa forced(Isa::avx512);
+  const int64_t K = 512, N = 101;
+  for (QuantizationEncoding e : {QuantizationEncoding::q8_0, QuantizationEncoding::q4_k, QuantizationEncoding::q6_k}) {
+    const HostTensor w = quantized_weights(e, N, K, 77);
+    TensorView symbolic_lhs;
+    symbolic_lhs.dtype = DType::f32;
+    const bool fixed[] = {false, true};
+    ThreadedParallel two(2);
+    const auto serial = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
+    const auto threaded = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed, &two);
+    for (int64_t M : {1, 13, 40}) {
+      const std::vector<float> x = random_floats(M * K, static_cast<uint32_t>(M));
+      const HostTensor xt = kernel_test::tensor<float>({M, K}, x);
+      HostTensor want(DType::f32, {M, N}), got(DType::f32, {M, N});
+      kernel_test::run_built(*serial, {xt.view(), w.view()}, {want.view()});
+      kernel_test::run_built(*threaded, {xt.view(), w.view()}, {got.view()});
+      EXPECT_EQ(got.bytes, want.bytes) << name(e) << " M " << M;
+      expect_close(e, x, w, got, M, K, name(e) + " packed on two threads, M " + std::to_string(M));
+    }
+  }
+}
+
 TEST(QMatmulBlocks, BadShapesAreErrorsNamingTheEncoding) {
   HostTensor x(DType::f32, {2, 288}), w(DType::u8, {4, 162}), y(DType::f32, {2, 4});
   testing::expect_error<ValueError>(
