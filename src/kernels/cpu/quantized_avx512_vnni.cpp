@@ -35,6 +35,14 @@ constexpr int64_t kBlock = 32, kBlockBytes = 34;
 // copies at link time (gemm.h).
 inline int64_t lo(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// f.template operator()<R>() with R = rows, 1..kMax: a tile runs the kernel of its own height
+// (gemm_x86-inl.h's with_rows, for the quantized kernels' tiles).
+template <int kMax, class F> void with_tile_rows(int64_t rows, F&& f) {
+  [&]<int... R>(std::integer_sequence<int, R...>) {
+    (void)((rows == R + 1 ? (f.template operator()<R + 1>(), true) : false) || ...);
+  }(std::make_integer_sequence<int, kMax>{});
+}
+
 // Lanes 0-7 take element 0 of a vector, lanes 8-15 element 1: one scale per block of a pair.
 inline __m512 spread_pair(__m128 two) {
   const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -421,14 +429,9 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
       // Tiles of equal height (8 rows: 4 + 4, not 6 + 2); a row's sums are its own in any tile.
       const int64_t height = (x.M + tiles - 1) / tiles;
       for (int64_t m = 0; m < x.M; m += height, ++tile) {
-        switch (lo(height, x.M - m)) {
-          case 1: gemm_tile<1>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-          case 2: gemm_tile<2>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-          case 3: gemm_tile<3>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-          case 4: gemm_tile<4>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-          case 5: gemm_tile<5>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-          default: gemm_tile<kGemmMR>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1()); break;
-        }
+        with_tile_rows<kGemmMR>(lo(height, x.M - m), [&]<int R>() {
+          gemm_tile<R>(x, panel, m, b0, b1, y + n, ldy, mask0, mask1, b0 == 0, ahead, line0(), line1());
+        });
       }
     }
   }
@@ -626,11 +629,12 @@ void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, i
     store_tile(acc, y, m0, ldy, mask0, mask1);
     return;
   }
-  for (int64_t s0 = c0; s0 < c1; s0 += 8) {
+  constexpr int kChunks = Rule::kChunksPerSuper;
+  for (int64_t s0 = c0; s0 < c1; s0 += kChunks) {
     __m512 part[MR][2];  // this super-block's sums, unscaled by d_x
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) part[m][0] = part[m][1] = _mm512_setzero_ps();
-    for (int64_t c = s0; c < s0 + 8; ++c) {
+    for (int64_t c = s0; c < s0 + kChunks; ++c) {
 #pragma GCC unroll 2
       for (int t = 0; t < kSub; ++t) {
         __m512i dot[MR][2];
@@ -652,7 +656,7 @@ void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t m0, i
         }
       }
     }
-    add_scaled_tile(part, x.d + m0 * ablocks + s0 / 8, ablocks, y, m0, ldy, mask0, mask1, first && s0 == c0);
+    add_scaled_tile(part, x.d + m0 * ablocks + s0 / kChunks, ablocks, y, m0, ldy, mask0, mask1, first && s0 == c0);
   }
 }
 
@@ -666,17 +670,10 @@ void block_gemm_panel(const Q8Activations& x, const uint8_t* panel, float* y, in
   const int64_t chunks = x.K / 32;
   for (int64_t c0 = 0; c0 < chunks; c0 += kGemmBlocksPerPass) {
     const int64_t c1 = lo(chunks, c0 + kGemmBlocksPerPass);
-    int64_t m = 0;
-    for (; m + kGemmMR <= x.M; m += kGemmMR)
-      block_gemm_tile<kGemmMR, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0);
-    switch (x.M - m) {
-      case 1: block_gemm_tile<1, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      case 2: block_gemm_tile<2, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      case 3: block_gemm_tile<3, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      case 4: block_gemm_tile<4, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      case 5: block_gemm_tile<5, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0); break;
-      default: break;
-    }
+    for (int64_t m = 0; m < x.M; m += kGemmMR)
+      with_tile_rows<kGemmMR>(lo(kGemmMR, x.M - m), [&]<int R>() {
+        block_gemm_tile<R, E>(x, panel, m, c0, c1, y, ldy, mask0, mask1, c0 == 0);
+      });
   }
 }
 
@@ -835,12 +832,9 @@ void q4_k_panel_gemm(const Q8Activations& x, const uint8_t* panel, float* y, int
   for (int64_t s0 = 0; s0 < supers; s0 += 2) {
     const int64_t s1 = lo(supers, s0 + 2);
     for (int64_t m = 0; m < x.M; m += height) {
-      switch (lo(height, x.M - m)) {
-        case 1: q4_k_panel_tile<1>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0); break;
-        case 2: q4_k_panel_tile<2>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0); break;
-        case 3: q4_k_panel_tile<3>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0); break;
-        default: q4_k_panel_tile<kRows>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0); break;
-      }
+      with_tile_rows<kRows>(lo(height, x.M - m), [&]<int R>() {
+        q4_k_panel_tile<R>(x, panel, m, s0, s1, y, ldy, mask0, mask1, s0 == 0);
+      });
     }
   }
 }
