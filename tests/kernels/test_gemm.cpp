@@ -30,6 +30,7 @@
 namespace kiln::kernels {
 namespace {
 
+using gemm::BStorage;
 using gemm::Isa;
 using graph::Op;
 using kernel_test::build_kernel;
@@ -327,6 +328,56 @@ TEST(Gemm, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
     run_built(*serial, {o.a_view, w.view()}, {want.view()});
     run_built(*threaded, {o.a_view, w.view()}, {got.view()});
     EXPECT_EQ(got.bytes, want.bytes) << dtype_name(dtype);
+  }
+}
+
+// A 16-bit weight packed at init keeps its elements as stored, each where PackedB's layout says:
+// panel n / nr, row k, lane n % nr; or, bf16 on a vdpbf16ps level, row k / 2, lane n % nr, half
+// k % 2 (depth made even); zero past N and K. Every level, both weight layouts, depths that end
+// inside and on a 32-deep transpose block, one and two packing threads.
+TEST(Gemm, NarrowPanelsHoldEachElementWhereTheLayoutSays) {
+  ThreadedParallel two(2);
+  for (Isa isa : supported_isas()) {
+    if (isa == Isa::generic) continue;  // nothing is packed without SIMD kernels
+    ForcedIsa forced(isa);
+    const gemm::IsaKernels* kernels = isa == Isa::avx2     ? gemm::avx2_kernels()
+                                      : isa == Isa::avx512 ? gemm::avx512_kernels()
+                                                           : gemm::avx512_bf16_kernels();
+    const int64_t nr = kernels->blocking.nr;
+    for (BStorage storage : {BStorage::f16, BStorage::bf16})
+      for (bool transposed : {true, false})
+        for (int64_t K : {int64_t{75}, int64_t{64}})
+          for (Parallel* parallel : {static_cast<Parallel*>(nullptr), static_cast<Parallel*>(&two)}) {
+            const int64_t N = 333;  // several panels, the last one partial
+            std::vector<uint16_t> b(static_cast<size_t>(N * K));
+            std::mt19937 rng(static_cast<uint32_t>(K * 7 + N));
+            for (uint16_t& x : b) x = static_cast<uint16_t>(rng() | 1);  // never 0, unlike the padding
+            gemm::Problem p;
+            p.b = b.data();
+            p.b_row = transposed ? 1 : N;  // B[k, n] at k * b_row + n * b_col
+            p.b_col = transposed ? K : 1;
+            p.N = N;
+            p.K = K;
+            p.b_storage = storage;
+            const std::optional<gemm::PackedB> packed = gemm::pack_b(p, {}, parallel);
+            ASSERT_TRUE(packed && packed->narrow);
+            const bool pairs = storage == BStorage::bf16 && kernels->bf16_pairs;
+            const int64_t depth = pairs ? (K + 1) / 2 * 2 : K, panels = (N + nr - 1) / nr;
+            const std::string what = std::string(gemm::isa_name(isa)) + (storage == BStorage::f16 ? " f16" : " bf16") +
+                                     (transposed ? " transpose_b" : " plain") + " K " + std::to_string(K) +
+                                     (parallel ? " two threads" : " one thread");
+            int wrong = 0;
+            for (int64_t n = 0; n < panels * nr; ++n)
+              for (int64_t k = 0; k < depth; ++k) {
+                const int64_t q = n / nr, j = n % nr;
+                const int64_t at = q * depth * nr + (pairs ? (k / 2 * nr + j) * 2 + k % 2 : k * nr + j);
+                const uint16_t want = n < N && k < K ? b[static_cast<size_t>(k * p.b_row + n * p.b_col)] : 0;
+                if (packed->narrow.get()[at] != want && ++wrong <= 3)
+                  ADD_FAILURE() << what << ": element k " << k << " n " << n << " is " << packed->narrow.get()[at]
+                                << ", not " << want;
+              }
+            EXPECT_EQ(wrong, 0) << what;
+          }
   }
 }
 

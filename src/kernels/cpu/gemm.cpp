@@ -184,12 +184,18 @@ std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t
   auto report = [&](int64_t q0, int64_t q1) {
     if (packed) packed(q0 * nr, std::min(p.N, q1 * nr));
   };
-  // Panels [q0, q1) of a slice on the given threads, then reported.
+  // A slice's panels on the given threads, then reported: each thread packs the panels of B's columns
+  // [q * nr, ...) as a problem of its own (panels are independent of the rest).
   const KernelContext build{parallel};
-  auto slices = [&](auto&& pack_panels) {
+  auto slices = [&](auto&& pack_columns) {
     for (int64_t q0 = 0; q0 < panels; q0 += slice_panels) {
       const int64_t q1 = std::min(panels, q0 + slice_panels);
-      parallel_for(build, q1 - q0, 1, [&](int64_t a, int64_t b) { pack_panels(q0 + a, q0 + b); });
+      parallel_for(build, q1 - q0, 1, [&](int64_t a, int64_t b) {
+        Problem columns = p;
+        columns.b = static_cast<const char*>(p.b) + (q0 + a) * nr * p.b_col * element;
+        columns.N = std::min(p.N, (q0 + b) * nr) - (q0 + a) * nr;
+        pack_columns(columns, q0 + a);
+      });
       report(q0, q1);
     }
   };
@@ -202,36 +208,14 @@ std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t
     void* data = allocate_aligned(bytes);
     if (!data) throw std::bad_alloc();
     std::shared_ptr<uint16_t> narrow(static_cast<uint16_t*>(data), [](uint16_t* d) { std::free(d); });
-    const auto* B = static_cast<const uint16_t*>(p.b);
-    uint16_t* dst = narrow.get();
-    auto at = [&](int64_t kk, int64_t j) { return pairs ? (kk / 2 * nr + j) * 2 + kk % 2 : kk * nr + j; };
-    slices([&](int64_t q0, int64_t q1) {
-      for (int64_t q = q0; q < q1; ++q) {
-        uint16_t* panel = dst + q * depth * nr;
-        for (int64_t j = 0; j < nr; ++j) {
-          const int64_t n = q * nr + j;
-          if (n >= p.N) {
-            for (int64_t kk = 0; kk < depth; ++kk) panel[at(kk, j)] = 0;
-            continue;
-          }
-          const uint16_t* column = B + n * p.b_col;  // walked along k (contiguous for transpose_b)
-          for (int64_t kk = 0; kk < p.K; ++kk) panel[at(kk, j)] = column[kk * p.b_row];
-          if (depth > p.K) panel[at(p.K, j)] = 0;
-        }
-      }
-    });
+    slices([&](const Problem& columns, int64_t q) { k->pack_b_narrow(columns, pairs, narrow.get() + q * nr * depth); });
     return PackedB{k->isa, p.K, p.N, nullptr, std::move(narrow)};
   }
   const size_t bytes = static_cast<size_t>(panels * nr * p.K) * sizeof(float);
   void* data = allocate_aligned(bytes);
   if (!data) throw std::bad_alloc();
   std::shared_ptr<float> panels_data(static_cast<float*>(data), [](float* f) { std::free(f); });
-  slices([&](int64_t q0, int64_t q1) {
-    Problem columns = p;  // B's columns [q0 * nr, q1 * nr): their panels are independent of the rest
-    columns.b = static_cast<const char*>(p.b) + q0 * nr * p.b_col * element;
-    columns.N = std::min(p.N, q1 * nr) - q0 * nr;
-    k->pack_b(columns, panels_data.get() + q0 * nr * p.K);
-  });
+  slices([&](const Problem& columns, int64_t q) { k->pack_b(columns, panels_data.get() + q * nr * p.K); });
   return PackedB{k->isa, p.K, p.N, std::move(panels_data), nullptr};
 }
 

@@ -114,6 +114,8 @@ struct IsaKernels {
   bool (*small_m)(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws);
   // All of p's B (dtype f32, storage same / f16 / bf16) -> dst, the PackedB layout.
   void (*pack_b)(const Problem& p, float* dst);
+  // All of p's 16-bit B (storage f16 / bf16) -> dst, PackedB::narrow's layout, in k pairs if `pairs`.
+  void (*pack_b_narrow)(const Problem& p, bool pairs, uint16_t* dst);
   // A bf16 B packed ahead (PackedB::narrow) is in k pairs, and runs vdpbf16ps above kBf16DotMinRows.
   bool bf16_pairs = false;
 };

@@ -34,7 +34,7 @@ namespace {
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx2_kernels() {
-  static const IsaKernels kernels{Isa::avx2, kBlocking, gemm_entry, small_m_entry, pack_b_entry};
+  static const IsaKernels kernels{Isa::avx2, kBlocking, gemm_entry, small_m_entry, pack_b_entry, pack_b_narrow_entry};
   return &kernels;
 }
 }  // namespace kiln::kernels::gemm

@@ -38,7 +38,7 @@ namespace {
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx512_kernels() {
-  static const IsaKernels kernels{Isa::avx512, kBlocking, gemm_entry, small_m_entry, pack_b_entry};
+  static const IsaKernels kernels{Isa::avx512, kBlocking, gemm_entry, small_m_entry, pack_b_entry, pack_b_narrow_entry};
   return &kernels;
 }
 }  // namespace kiln::kernels::gemm

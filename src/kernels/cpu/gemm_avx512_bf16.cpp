@@ -39,7 +39,7 @@ namespace {
 
 namespace kiln::kernels::gemm {
 const IsaKernels* avx512_bf16_kernels() {
-  static const IsaKernels kernels{Isa::avx512_bf16, kBlocking, gemm_entry, small_m_entry, pack_b_entry,
+  static const IsaKernels kernels{Isa::avx512_bf16, kBlocking, gemm_entry, small_m_entry, pack_b_entry, pack_b_narrow_entry,
                                   /*bf16_pairs=*/true};
   return &kernels;
 }

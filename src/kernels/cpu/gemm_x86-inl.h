@@ -500,6 +500,46 @@ void pack_b_entry(const Problem& p, float* dst) {
   }
 }
 
+// All of a 16-bit B (f16 / bf16 storage) -> [ceil(N / NR)][K][NR] of its elements as they are, zero
+// past N: PackedB::narrow without k pairs. Weights have contiguous columns (transpose_b): each column's
+// k pairs are 32-bit words, transposed 16 x 16, then every pair split into its rows k and k + 1.
+void pack_b16_rows(const Problem& p, uint16_t* dst) {
+  const auto* B = static_cast<const uint16_t*>(p.b);
+  for (int64_t j0 = 0; j0 < p.N; j0 += kNR) {
+    uint16_t* panel = dst + j0 / kNR * p.K * kNR;
+    const int64_t w = lo(kNR, p.N - j0);
+    int64_t k = 0;
+#if defined(KILN_GEMM_AVX512)
+    if (p.b_row == 1 && w == kNR) {
+      // Lane 2j + h of a transposed vector (column j's pair) -> lane 16h + j (row k + h, column j).
+      const __m512i split = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24,
+                                             22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+      for (; k + 2 * kL <= p.K; k += 2 * kL)
+        for (int64_t v = 0; v < kNV; ++v) {
+          __m512 r[kL];
+          for (int j = 0; j < kL; ++j) r[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(B + (j0 + v * kL + j) * p.b_col + k));
+          Vec::transpose(r);
+          for (int q = 0; q < kL; ++q) {
+            const __m512i rows = _mm512_permutexvar_epi16(split, _mm512_castps_si512(r[q]));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (k + 2 * q) * kNR + v * kL), _mm512_castsi512_si256(rows));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (k + 2 * q + 1) * kNR + v * kL),
+                                _mm512_extracti64x4_epi64(rows, 1));
+          }
+        }
+    }
+#endif
+    for (; k < p.K; ++k) {
+      uint16_t* row = panel + k * kNR;
+      if (p.b_col == 1) {
+        std::memcpy(row, B + k * p.b_row + j0, static_cast<size_t>(w) * sizeof(uint16_t));
+      } else {
+        for (int64_t j = 0; j < w; ++j) row[j] = B[k * p.b_row + (j0 + j) * p.b_col];
+      }
+      std::fill(row + w, row + kNR, uint16_t{0});
+    }
+  }
+}
+
 // ---- bf16 x bf16 with vdpbf16ps ---------------------------------------------------------------------
 
 #if defined(KILN_GEMM_BF16_DOT)
@@ -998,6 +1038,15 @@ bool small_m_entry(const Problem& p, int64_t n0, int64_t n1, const Workspace& ws
     case DType::bf16: return small_m_typed<bf16_t>(p, n0, n1, ws);
     default: return false;
   }
+}
+
+// All of a 16-bit B -> PackedB::narrow's layout: in k pairs (`pairs`, bf16 on a vdpbf16ps level) or not.
+void pack_b_narrow_entry(const Problem& p, bool pairs, uint16_t* dst) {
+#if defined(KILN_GEMM_BF16_DOT)
+  if (pairs) return pack_b_bf16(p, 0, p.K, 0, p.N, dst);
+#endif
+  (void)pairs;  // only a vdpbf16ps level packs in pairs (IsaKernels::bf16_pairs)
+  pack_b16_rows(p, dst);
 }
 
 constexpr Blocking kBlocking{kMR, kNR, kKC, kMC, kNC};
