@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +45,20 @@ void expect_error(F&& fn, const char* part) {
 
 // A fresh path under the system's temp directory (not created: a test may need it absent), removed
 // with everything in it at the end. Unique per process and object, so parallel tests never share one.
+// Sets (or, with nullptr, unsets) an environment variable for a scope, then puts it back.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? ::setenv(name, value, 1) : ::unsetenv(name);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
 class TempDir {
  public:
   explicit TempDir(const std::string& name = "test") {

@@ -9,7 +9,7 @@ preset="${1:-default}"
 packages=(build-essential cmake ninja-build pkg-config
           libgtest-dev libgmock-dev libbenchmark-dev libdlpack-dev nlohmann-json3-dev libfmt-dev
           libcli11-dev libhwy-dev libdnnl-dev libsentencepiece-dev libopenmpi-dev openmpi-bin
-          libcpp-httplib-dev libpcre2-dev libutf8proc-dev
+          libcpp-httplib-dev libpcre2-dev libutf8proc-dev libxxhash-dev
           curl             # the server's client tests (tests/serve/clients) drive it with curl too
           python3-jinja2   # test oracle: the Jinja that transformers renders chat templates with
           # the kiln Python package (python/) and its tests: bindings, numpy/torch interop, pip install .

@@ -54,6 +54,7 @@
 #include "kiln/kernels/cpu_probes.h"
 #include "kiln/ext/extensions.h"
 #include "kiln/engine/compile_cache.h"
+#include "kiln/engine/weight_cache.h"
 #include "kiln/engine/distributed.h"
 #include "kiln/engine/model.h"
 #include "kiln/engine/session.h"

@@ -22,6 +22,7 @@
 #include "kernels/kernel.h"
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/engine/model.h"
+#include "kiln/engine/weight_cache.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::engine {
@@ -47,10 +48,11 @@ struct LaunchList {
 class Executor {
  public:
   // `weights` must already be checked against the plan (see check_weights); `backends` (with every
-  // device kind the plan's values live on) and `process_group` (for collectives spanning processes)
+  // device kind the plan's values live on), `process_group` (for collectives spanning processes) and
+  // `weight_cache` (where kernels' packed copies of file-mapped weights are kept; null: nowhere)
   // outlive this.
   Executor(compiler::GraphPlan plan, const WeightsRegistry& weights, const Backends& backends,
-           ProcessGroup* process_group = nullptr);
+           ProcessGroup* process_group = nullptr, const WeightCache* weight_cache = nullptr);
   ~Executor();
 
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
@@ -147,6 +149,7 @@ class Executor {
   compiler::GraphPlan plan_;
   const Backends& backends_;
   ProcessGroup* process_group_;
+  const WeightCache* weight_cache_;
   std::vector<StepInfo> steps_;
   std::vector<Tensor> bound_;                           // per value: weights, constants, their aliases
   std::vector<std::string> copied_weights_;             // sorted: a kernel runs on its own copy of each

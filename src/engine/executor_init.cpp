@@ -51,8 +51,8 @@ void check_weights(const GraphPlan& plan, const WeightsRegistry& weights) {
 }
 
 Executor::Executor(GraphPlan plan, const WeightsRegistry& weights, const Backends& backends,
-                   ProcessGroup* process_group)
-    : plan_(std::move(plan)), backends_(backends), process_group_(process_group) {
+                   ProcessGroup* process_group, const WeightCache* weight_cache)
+    : plan_(std::move(plan)), backends_(backends), process_group_(process_group), weight_cache_(weight_cache) {
   const size_t num_values = plan_.values.size();
   bound_.resize(num_values);
   for (size_t v = 0; v < num_values; ++v)
@@ -179,6 +179,24 @@ void Executor::build_kernels() {
       copied_weights_.push_back(plan_.values[v].weight);
       drop_file_pages(bound_[v].keep_alive(), data, bytes);
     };
+    // A weight mapped from a file (or derived from one): its packed copies are kept in the weight
+    // cache, keyed by where it comes from.
+    if (weight_cache_)
+      init.packed_copies = [&](size_t i) -> kernels::PackedCopies {
+        const auto v = static_cast<size_t>(step.inputs.at(i));
+        if (!fixed[i] || plan_.values[v].kind != ValueKind::weight) return {};
+        std::optional<std::string> source = mapped_source(bound_[v].keep_alive(), bound_[v].data(), bound_[v].nbytes());
+        if (!source) return {};
+        const WeightCache* cache = weight_cache_;
+        return {[cache, source = *source](std::string_view packing, size_t bytes) -> kernels::PackedBuffer {
+          const std::string key = WeightCache::key(source, packing);
+          if (std::shared_ptr<const void> found = cache->find(key, bytes))
+            return {std::const_pointer_cast<void>(std::move(found)), true, {}};
+          if (std::optional<WeightCache::NewEntry> entry = cache->create(key, bytes))
+            return {std::move(entry->data), false, std::move(entry->commit)};
+          return {};
+        }};
+      };
     try {
       if (custom)
         info.kernel = make_custom_kernel(plan_, step);

@@ -10,6 +10,7 @@
 #include "engine/backend.h"
 #include "engine/model_impl.h"
 #include "kiln/engine/compile_cache.h"
+#include "kiln/engine/weight_cache.h"
 #include "kiln/engine/session.h"
 #include "kiln/errors.h"
 #include "kiln/ext/extensions.h"
@@ -28,6 +29,7 @@ class SessionState {
   std::atomic<int64_t> cache_hits{0};
   std::optional<CompileCache> cache;  // nullopt: turned off, or no cache directory can be named
   std::atomic<bool> cache_unwritable{false};  // a store failed: warned once, no more stores
+  std::optional<WeightCache> weight_cache;    // nullopt: turned off, or no cache directory can be named
   std::vector<std::filesystem::path> custom_extensions;
   std::shared_ptr<Logger> logger;
 };
@@ -140,6 +142,15 @@ InferenceSession::InferenceSession(std::vector<DeviceRef> devices,
       if (!options.compile_cache_dir.empty()) throw;
     }
   }
+  if (options.weight_cache) {
+    try {
+      state_->weight_cache.emplace(
+          options.compile_cache_dir.empty() ? WeightCache::default_dir() : options.compile_cache_dir / "weights", 0,
+          state_->logger);
+    } catch (const ValueError&) {
+      if (!options.compile_cache_dir.empty()) throw;  // no directory to cache in: pack every time
+    }
+  }
 }
 
 InferenceSession::~InferenceSession() = default;
@@ -208,7 +219,8 @@ std::map<std::string, Model> InferenceSession::init(const CompiledModel& compile
     check_process_group(plan, state_->process_group.get());
   }
   for (const auto& [name, plan] : compiled.plans()) {
-    auto impl = std::make_shared<Model::Impl>(state_, plan, weights, state_->backends, state_->process_group.get());
+    auto impl = std::make_shared<Model::Impl>(state_, plan, weights, state_->backends, state_->process_group.get(),
+                                               state_->weight_cache ? &*state_->weight_cache : nullptr);
     if (std::find(device_graphs.begin(), device_graphs.end(), name) != device_graphs.end())
       impl->device_graph = record_device_graph(impl->executor, state_->backends);
     models.emplace(name, Model(std::move(impl)));
@@ -237,5 +249,8 @@ std::map<std::string, Model> InferenceSession::load_all(const graph::Module& mod
 
 int64_t InferenceSession::compile_count() const { return state_->compile_count.load(); }
 int64_t InferenceSession::cache_hits() const { return state_->cache_hits.load(); }
+const WeightCache* InferenceSession::weight_cache() const {
+  return state_->weight_cache ? &*state_->weight_cache : nullptr;
+}
 
 }  // namespace kiln::engine

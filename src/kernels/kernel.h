@@ -11,10 +11,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/distributed.h"
 #include "kiln/graph/op.h"
+#include "tensor/host_memory.h"
 
 namespace kiln::kernels {
 
@@ -86,6 +88,35 @@ class SymbolSlots {
   virtual int32_t slot_of(const graph::Dim& dim) = 0;
 };
 
+// A kernel's packed copy of a fixed input, where it may be kept across processes (the executor's
+// engine::WeightCache, for weights from a file): a stored copy (`filled`: used as it is), or memory to
+// pack into that `keep` then stores (the cache file's own pages), or nothing (`data` null: ensure()
+// allocates it).
+struct PackedBuffer {
+  std::shared_ptr<void> data;
+  bool filled = false;
+  std::function<void()> keep;
+  void* ensure(size_t bytes) {
+    if (!data) {
+      void* memory = allocate_aligned(bytes);
+      if (!memory) throw std::bad_alloc();
+      data = std::shared_ptr<void>(memory, [](void* p) { std::free(p); });
+    }
+    return data.get();
+  }
+  void packed() const {
+    if (keep) keep();
+  }
+};
+// `acquire(packing, bytes)`: the PackedBuffer of a copy of `bytes` made by the packing `packing`
+// describes (every parameter its bytes depend on). Empty: nothing is kept.
+struct PackedCopies {
+  std::function<PackedBuffer(std::string_view packing, size_t bytes)> acquire;
+  PackedBuffer get(std::string_view packing, size_t bytes) const {
+    return acquire ? acquire(packing, bytes) : PackedBuffer{};
+  }
+};
+
 // What a kernel is built from: the step's op and attributes, and its operands: those fixed for the
 // model's life (`fixed[i]`: weights, constants) have their data; the others have data == nullptr and
 // their static shape, or no shape when it is symbolic. A kernel must give the same results whatever
@@ -104,6 +135,8 @@ struct KernelInit {
   // fresh pages are zeroed by the system as they are first written, so one thread alone took most
   // of a load). Null: the building thread alone.
   Parallel* parallel = nullptr;
+  // The PackedCopies of fixed input `input`; may be empty (nothing is kept).
+  std::function<PackedCopies(size_t input)> packed_copies = {};
 
   template <class T> const T& attr(const char* name) const { return graph::get_attr<T>(*attrs, name, op); }
   bool has_attr(const char* name) const { return attrs->count(name) != 0; }
@@ -111,6 +144,7 @@ struct KernelInit {
   void report_copied(size_t input, const void* data, size_t bytes) const {
     if (copied) copied(input, data, bytes);
   }
+  PackedCopies copies_of(size_t input) const { return packed_copies ? packed_copies(input) : PackedCopies{}; }
   DimRef dim(const graph::Dim& d) const;       // ValueError for a symbolic dim without `symbols`
   DimRefs dims(const graph::Shape& shape) const;
 };

@@ -389,13 +389,20 @@ Tensor view(const GGUFFile& file, const GGUFTensor& t) {
 // llama.cpp's converter stores q/k rows of each head as (half, 2) instead of (2, half) (HF's
 // rotate-half pairs i and i + half; llama.cpp's RoPE pairs 2i and 2i + 1). Undoing it moves whole rows,
 // so it works on any element or block format.
+// The copy names its source (DerivedBytes), so what kernels pack from it is kept in the packed-weight
+// cache as a file's own bytes are.
 Tensor unpermute_rows(const Tensor& t, int64_t heads) {
   const int64_t rows = t.shape()[0];
   const int64_t row_bytes = t.nbytes() / rows;
   const int64_t half = rows / heads / 2;
-  Tensor out = Tensor::empty(t.dtype(), t.shape());
+  void* memory = allocate_aligned(t.nbytes());
+  if (!memory) throw std::bad_alloc();
+  const std::optional<std::string> from = mapped_source(t.keep_alive(), t.data(), t.nbytes());
+  std::shared_ptr<void> keep_alive(
+      memory, DerivedBytes{memory, t.nbytes(), from ? *from + fmt::format(" rows unpermuted in {} heads", heads) : ""});
+  Tensor out = Tensor::view(std::move(keep_alive), memory, t.dtype(), t.shape());
   const auto* src = static_cast<const uint8_t*>(t.data());
-  auto* dst = static_cast<uint8_t*>(out.data());
+  auto* dst = static_cast<uint8_t*>(memory);
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t i = 0; i < half; ++i)
       for (int64_t j = 0; j < 2; ++j) {

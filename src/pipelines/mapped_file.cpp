@@ -47,7 +47,9 @@ MappedFile map_file(const std::filesystem::path& path, std::string_view who) {
   const std::string err = std::strerror(errno);
   ::close(fd);  // the mapping keeps the file open
   if (p == MAP_FAILED) fail("cannot mmap " + std::to_string(size) + " bytes: " + err);
-  return MappedFile{std::shared_ptr<void>(p, FileMapping{p, size}), size};
+  const std::string identity = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(size) + ":" +
+                               std::to_string(int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec);
+  return MappedFile{std::shared_ptr<void>(p, FileMapping{p, size, identity}), size};
 }
 
 }  // namespace kiln::pipelines

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace kiln {
 
@@ -29,8 +31,39 @@ inline void* allocate_aligned(size_t bytes) {
 struct FileMapping {
   void* base = nullptr;
   size_t size = 0;
+  // The file as it was mapped: "device:inode:size:mtime_ns" (a file replaced or rewritten since has
+  // another), what the packed-weight cache keys a weight's bytes by.
+  std::string file;
   void operator()(void* p) const { munmap(p, size); }
 };
+
+// The deleter of memory (allocate_aligned's) holding bytes computed from a mapped file's alone, e.g. a
+// GGUF q/k weight with its rows un-permuted: `source` names those bytes and the computation, so the
+// packed-weight cache can key what is packed from them as it keys a file's own bytes.
+struct DerivedBytes {
+  void* base = nullptr;
+  size_t size = 0;
+  std::string source;
+  void operator()(void* p) const { std::free(p); }
+};
+
+// Where [data, data + bytes) comes from when it lies within a FileMapping or DerivedBytes that
+// `keep_alive` holds: "FILE@OFFSET+BYTES" (the file's identity, or the derived bytes' source);
+// nullopt for memory of any other kind.
+inline std::optional<std::string> mapped_source(const std::shared_ptr<void>& keep_alive, const void* data, size_t bytes) {
+  void* base = nullptr;
+  size_t size = 0;
+  const std::string* source = nullptr;
+  if (const FileMapping* mapping = std::get_deleter<FileMapping>(keep_alive)) {
+    base = mapping->base, size = mapping->size, source = &mapping->file;
+  } else if (const DerivedBytes* derived = std::get_deleter<DerivedBytes>(keep_alive)) {
+    base = derived->base, size = derived->size, source = &derived->source;
+  }
+  if (!base || source->empty()) return std::nullopt;
+  const auto first = reinterpret_cast<uintptr_t>(data), lo = reinterpret_cast<uintptr_t>(base);
+  if (first < lo || first - lo > size || bytes > size - (first - lo)) return std::nullopt;
+  return *source + "@" + std::to_string(first - lo) + "+" + std::to_string(bytes);
+}
 
 // Drops this process's pages of [data, data + bytes) when `keep_alive` is a FileMapping holding them
 // (else does nothing): the whole pages inside the range, so a neighbour's partial page stays. They

@@ -31,6 +31,7 @@ using kiln::testing::expect_error;
 namespace ops = kiln::graph::ops;
 namespace fs = std::filesystem;
 
+using kiln::testing::ScopedEnv;
 using kiln::testing::TempDir;
 
 SessionOptions cached_in(const fs::path& dir) {
@@ -200,18 +201,6 @@ TEST(CompileCache, KeyChangesWithTheGraphButNotWithNothing) {
 }
 
 // Restores an environment variable when the test ends.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    value ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 TEST(CompileCache, DirectoryAndLimitComeFromTheEnvironment) {
   {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -218,6 +219,46 @@ TEST(GGUFModel, MatricesPackedAtInitAreNotAlsoHeldAsTheFilesPages) {
     // kernel may map back a few neighbours of a page it faults in (fault-around): half the matrices'
     // bytes is well clear of both. (q8_0: 606 KB of a 1279 KB file whose Q8_0 tensors are 862 KB.)
     EXPECT_LE(resident + matrix_bytes / 2, file_bytes) << "resident " << resident << " of " << file_bytes;
+  }
+}
+
+// Every packed copy of a file's matrices goes to the packed-weight cache (KILN_CACHE_DIR/weights),
+// the un-permuted q/k ones (copies of the file's rows) included, and the next load maps each entry
+// (a hit marks it used: its mtime) and generates the same greedy ids.
+TEST(GGUFModel, SecondLoadMapsEveryPackedMatrixFromTheWeightCache) {
+  for (const char* type : {"f32", "q8_0"}) {
+    SCOPED_TRACE(type);
+    const bool q8_0 = std::string(type) == "q8_0";
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        (q8_0 && (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")))) {
+      std::cout << "skipped for " << type << ": no " << (q8_0 ? "AVX512-VNNI" : "AVX2") << ": nothing is packed\n";
+      continue;
+    }
+    kiln::testing::TempDir cache("weight-cache");
+    kiln::testing::ScopedEnv env("KILN_CACHE_DIR", cache.path().c_str());
+    const fs::path path = tiny_gguf(type);
+    const GenerationOptions greedy{.max_new_tokens = 16, .temperature = 0.0};
+    auto entries = [&] {
+      std::vector<fs::path> files;
+      for (const auto& e : fs::directory_iterator(cache.path() / "weights"))
+        if (e.path().extension() == ".kpack") files.push_back(e.path());
+      return files;
+    };
+    std::vector<int64_t> first;
+    size_t packed = 0;
+    {
+      auto pipe = TextGenerationPipeline::from_dir(path);
+      first = pipe.generate("Once upon a time", greedy).ids;
+      packed = pipe.engine().models().at("model").copied_weights().size();
+    }
+    ASSERT_GT(packed, 0u);
+    ASSERT_EQ(entries().size(), packed);
+    const auto long_ago = fs::file_time_type::clock::now() - std::chrono::hours(1);
+    for (const fs::path& f : entries()) fs::last_write_time(f, long_ago);
+    auto pipe = TextGenerationPipeline::from_dir(path);
+    EXPECT_EQ(pipe.generate("Once upon a time", greedy).ids, first);
+    EXPECT_EQ(entries().size(), packed) << "nothing packed again";
+    for (const fs::path& f : entries()) EXPECT_GT(fs::last_write_time(f), long_ago) << f << " was not used";
   }
 }
 

@@ -14,8 +14,9 @@
 //   kiln serve [-m DIR] [--port P]          the OpenAI-compatible HTTP server
 //   kiln graph [--model DIR|NAME]           print the text generation graphs (model, sampler, greedy)
 //   kiln cache list|size|clear [--dir DIR]  the compile cache (default: KILN_CACHE_DIR, else
-//                                           $XDG_CACHE_HOME/kiln or ~/.cache/kiln): list its entries
-//                                           (least recently used first), print its size, empty it
+//                                           $XDG_CACHE_HOME/kiln or ~/.cache/kiln) and the packed-
+//                                           weight cache (its weights/): list the entries (least
+//                                           recently used first), print the sizes, empty them
 //   kiln bench [--model NAME|DIR ...] | gemm | bandwidth
 //                                           tokens/s against the bandwidth roofline, GEMM against
 //                                           oneDNN, read bandwidth (tools/kiln/bench.h)
@@ -23,6 +24,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <kiln/engine/compile_cache.h>
+#include <kiln/engine/weight_cache.h>
 #include <kiln/kiln.h>
 #include <kiln/pipelines/gguf_model.h>
 #include <kiln/pipelines/hf_config.h>
@@ -652,18 +654,27 @@ int print_graphs(const std::string& model, int64_t max_seq_len) {
 
 // `kiln cache list|size|clear`.
 int cache_command(const CLI::App& cmd, const std::string& dir) {
-  engine::CompileCache cache(dir);
-  if (cmd.got_subcommand("list")) {
-    for (const engine::CacheEntry& e : cache.entries()) {
+  // The compiled models in DIR, the packed weights in DIR/weights (engine::WeightCache).
+  const engine::CompileCache compiled(dir);
+  const engine::WeightCache weights(dir.empty() ? std::filesystem::path() : std::filesystem::path(dir) / "weights");
+  auto print_entries = [](const char* kind, const std::vector<engine::CacheEntry>& entries) {
+    for (const engine::CacheEntry& e : entries) {
       auto age = std::chrono::duration_cast<std::chrono::seconds>(std::filesystem::file_time_type::clock::now() -
                                                                   e.last_used);
-      std::cout << fmt::format("{}  {:>10} bytes  used {}s ago\n", e.key, e.bytes, age.count());
+      std::cout << fmt::format("{}  {}  {:>12} bytes  used {}s ago\n", kind, e.key, e.bytes, age.count());
     }
+  };
+  if (cmd.got_subcommand("list")) {
+    print_entries("compiled", compiled.entries());
+    print_entries("weights ", weights.entries());
   } else if (cmd.got_subcommand("size")) {
-    std::cout << fmt::format("{}: {} entries, {} bytes (limit {} bytes)\n", cache.dir().string(),
-                             cache.entries().size(), cache.size_bytes(), cache.max_bytes());
+    std::cout << fmt::format("{}: {} compiled models, {} bytes (limit {} bytes)\n", compiled.dir().string(),
+                             compiled.entries().size(), compiled.size_bytes(), compiled.max_bytes());
+    std::cout << fmt::format("{}: {} packed weights, {} bytes (limit {} bytes)\n", weights.dir().string(),
+                             weights.entries().size(), weights.size_bytes(), weights.max_bytes());
   } else if (cmd.got_subcommand("clear")) {
-    std::cout << fmt::format("{}: removed {} entries\n", cache.dir().string(), cache.clear());
+    std::cout << fmt::format("{}: removed {} compiled models\n", compiled.dir().string(), compiled.clear());
+    std::cout << fmt::format("{}: removed {} packed weights\n", weights.dir().string(), weights.clear());
   }
   return 0;
 }
@@ -722,7 +733,7 @@ int main(int argc, char** argv) {
 
   // --dir before or after the subcommand (`kiln cache list --dir D`, `kiln cache --dir D list`).
   std::string cache_dir;
-  auto* cache_cmd = app.add_subcommand("cache", "List, size or clear the compile cache");
+  auto* cache_cmd = app.add_subcommand("cache", "List, size or clear the compile cache and the packed-weight cache");
   cache_cmd->require_subcommand(1);
   const char* cache_dir_help = "cache directory (default: KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln or ~/.cache/kiln)";
   cache_cmd->add_option("--dir", cache_dir, cache_dir_help);

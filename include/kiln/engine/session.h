@@ -14,6 +14,7 @@
 #include "kiln/compiler/compiled_model.h"
 #include "kiln/distributed.h"
 #include "kiln/engine/model.h"
+#include "kiln/engine/weight_cache.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
 #include "kiln/logging.h"
@@ -31,6 +32,10 @@ struct SessionOptions {
   // compile_cache_dir (empty: CompileCache::default_dir(), i.e. KILN_CACHE_DIR or ~/.cache/kiln).
   bool compile_cache = true;
   std::filesystem::path compile_cache_dir = {};
+  // init() keeps the copies kernels pack of weights mapped from files (GEMM panels, quantized panels)
+  // in the packed-weight cache (kiln/engine/weight_cache.h), compile_cache_dir's weights/ (empty:
+  // WeightCache::default_dir()), and a later init of the same file maps them instead of packing.
+  bool weight_cache = true;
   // For graphs whose collectives span processes (processes > 1): the group that carries them, e.g.
   // engine::mpi_world() (kiln/engine/distributed.h). Its size must equal each collective's processes.
   std::shared_ptr<ProcessGroup> process_group = nullptr;
@@ -89,6 +94,9 @@ class InferenceSession {
   // compile_count() - cache_hits() is how many times the compiler actually ran.
   int64_t compile_count() const;
   int64_t cache_hits() const;
+  // The packed-weight cache init() uses (SessionOptions::weight_cache), or null when off: its hits()
+  // and stores() count packed copies mapped and made.
+  const WeightCache* weight_cache() const;
 
  private:
   std::shared_ptr<SessionState> state_;

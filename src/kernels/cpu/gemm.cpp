@@ -3,14 +3,18 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/scratch.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/strided.h"
+#include "tensor/host_memory.h"
 
 namespace kiln::kernels::gemm {
 namespace {
@@ -174,7 +178,7 @@ void force_isa_for_testing(std::optional<Isa> isa) {
 }
 
 std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t n0, int64_t n1)>& packed,
-                              Parallel* parallel) {
+                              Parallel* parallel, const PackedCopies* copies) {
   const IsaKernels* k = kernels_of(active_isa());
   if (!k || p.dtype != DType::f32 || p.b_storage == BStorage::q8_0 || p.K <= 0 || p.N <= 0) return std::nullopt;
   const int64_t nr = k->blocking.nr, panels = (p.N + nr - 1) / nr;
@@ -199,24 +203,35 @@ std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t
       report(q0, q1);
     }
   };
-  if (p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16) {
-    // The 16-bit elements moved as they are: B[k, n] -> panel n / nr, row k, lane n % nr; or in k
-    // pairs (bf16 on a bf16_pairs level): row k / 2, lane n % nr, half k % 2, the depth made even.
-    const bool pairs = p.b_storage == BStorage::bf16 && k->bf16_pairs;
-    const int64_t depth = pairs ? (p.K + 1) / 2 * 2 : p.K;
-    const size_t bytes = static_cast<size_t>(panels * nr * depth) * sizeof(uint16_t);
-    void* data = allocate_aligned(bytes);
-    if (!data) throw std::bad_alloc();
-    std::shared_ptr<uint16_t> narrow(static_cast<uint16_t*>(data), [](uint16_t* d) { std::free(d); });
-    slices([&](const Problem& columns, int64_t q) { k->pack_b_narrow(columns, pairs, narrow.get() + q * nr * depth); });
-    return PackedB{k->isa, p.K, p.N, nullptr, std::move(narrow)};
+  // The 16-bit elements moved as they are: B[k, n] -> panel n / nr, row k, lane n % nr; or in k pairs
+  // (bf16 on a bf16_pairs level): row k / 2, lane n % nr, half k % 2, the depth made even.
+  const bool narrow = p.b_storage == BStorage::f16 || p.b_storage == BStorage::bf16;
+  const bool pairs = p.b_storage == BStorage::bf16 && k->bf16_pairs;
+  const int64_t depth = pairs ? (p.K + 1) / 2 * 2 : p.K;
+  const auto bytes = static_cast<size_t>(panels * nr * depth * (narrow ? 2 : 4));
+  auto packed_b = [&](std::shared_ptr<const void> data) {
+    return narrow ? PackedB{k->isa, p.K, p.N, nullptr, std::static_pointer_cast<const uint16_t>(std::move(data))}
+                  : PackedB{k->isa, p.K, p.N, std::static_pointer_cast<const float>(std::move(data)), nullptr};
+  };
+  // Every parameter the panels' bytes depend on (their layout is this build's: the cache key has it).
+  const std::string packing = fmt::format("gemm panels {} nr {} storage {} pairs {} K {} N {} b_row {} b_col {}",
+                                          isa_name(k->isa), nr, static_cast<int>(p.b_storage), pairs, p.K, p.N,
+                                          p.b_row, p.b_col);
+  PackedBuffer buffer = copies ? copies->get(packing, bytes) : PackedBuffer{};
+  if (buffer.filled) {
+    report(0, panels);
+    return packed_b(std::move(buffer.data));
   }
-  const size_t bytes = static_cast<size_t>(panels * nr * p.K) * sizeof(float);
-  void* data = allocate_aligned(bytes);
-  if (!data) throw std::bad_alloc();
-  std::shared_ptr<float> panels_data(static_cast<float*>(data), [](float* f) { std::free(f); });
-  slices([&](const Problem& columns, int64_t q) { k->pack_b(columns, panels_data.get() + q * nr * p.K); });
-  return PackedB{k->isa, p.K, p.N, std::move(panels_data), nullptr};
+  void* memory = buffer.ensure(bytes);
+  if (narrow) {
+    auto* dst = static_cast<uint16_t*>(memory);
+    slices([&](const Problem& columns, int64_t q) { k->pack_b_narrow(columns, pairs, dst + q * nr * depth); });
+  } else {
+    auto* dst = static_cast<float*>(memory);
+    slices([&](const Problem& columns, int64_t q) { k->pack_b(columns, dst + q * nr * p.K); });
+  }
+  buffer.packed();
+  return packed_b(std::move(buffer.data));
 }
 
 bool run_group(const KernelContext& ctx, std::span<const Problem> problems) {

@@ -82,8 +82,10 @@ struct PackedB {
 // when given, is told each range of B's columns [n0, n1) as soon as it is packed (slices of about
 // 8 MiB), so the caller can let go of them as packing goes. Each slice's panels are packed on
 // `parallel`'s threads where given (the same bytes either way).
+// `copies`, when given, may hold the panels packed already (a packed-weight cache entry: `packed` is
+// then told all of B at once), and is handed them when packed here.
 std::optional<PackedB> pack_b(const Problem& p, const std::function<void(int64_t n0, int64_t n1)>& packed = {},
-                              Parallel* parallel = nullptr);
+                              Parallel* parallel = nullptr, const PackedCopies* copies = nullptr);
 
 // Scratch the driver hands to one thread's call (sizes from Blocking): the ISA code allocates
 // nothing itself.

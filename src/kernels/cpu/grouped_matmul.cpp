@@ -50,8 +50,10 @@ class GroupedMatmulKernel final : public Kernel {
       const TensorView operands[2] = {init.inputs[0], init.inputs[i]};
       const bool fixed[2] = {init.is_fixed(0), init.is_fixed(i)};
       KernelInit one{quantized_ ? Op::qmatmul : Op::matmul, init.attrs, operands, fixed, init.symbols};
-      if (init.copied)  // the part's operand 1 is this kernel's input i
-        one.copied = [&init, i](size_t, const void* data, size_t bytes) { init.copied(i, data, bytes); };
+      // The part's operand 1 is this kernel's input i.
+      if (init.copied) one.copied = [&init, i](size_t, const void* data, size_t bytes) { init.copied(i, data, bytes); };
+      if (init.packed_copies) one.packed_copies = [&init, i](size_t) { return init.copies_of(i); };
+      one.parallel = init.parallel;
       naming_rhs(i - 1, [&] { parts_.push_back(quantized_ ? make_qmatmul_kernel(one) : make_matmul_kernel(one)); });
     }
   }

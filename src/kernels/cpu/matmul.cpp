@@ -241,6 +241,7 @@ std::optional<PackedSimdRhs> pack_simd_rhs(const KernelInit& init, const TensorV
   // Otherwise w is reported whole once packed.
   const int64_t element = static_cast<int64_t>(dtype_size(w.dtype));
   const bool rows_of_w = b.strides[0] == 1 && w.is_contiguous();
+  const PackedCopies copies = init.copies_of(1);
   std::optional<gemm::PackedB> packed = gemm::pack_b(
       problem,
       [&](int64_t n0, int64_t n1) {
@@ -248,7 +249,7 @@ std::optional<PackedSimdRhs> pack_simd_rhs(const KernelInit& init, const TensorV
           init.report_copied(1, static_cast<const char*>(b.data) + n0 * K * element,
                              static_cast<size_t>((n1 - n0) * K * element));
       },
-      init.parallel);
+      init.parallel, &copies);
   if (packed && !rows_of_w && w.is_contiguous())
     init.report_copied(1, w.data, static_cast<size_t>(N * K * element));
   if (!packed) return std::nullopt;

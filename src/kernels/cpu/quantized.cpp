@@ -13,6 +13,8 @@
 #include "kernels/cpu/quantized.h"
 #include "kernels/cpu/scratch.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
 #include "kiln/graph/quantization.h"
+#include "tensor/host_memory.h"
 
 namespace kiln::kernels {
 namespace {
@@ -363,7 +366,7 @@ namespace {
 struct PackedPanels {
   const void* source = nullptr;
   int64_t N = 0, K = 0, row_stride = 0;
-  AlignedScratch<uint8_t> panels;
+  std::shared_ptr<const uint8_t> panels;  // packed here, or a packed-weight cache entry's mapping
 };
 
 class QmatmulKernel final : public Kernel {
@@ -379,7 +382,7 @@ class QmatmulKernel final : public Kernel {
     if (!panels_ || panels_->source != w.data || panels_->N != w.shape[0] || panels_->K != K ||
         panels_->row_stride != w.strides[0] || !use_vnni())
       return nullptr;
-    return panels_->panels.data();
+    return panels_->panels.get();
   }
 
  private:
@@ -413,7 +416,20 @@ QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(ini
   p.K = K;
   p.row_stride = w.strides[0];
   const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
-  uint8_t* dst = p.panels.get(static_cast<size_t>(panels * panel_bytes));
+  const auto bytes = static_cast<size_t>(panels * panel_bytes);
+  // Kept across processes where the weight is a file's (PackedCopies): every parameter the panels'
+  // bytes depend on; the layouts themselves are this build's (the cache's key has the build).
+  const std::string packing = fmt::format("qmatmul {} panels of {} rows, N {} K {} row stride {}",
+                                          encoding_name(encoding_), quantized::kGemmRows, N, K,
+                                          w.strides[0]);
+  PackedBuffer buffer = init.copies_of(1).get(packing, bytes);
+  if (buffer.filled) {
+    p.panels = std::static_pointer_cast<const uint8_t>(buffer.data);
+    init.report_copied(1, w.data, static_cast<size_t>(N * w.strides[0]));
+    return;
+  }
+  uint8_t* dst = static_cast<uint8_t*>(buffer.ensure(bytes));
+  p.panels = std::static_pointer_cast<const uint8_t>(buffer.data);
   // In slices of about 8 MiB, each reported as copied once packed: a mapped file's pages of it are
   // dropped as packing goes, so even the largest weight (an output projection) is not held twice.
   const int64_t slice = std::max<int64_t>(1, (int64_t{8} << 20) / (quantized::kGemmRows * w.strides[0])) *
@@ -429,6 +445,7 @@ QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(ini
     });
     init.report_copied(1, src, static_cast<size_t>(rows * w.strides[0]));
   }
+  buffer.packed();
 }
 
 void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> inputs,

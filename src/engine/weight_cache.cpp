@@ -1,0 +1,195 @@
+// The packed-weight cache: one file per entry, `<key>.kpack`: a 4096-byte header (magic, version,
+// payload length, XXH3-64 of the payload, the key), then the payload, page aligned so it is mapped
+// in place.
+#include "kiln/engine/weight_cache.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "engine/cache_files.h"
+#include "graph/hash.h"
+#include "kiln/errors.h"
+
+namespace kiln::engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kEntrySuffix = ".kpack";
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'A', 'C', 'K'};
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kHeaderBytes = 4096;  // a page: the payload is mapped from this offset
+constexpr uint64_t kMinFreeBytes = uint64_t{1} << 30;
+
+// The header's fields, little-endian as the host (entries are never shared between machines).
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t key_bytes;
+  uint64_t payload_bytes;
+  uint64_t checksum;  // XXH3-64 of the payload
+};
+static_assert(sizeof(Header) == 32);
+
+bool is_key(std::string_view key) {
+  return key.size() == 32 && std::all_of(key.begin(), key.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// Whether `page` (kHeaderBytes read from an entry) is the header of `key` with `bytes` of payload.
+bool header_matches(const uint8_t* page, std::string_view key, uint64_t bytes, uint64_t* checksum) {
+  Header h{};
+  std::memcpy(&h, page, sizeof h);
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != kVersion || h.payload_bytes != bytes ||
+      h.key_bytes != key.size() || h.key_bytes > kHeaderBytes - sizeof h)
+    return false;
+  *checksum = h.checksum;
+  return std::memcmp(page + sizeof h, key.data(), key.size()) == 0;
+}
+
+}  // namespace
+
+WeightCache::WeightCache(fs::path dir, uint64_t max_bytes, std::shared_ptr<Logger> logger)
+    : dir_(dir.empty() ? default_dir() : std::move(dir)),
+      max_bytes_(max_bytes == 0 ? default_max_bytes() : max_bytes),
+      logger_(logger ? std::move(logger) : default_logger()) {}
+
+fs::path WeightCache::default_dir() { return CompileCache::default_dir() / "weights"; }
+
+uint64_t WeightCache::default_max_bytes() {
+  return cache_files::env_bytes("KILN_WEIGHT_CACHE_MAX_BYTES", uint64_t{32} << 30);
+}
+
+std::string WeightCache::key(const std::string& source, std::string_view packing) {
+  Fnv1a64 first, second;
+  for (std::string_view field : {std::string_view(source), packing, std::string_view(cache_files::cpu_features()),
+                                 std::string_view(cache_files::build_id())}) {
+    first.field(field);
+    second.field(field).field("second");  // a second, differently seeded hash: 128 bits in all
+  }
+  return fmt::format("{:016x}{:016x}", first.value, second.value);
+}
+
+std::shared_ptr<const void> WeightCache::find(const std::string& key, uint64_t bytes) const {
+  if (!is_key(key) || bytes == 0) return nullptr;
+  const fs::path file = dir_ / (key + std::string(kEntrySuffix));
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  uint8_t page[kHeaderBytes];
+  uint64_t checksum = 0;
+  const bool valid = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                     static_cast<uint64_t>(st.st_size) == kHeaderBytes + bytes &&
+                     ::pread(fd, page, kHeaderBytes, 0) == static_cast<ssize_t>(kHeaderBytes) &&
+                     header_matches(page, key, bytes, &checksum);
+  void* payload = valid ? ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(kHeaderBytes)) : MAP_FAILED;
+  ::close(fd);  // the mapping keeps the file open
+  if (payload != MAP_FAILED && XXH3_64bits(payload, bytes) != checksum) {
+    ::munmap(payload, bytes);
+    payload = MAP_FAILED;
+  }
+  if (payload == MAP_FAILED) {
+    cache_files::remove_if_unchanged(file, st);  // a bad entry, unless a store replaced it meanwhile
+    return nullptr;
+  }
+  cache_files::touch(file);
+  ++hits_;
+  return std::shared_ptr<const void>(payload, [bytes](const void* p) { ::munmap(const_cast<void*>(p), bytes); });
+}
+
+std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key, uint64_t bytes) const {
+  if (unwritable_.load() || !is_key(key) || bytes == 0 || bytes > max_bytes_ - std::min(max_bytes_, kHeaderBytes))
+    return std::nullopt;
+  auto fail = [this](const std::string& why) -> std::optional<NewEntry> {
+    if (!unwritable_.exchange(true))
+      logger_->warning(fmt::format("weight cache: cannot store an entry in '{}': {}; packed weights are not "
+                                   "stored for the rest of this session",
+                                   dir_.string(), why));
+    return std::nullopt;
+  };
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) return fail("cannot create the directory: " + ec.message());
+  const fs::space_info space = fs::space(dir_, ec);
+  if (ec || space.available < kHeaderBytes + bytes + kMinFreeBytes) return std::nullopt;  // keep the disk usable
+  const fs::path temp = cache_files::temp_path(dir_, key);
+  const int fd = ::open(temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return fail(std::strerror(errno));
+  // The blocks reserved first: a write into the mapping that found the disk full would be a SIGBUS.
+  const int reserved = ::posix_fallocate(fd, 0, static_cast<off_t>(kHeaderBytes + bytes));
+  void* data = reserved == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(kHeaderBytes))
+                             : MAP_FAILED;
+  if (data == MAP_FAILED) {
+    const int error = reserved != 0 ? reserved : errno;
+    ::close(fd);
+    fs::remove(temp, ec);
+    // A full disk (or a file system without fallocate) only costs this entry.
+    if (error == ENOSPC || error == EOPNOTSUPP || error == EINVAL) return std::nullopt;
+    return fail(std::strerror(error));
+  }
+  // The mapping's owner removes the temp file unless commit() has renamed it into place.
+  struct Pending {
+    int fd;
+    fs::path temp;
+    bool committed = false;
+  };
+  auto pending = std::make_shared<Pending>(Pending{fd, temp});
+  std::shared_ptr<void> mapping(data, [bytes, pending](void* p) {
+    ::munmap(p, bytes);
+    if (pending->fd >= 0) ::close(pending->fd);
+    std::error_code ignored;
+    if (!pending->committed) fs::remove(pending->temp, ignored);
+  });
+  auto commit = [this, key, bytes, pending, data, fail]() {
+    if (pending->committed || pending->fd < 0) return;
+    uint8_t page[kHeaderBytes] = {};
+    Header h{};
+    std::memcpy(h.magic, kMagic, sizeof kMagic);
+    h.version = kVersion;
+    h.key_bytes = static_cast<uint32_t>(key.size());
+    h.payload_bytes = bytes;
+    h.checksum = XXH3_64bits(data, bytes);
+    std::memcpy(page, &h, sizeof h);
+    std::memcpy(page + sizeof h, key.data(), key.size());
+    const bool written = ::pwrite(pending->fd, page, kHeaderBytes, 0) == static_cast<ssize_t>(kHeaderBytes);
+    const int error = errno;
+    const bool closed = ::close(pending->fd) == 0;
+    pending->fd = -1;
+    std::error_code ec;
+    if (written && closed) fs::rename(pending->temp, dir_ / (key + std::string(kEntrySuffix)), ec);
+    if (!written || !closed || ec) {
+      fail(!written ? std::strerror(error) : !closed ? "cannot close the file" : "cannot rename the entry into place");
+      return;  // the mapping's owner removes the temp file
+    }
+    pending->committed = true;
+    ++stores_;
+    evict();
+  };
+  return NewEntry{std::move(mapping), std::move(commit)};
+}
+
+bool WeightCache::store(const std::string& key, const void* data, uint64_t bytes) const {
+  std::optional<NewEntry> entry = create(key, bytes);
+  if (!entry) return false;
+  std::memcpy(entry->data.get(), data, bytes);
+  const int64_t before = stores_.load();
+  entry->commit();
+  return stores_.load() > before;
+}
+
+std::vector<CacheEntry> WeightCache::entries() const { return cache_files::entries(dir_, kEntrySuffix); }
+uint64_t WeightCache::size_bytes() const { return cache_files::total_bytes(entries()); }
+size_t WeightCache::clear() const { return cache_files::clear(dir_, kEntrySuffix); }
+void WeightCache::evict() const { cache_files::evict(dir_, kEntrySuffix, max_bytes_); }
+
+}  // namespace kiln::engine

@@ -1,0 +1,183 @@
+// The packed-weight cache (kiln/engine/weight_cache.h): entries stored and found byte for byte, every
+// kind of damage a miss that removes the entry, a dropped entry leaving nothing, LRU eviction, an
+// unwritable directory warned about once. tests/pipelines/test_weight_cache_files.cpp has the cache
+// under real sessions and model files.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/engine/weight_cache.h"
+#include "nn/capturing_logger.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace kiln;
+using engine::WeightCache;
+using kiln::testing::TempDir;
+namespace fs = std::filesystem;
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+std::vector<uint8_t> bytes_at(const std::shared_ptr<const void>& p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p.get());
+  return {b, b + n};
+}
+
+fs::path entry_file(const WeightCache& cache, const std::string& key) { return cache.dir() / (key + ".kpack"); }
+
+// Rewrites byte `at` of a file.
+void flip_byte(const fs::path& file, uint64_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+}
+
+TEST(WeightCache, KeysAreHexAndDependOnSourceAndPacking) {
+  const std::string k = WeightCache::key("file@0+16", "panels");
+  EXPECT_EQ(k.size(), 32u);
+  EXPECT_EQ(k.find_first_not_of("0123456789abcdef"), std::string::npos) << k;
+  EXPECT_EQ(k, WeightCache::key("file@0+16", "panels"));
+  EXPECT_NE(k, WeightCache::key("file@16+16", "panels"));
+  EXPECT_NE(k, WeightCache::key("file@0+16", "panels of 16"));
+  EXPECT_NE(WeightCache::key("ab", "c"), WeightCache::key("a", "bc"));  // fields stay apart
+}
+
+TEST(WeightCache, StoredEntryIsFoundByteForByte) {
+  TempDir dir;
+  const WeightCache cache(dir.path(), 1 << 30);
+  const std::string key = WeightCache::key("file@0+100000", "test");
+  const std::vector<uint8_t> payload = random_bytes(100000, 1);
+  EXPECT_EQ(cache.find(key, payload.size()), nullptr) << "nothing stored yet";
+  ASSERT_TRUE(cache.store(key, payload.data(), payload.size()));
+  EXPECT_EQ(cache.stores(), 1);
+  const std::shared_ptr<const void> found = cache.find(key, payload.size());
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(bytes_at(found, payload.size()), payload);
+  EXPECT_EQ(cache.hits(), 1);
+  ASSERT_EQ(cache.entries().size(), 1u);
+  EXPECT_EQ(cache.entries()[0].key, key);
+  EXPECT_EQ(cache.size_bytes(), 4096 + payload.size());
+}
+
+// Each kind of damage: the entry is a miss, and removed (so the next init packs and stores anew).
+TEST(WeightCache, DamagedEntriesAreMissesAndAreRemoved) {
+  TempDir dir;
+  const WeightCache cache(dir.path(), 1 << 30);
+  const std::string key = WeightCache::key("file@0+5000", "test"), other = WeightCache::key("file@1+5000", "test");
+  const std::vector<uint8_t> payload = random_bytes(5000, 2);
+  struct Damage {
+    const char* what;
+    std::function<void(const fs::path&)> apply;
+  };
+  const std::vector<Damage> damages = {
+      {"a payload byte changed (a torn write, a bad disk)", [](const fs::path& f) { flip_byte(f, 4096 + 1234); }},
+      {"the magic changed", [](const fs::path& f) { flip_byte(f, 0); }},
+      {"the version changed", [](const fs::path& f) { flip_byte(f, 8); }},
+      {"the header's length changed", [](const fs::path& f) { flip_byte(f, 16); }},
+      {"the header's key changed", [](const fs::path& f) { flip_byte(f, 40); }},
+      {"cut short", [](const fs::path& f) { fs::resize_file(f, 4096 + 4999); }},
+      {"grown", [](const fs::path& f) { fs::resize_file(f, 4096 + 5001); }},
+      {"another key's entry under this name",
+       [&](const fs::path& f) {
+         ASSERT_TRUE(cache.store(other, payload.data(), payload.size()));
+         fs::rename(entry_file(cache, other), f);
+       }},
+  };
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.what);
+    ASSERT_TRUE(cache.store(key, payload.data(), payload.size()));
+    ASSERT_NE(cache.find(key, payload.size()), nullptr);
+    d.apply(entry_file(cache, key));
+    EXPECT_EQ(cache.find(key, payload.size()), nullptr);
+    EXPECT_FALSE(fs::exists(entry_file(cache, key)));
+  }
+  // Asked for another length than stored: a miss too.
+  ASSERT_TRUE(cache.store(key, payload.data(), payload.size()));
+  EXPECT_EQ(cache.find(key, payload.size() + 1), nullptr);
+  // Not a key: never a path.
+  EXPECT_EQ(cache.find("../../etc/passwd", 10), nullptr);
+  EXPECT_FALSE(cache.store("../x", payload.data(), payload.size()));
+}
+
+// An entry made in place and dropped before commit (packing threw) leaves no entry and no temp file;
+// committed, it is the entry, and its mapping stays the packed bytes.
+TEST(WeightCache, EntryMadeInPlaceIsStoredOnlyOnCommit) {
+  TempDir dir;
+  const WeightCache cache(dir.path(), 1 << 30);
+  const std::string key = WeightCache::key("file@0+8192", "test");
+  const std::vector<uint8_t> payload = random_bytes(8192, 3);
+  {
+    std::optional<WeightCache::NewEntry> entry = cache.create(key, payload.size());
+    ASSERT_TRUE(entry);
+    std::memcpy(entry->data.get(), payload.data(), payload.size());
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "a dropped entry leaves nothing behind";
+  EXPECT_EQ(cache.find(key, payload.size()), nullptr);
+  std::optional<WeightCache::NewEntry> entry = cache.create(key, payload.size());
+  ASSERT_TRUE(entry);
+  std::memcpy(entry->data.get(), payload.data(), payload.size());
+  entry->commit();
+  EXPECT_EQ(bytes_at(entry->data, payload.size()), payload);
+  EXPECT_EQ(bytes_at(cache.find(key, payload.size()), payload.size()), payload);
+  EXPECT_EQ(cache.entries().size(), 1u);
+}
+
+TEST(WeightCache, EvictsTheLeastRecentlyUsedBeyondMaxBytes) {
+  TempDir dir;
+  const uint64_t entry_bytes = 4096 + 1000;
+  const WeightCache cache(dir.path(), 3 * entry_bytes);
+  const std::vector<uint8_t> payload = random_bytes(1000, 4);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 4; ++i) keys.push_back(WeightCache::key("file", std::to_string(i)));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(cache.store(keys[i], payload.data(), payload.size()));
+    // mtimes a second apart, whatever the file system's timestamp granularity
+    fs::last_write_time(entry_file(cache, keys[i]), fs::file_time_type::clock::now() - std::chrono::seconds(10 - i));
+  }
+  ASSERT_NE(cache.find(keys[0], payload.size()), nullptr);  // used: now the most recent
+  ASSERT_TRUE(cache.store(keys[3], payload.data(), payload.size()));
+  EXPECT_EQ(cache.size_bytes(), 3 * entry_bytes);
+  EXPECT_NE(cache.find(keys[0], payload.size()), nullptr);
+  EXPECT_EQ(cache.find(keys[1], payload.size()), nullptr) << "the least recently used goes";
+  EXPECT_NE(cache.find(keys[2], payload.size()), nullptr);
+  EXPECT_NE(cache.find(keys[3], payload.size()), nullptr);
+  // An entry larger than the whole bound is not stored at all.
+  const std::vector<uint8_t> large = random_bytes(3 * entry_bytes, 5);
+  EXPECT_FALSE(cache.store(WeightCache::key("file", "large"), large.data(), large.size()));
+  EXPECT_EQ(cache.clear(), 3u);
+  EXPECT_EQ(cache.size_bytes(), 0u);
+}
+
+TEST(WeightCache, UnwritableDirectoryWarnsOnceAndStoresNothing) {
+  TempDir dir;
+  fs::create_directories(dir.path());
+  std::ofstream(dir.path() / "file") << "x";  // a regular file: no directory can be made under it
+  auto logger = std::make_shared<kiln::testing::CapturingLogger>();
+  const WeightCache cache(dir.path() / "file" / "weights", 1 << 30, logger);
+  const std::vector<uint8_t> payload = random_bytes(100, 6);
+  EXPECT_FALSE(cache.store(WeightCache::key("a", "b"), payload.data(), payload.size()));
+  EXPECT_FALSE(cache.store(WeightCache::key("a", "c"), payload.data(), payload.size()));
+  ASSERT_EQ(logger->warnings.size(), 1u);
+  EXPECT_NE(logger->warnings[0].find("weight cache"), std::string::npos) << logger->warnings[0];
+  EXPECT_NE(logger->warnings[0].find((dir.path() / "file").string()), std::string::npos) << logger->warnings[0];
+}
+
+}  // namespace
