@@ -1,6 +1,7 @@
 #include "engine/cache_files.h"
 
 #include <dlfcn.h>
+#include <signal.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -48,7 +49,31 @@ size_t clear(const fs::path& dir, std::string_view suffix) {
   return removed;
 }
 
+namespace {
+
+// The temp files (temp_path's ".KEY.PID.N.tmp") of processes that have exited.
+void remove_orphan_temps(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.front() != '.' || it->path().extension() != ".tmp") continue;
+    const std::string stem = it->path().stem().string();  // ".KEY.PID.N"
+    const size_t counter = stem.rfind('.'), pid_at = counter == std::string::npos ? counter : stem.rfind('.', counter - 1);
+    if (pid_at == std::string::npos || pid_at == 0) continue;
+    char* end_of_pid = nullptr;
+    const long pid = std::strtol(stem.c_str() + pid_at + 1, &end_of_pid, 10);
+    if (end_of_pid != stem.c_str() + counter || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
+}
+
+}  // namespace
+
 void evict(const fs::path& dir, std::string_view suffix, uint64_t max_bytes) {
+  remove_orphan_temps(dir);
   const std::vector<CacheEntry> all = entries(dir, suffix);
   uint64_t total = total_bytes(all);
   for (const CacheEntry& e : all) {

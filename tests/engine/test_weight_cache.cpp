@@ -3,6 +3,8 @@
 // unwritable directory warned about once. tests/pipelines/test_weight_cache_files.cpp has the cache
 // under real sessions and model files.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -138,6 +140,36 @@ TEST(WeightCache, EntryMadeInPlaceIsStoredOnlyOnCommit) {
   EXPECT_EQ(bytes_at(entry->data, payload.size()), payload);
   EXPECT_EQ(bytes_at(cache.find(key, payload.size()), payload.size()), payload);
   EXPECT_EQ(cache.entries().size(), 1u);
+}
+
+// A process killed while packing into a new entry leaves its temp file; the next store removes it
+// (its pid no longer runs), and leaves a live process's own.
+TEST(WeightCache, TempFilesOfExitedProcessesAreRemoved) {
+  TempDir dir;
+  const WeightCache cache(dir.path(), 1 << 30);
+  const std::string key = WeightCache::key("file", "orphan");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::optional<WeightCache::NewEntry> entry = cache.create(key, 4096);
+    ::_exit(entry ? 0 : 1);  // no destructors: as a process killed mid-pack
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  auto temps = [&] {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(dir.path())) n += e.path().extension() == ".tmp";
+    return n;
+  };
+  ASSERT_EQ(temps(), 1u);
+  std::optional<WeightCache::NewEntry> mine = cache.create(WeightCache::key("file", "mine"), 4096);
+  ASSERT_TRUE(mine);
+  const std::vector<uint8_t> payload = random_bytes(100, 7);
+  ASSERT_TRUE(cache.store(WeightCache::key("file", "other"), payload.data(), payload.size()));
+  EXPECT_EQ(temps(), 1u) << "the exited process's temp file goes, this one's (still packing) stays";
+  mine->commit();
+  EXPECT_EQ(temps(), 0u);
 }
 
 TEST(WeightCache, EvictsTheLeastRecentlyUsedBeyondMaxBytes) {
