@@ -1,6 +1,6 @@
 // The packed-weight cache: one file per entry, `<key>.kpack`: a 4096-byte header (magic, version,
-// payload length, XXH3-64 of the payload, the key), then the payload, page aligned so it is mapped
-// in place.
+// payload length, chunk length, the key, the XXH3-64 of each chunk of the payload), then the payload,
+// page aligned so it is mapped in place.
 #include "kiln/engine/weight_cache.h"
 
 #include <fcntl.h>
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "engine/cache_files.h"
 #include "graph/hash.h"
@@ -30,31 +31,58 @@ constexpr uint32_t kVersion = 1;
 constexpr uint64_t kHeaderBytes = 4096;  // a page: the payload is mapped from this offset
 constexpr uint64_t kMinFreeBytes = uint64_t{1} << 30;
 
-// The header's fields, little-endian as the host (entries are never shared between machines).
+// The header's fields, little-endian as the host (entries are never shared between machines), then
+// the key, then the XXH3-64 of each chunk of the payload (checked on as many threads as the caller has).
 struct Header {
   char magic[8];
   uint32_t version;
   uint32_t key_bytes;
   uint64_t payload_bytes;
-  uint64_t checksum;  // XXH3-64 of the payload
+  uint64_t chunk_bytes;
 };
 static_assert(sizeof(Header) == 32);
+constexpr uint64_t kMaxKeyBytes = 32;
+constexpr uint64_t kMaxChunks = (kHeaderBytes - sizeof(Header) - kMaxKeyBytes) / sizeof(uint64_t);
+
+// Chunks of 64 MiB, or larger where a payload would need more than the header holds.
+uint64_t chunk_bytes_for(uint64_t bytes) {
+  const uint64_t least = (bytes + kMaxChunks - 1) / kMaxChunks;
+  return std::max<uint64_t>(uint64_t{64} << 20, (least + 4095) / 4096 * 4096);
+}
 
 bool is_key(std::string_view key) {
-  return key.size() == 32 && std::all_of(key.begin(), key.end(), [](char c) {
+  return key.size() == kMaxKeyBytes && std::all_of(key.begin(), key.end(), [](char c) {
            return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
          });
 }
 
-// Whether `page` (kHeaderBytes read from an entry) is the header of `key` with `bytes` of payload.
-bool header_matches(const uint8_t* page, std::string_view key, uint64_t bytes, uint64_t* checksum) {
+// The chunks' checksums of a payload, on `for_each`'s threads.
+std::vector<uint64_t> chunk_checksums(const void* payload, uint64_t bytes, uint64_t chunk,
+                                      const WeightCache::ForEach& for_each) {
+  std::vector<uint64_t> sums(static_cast<size_t>((bytes + chunk - 1) / chunk));
+  auto one = [&](size_t i) {
+    const uint64_t first = i * chunk;
+    sums[i] = XXH3_64bits(static_cast<const uint8_t*>(payload) + first, std::min(chunk, bytes - first));
+  };
+  if (for_each)
+    for_each(sums.size(), one);
+  else
+    for (size_t i = 0; i < sums.size(); ++i) one(i);
+  return sums;
+}
+
+// Whether `page` (kHeaderBytes read from an entry) is the header of `key` with `bytes` of payload;
+// its chunks' checksums into `sums`.
+bool header_matches(const uint8_t* page, std::string_view key, uint64_t bytes, std::vector<uint64_t>* sums) {
   Header h{};
   std::memcpy(&h, page, sizeof h);
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != kVersion || h.payload_bytes != bytes ||
-      h.key_bytes != key.size() || h.key_bytes > kHeaderBytes - sizeof h)
+      h.key_bytes != key.size() || h.chunk_bytes != chunk_bytes_for(bytes))
     return false;
-  *checksum = h.checksum;
-  return std::memcmp(page + sizeof h, key.data(), key.size()) == 0;
+  if (std::memcmp(page + sizeof h, key.data(), key.size()) != 0) return false;
+  sums->resize(static_cast<size_t>((bytes + h.chunk_bytes - 1) / h.chunk_bytes));
+  std::memcpy(sums->data(), page + sizeof h + kMaxKeyBytes, sums->size() * sizeof(uint64_t));
+  return true;
 }
 
 }  // namespace
@@ -80,21 +108,21 @@ std::string WeightCache::key(const std::string& source, std::string_view packing
   return fmt::format("{:016x}{:016x}", first.value, second.value);
 }
 
-std::shared_ptr<const void> WeightCache::find(const std::string& key, uint64_t bytes) const {
+std::shared_ptr<const void> WeightCache::find(const std::string& key, uint64_t bytes, const ForEach& for_each) const {
   if (!is_key(key) || bytes == 0) return nullptr;
   const fs::path file = dir_ / (key + std::string(kEntrySuffix));
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return nullptr;
   struct stat st {};
   uint8_t page[kHeaderBytes];
-  uint64_t checksum = 0;
+  std::vector<uint64_t> sums;
   const bool valid = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
                      static_cast<uint64_t>(st.st_size) == kHeaderBytes + bytes &&
                      ::pread(fd, page, kHeaderBytes, 0) == static_cast<ssize_t>(kHeaderBytes) &&
-                     header_matches(page, key, bytes, &checksum);
+                     header_matches(page, key, bytes, &sums);
   void* payload = valid ? ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(kHeaderBytes)) : MAP_FAILED;
   ::close(fd);  // the mapping keeps the file open
-  if (payload != MAP_FAILED && XXH3_64bits(payload, bytes) != checksum) {
+  if (payload != MAP_FAILED && chunk_checksums(payload, bytes, chunk_bytes_for(bytes), for_each) != sums) {
     ::munmap(payload, bytes);
     payload = MAP_FAILED;
   }
@@ -107,7 +135,8 @@ std::shared_ptr<const void> WeightCache::find(const std::string& key, uint64_t b
   return std::shared_ptr<const void>(payload, [bytes](const void* p) { ::munmap(const_cast<void*>(p), bytes); });
 }
 
-std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key, uint64_t bytes) const {
+std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key, uint64_t bytes,
+                                                        const ForEach& for_each) const {
   if (unwritable_.load() || !is_key(key) || bytes == 0 || bytes > max_bytes_ - std::min(max_bytes_, kHeaderBytes))
     return std::nullopt;
   auto fail = [this](const std::string& why) -> std::optional<NewEntry> {
@@ -150,7 +179,7 @@ std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key,
     std::error_code ignored;
     if (!pending->committed) fs::remove(pending->temp, ignored);
   });
-  auto commit = [this, key, bytes, pending, data, fail]() {
+  auto commit = [this, key, bytes, pending, data, fail, for_each]() {
     if (pending->committed || pending->fd < 0) return;
     uint8_t page[kHeaderBytes] = {};
     Header h{};
@@ -158,9 +187,11 @@ std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key,
     h.version = kVersion;
     h.key_bytes = static_cast<uint32_t>(key.size());
     h.payload_bytes = bytes;
-    h.checksum = XXH3_64bits(data, bytes);
+    h.chunk_bytes = chunk_bytes_for(bytes);
+    const std::vector<uint64_t> sums = chunk_checksums(data, bytes, h.chunk_bytes, for_each);
     std::memcpy(page, &h, sizeof h);
     std::memcpy(page + sizeof h, key.data(), key.size());
+    std::memcpy(page + sizeof h + kMaxKeyBytes, sums.data(), sums.size() * sizeof(uint64_t));
     const bool written = ::pwrite(pending->fd, page, kHeaderBytes, 0) == static_cast<ssize_t>(kHeaderBytes);
     const int error = errno;
     const bool closed = ::close(pending->fd) == 0;

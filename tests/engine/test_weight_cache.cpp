@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <functional>
 #include <optional>
 #include <cstring>
@@ -95,6 +97,7 @@ TEST(WeightCache, DamagedEntriesAreMissesAndAreRemoved) {
       {"the version changed", [](const fs::path& f) { flip_byte(f, 8); }},
       {"the header's length changed", [](const fs::path& f) { flip_byte(f, 16); }},
       {"the header's key changed", [](const fs::path& f) { flip_byte(f, 40); }},
+      {"the header's checksum changed", [](const fs::path& f) { flip_byte(f, 64); }},
       {"cut short", [](const fs::path& f) { fs::resize_file(f, 4096 + 4999); }},
       {"grown", [](const fs::path& f) { fs::resize_file(f, 4096 + 5001); }},
       {"another key's entry under this name",
@@ -117,6 +120,35 @@ TEST(WeightCache, DamagedEntriesAreMissesAndAreRemoved) {
   // Not a key: never a path.
   EXPECT_EQ(cache.find("../../etc/passwd", 10), nullptr);
   EXPECT_FALSE(cache.store("../x", payload.data(), payload.size()));
+}
+
+// A payload of several 64 MiB chunks, checksummed and checked on two threads: a change in the last
+// chunk is found as one in the first would be.
+TEST(WeightCache, ChunksOfALargeEntryAreCheckedOnSeveralThreads) {
+  TempDir dir;
+  const WeightCache cache(dir.path(), uint64_t{1} << 30);
+  const std::string key = WeightCache::key("file@0+large", "test");
+  const uint64_t bytes = (uint64_t{64} << 20) * 2 + 12345;
+  std::atomic<int> calls{0};
+  const WeightCache::ForEach two_threads = [&](size_t count, const std::function<void(size_t)>& body) {
+    ++calls;
+    std::thread other([&] {
+      for (size_t i = 1; i < count; i += 2) body(i);
+    });
+    for (size_t i = 0; i < count; i += 2) body(i);
+    other.join();
+  };
+  {
+    std::optional<WeightCache::NewEntry> entry = cache.create(key, bytes, two_threads);
+    ASSERT_TRUE(entry);
+    auto* p = static_cast<uint8_t*>(entry->data.get());
+    for (uint64_t i = 0; i < bytes; i += 4096) p[i] = static_cast<uint8_t>(i >> 12);
+    entry->commit();
+  }
+  EXPECT_NE(cache.find(key, bytes, two_threads), nullptr);
+  EXPECT_EQ(calls.load(), 2);
+  flip_byte(entry_file(cache, key), 4096 + bytes - 1);
+  EXPECT_EQ(cache.find(key, bytes, two_threads), nullptr);
 }
 
 // An entry made in place and dropped before commit (packing threw) leaves no entry and no temp file;

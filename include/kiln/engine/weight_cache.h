@@ -9,8 +9,8 @@
 // build of kiln (so a rebuilt kiln with another layout never reads an older entry). Entries are
 // written atomically (temp file + rename), bounded in total size (least recently used evicted), and
 // validated when read: an entry whose header does not match (magic, version, key, length) or whose
-// payload does not match the header's XXH3 checksum (a torn write after a crash, a bad disk) is
-// removed and counts as a miss.
+// payload does not match the header's XXH3 checksums (one per 64 MiB chunk, checked in parallel: a
+// torn write after a crash, a bad disk) is removed and counts as a miss.
 //
 //   kiln::engine::WeightCache cache;               // KILN_CACHE_DIR/weights, or ~/.cache/kiln/weights
 //   if (auto hit = cache.find(key, bytes)) use(hit);
@@ -45,12 +45,16 @@ class WeightCache {
   // FileMapping::source_of), the kernel's `packing`, the CPU's features and this build: 32 hex digits.
   static std::string key(const std::string& source, std::string_view packing);
 
+  // Runs body(i) for every i in [0, count), on as many threads as the caller has (an engine's pool):
+  // the checksums of an entry's chunks. Empty: on the calling thread.
+  using ForEach = std::function<void(size_t count, const std::function<void(size_t)>& body)>;
+
   const std::filesystem::path& dir() const { return dir_; }
   uint64_t max_bytes() const { return max_bytes_; }
 
   // The entry's payload, mapped read-only, when an entry of exactly `bytes` is stored under `key`
   // (marked as just used); null on a miss. An entry whose header does not match is removed.
-  std::shared_ptr<const void> find(const std::string& key, uint64_t bytes) const;
+  std::shared_ptr<const void> find(const std::string& key, uint64_t bytes, const ForEach& for_each = {}) const;
   // A new entry being made: `data` is `bytes` of a writable shared mapping of its (temp) file, where
   // the caller packs; commit() then checksums it, writes its header, renames it into place as the
   // entry `key` (atomically: readers see no entry or the whole one) and evicts beyond max_bytes. The
@@ -63,7 +67,7 @@ class WeightCache {
   // nullopt when no entry can be made: an entry larger than max_bytes, one that would leave the file
   // system under 1 GiB free, or a cache that cannot be written (read-only; warned once, then no more
   // tries). Never throws.
-  std::optional<NewEntry> create(const std::string& key, uint64_t bytes) const;
+  std::optional<NewEntry> create(const std::string& key, uint64_t bytes, const ForEach& for_each = {}) const;
   // create() and commit() of a copy of `bytes` at `data`; false when not stored.
   bool store(const std::string& key, const void* data, uint64_t bytes) const;
 
