@@ -310,7 +310,14 @@ std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesyst
       info.config.weight_formats = gguf_weight_formats(file, *options.weight_format);
     }
     report(options, "weights", 1, kStages);
-    const WeightsRegistry weights = gguf_weights(file, info, *options.weight_format);
+    // The engine's session keeps packed weights in the default cache; the q/k rows un-permuted here go
+    // there too (none where no cache directory can be named).
+    std::optional<engine::WeightCache> cache;
+    try {
+      cache.emplace();
+    } catch (const ValueError&) {
+    }
+    const WeightsRegistry weights = gguf_weights(file, info, *options.weight_format, cache ? &*cache : nullptr);
     report(options, "tokenizer", 2, kStages);
     std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load(model_dir);
     report(options, "graphs", 3, kStages);

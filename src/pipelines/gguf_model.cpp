@@ -390,17 +390,27 @@ Tensor view(const GGUFFile& file, const GGUFTensor& t) {
 // rotate-half pairs i and i + half; llama.cpp's RoPE pairs 2i and 2i + 1). Undoing it moves whole rows,
 // so it works on any element or block format.
 // The copy names its source (DerivedBytes), so what kernels pack from it is kept in the packed-weight
-// cache as a file's own bytes are.
-Tensor unpermute_rows(const Tensor& t, int64_t heads) {
+// cache as a file's own bytes are; the copy itself is an entry of `cache` where given.
+Tensor unpermute_rows(const Tensor& t, int64_t heads, const engine::WeightCache* cache) {
   const int64_t rows = t.shape()[0];
   const int64_t row_bytes = t.nbytes() / rows;
   const int64_t half = rows / heads / 2;
-  void* memory = allocate_aligned(t.nbytes());
-  if (!memory) throw std::bad_alloc();
   const std::optional<std::string> from = mapped_source(t.keep_alive(), t.data(), t.nbytes());
-  std::shared_ptr<void> keep_alive(
-      memory, DerivedBytes{memory, t.nbytes(), from ? *from + fmt::format(" rows unpermuted in {} heads", heads) : ""});
-  Tensor out = Tensor::view(std::move(keep_alive), memory, t.dtype(), t.shape());
+  const std::string source = from ? *from + fmt::format(" rows unpermuted in {} heads", heads) : "";
+  const std::string key = engine::WeightCache::key(source, "rows");
+  auto tensor_of = [&](void* memory, std::shared_ptr<void> owner) {
+    std::shared_ptr<void> keep_alive(memory, DerivedBytes{memory, t.nbytes(), source, std::move(owner)});
+    return Tensor::view(std::move(keep_alive), memory, t.dtype(), t.shape());
+  };
+  if (cache && from)
+    if (std::shared_ptr<const void> found = cache->find(key, t.nbytes())) {
+      void* memory = const_cast<void*>(found.get());  // read only: a weight is never written
+      return tensor_of(memory, std::const_pointer_cast<void>(std::move(found)));
+    }
+  std::optional<engine::WeightCache::NewEntry> entry = cache && from ? cache->create(key, t.nbytes()) : std::nullopt;
+  void* memory = entry ? entry->data.get() : allocate_aligned(t.nbytes());
+  if (!memory) throw std::bad_alloc();
+  Tensor out = tensor_of(memory, entry ? entry->data : nullptr);
   const auto* src = static_cast<const uint8_t*>(t.data());
   auto* dst = static_cast<uint8_t*>(memory);
   for (int64_t h = 0; h < heads; ++h)
@@ -410,12 +420,14 @@ Tensor unpermute_rows(const Tensor& t, int64_t heads) {
         const int64_t gguf_row = h * 2 * half + i * 2 + j;
         std::memcpy(dst + hf_row * row_bytes, src + gguf_row * row_bytes, static_cast<size_t>(row_bytes));
       }
+  if (entry) entry->commit();
   return out;
 }
 
 }  // namespace
 
-WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::WeightFormat format) {
+WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::WeightFormat format,
+                             const engine::WeightCache* cache) {
   const GGUFArch& arch = arch_of(file);
   const nn::LlamaConfig& c = info.config;
   // Every tensor the config implies, with the shape it implies (before any data is touched).
@@ -453,7 +465,7 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
                             : name->ends_with("self_attn.k_proj.weight") ? c.num_key_value_heads
                                                                           : 0;
       if (heads != 0) {
-        Tensor rows = unpermute_rows(tensor, heads);
+        Tensor rows = unpermute_rows(tensor, heads, cache);
         // The file's rows are not read again: its pages of them are dropped, not held beside the copy.
         drop_file_pages(tensor.keep_alive(), tensor.data(), tensor.nbytes());
         tensor = std::move(rows);

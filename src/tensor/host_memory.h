@@ -44,7 +44,10 @@ struct DerivedBytes {
   void* base = nullptr;
   size_t size = 0;
   std::string source;
-  void operator()(void* p) const { std::free(p); }
+  std::shared_ptr<void> owner;  // what holds the memory (a cache entry's mapping); null: allocate_aligned's
+  void operator()(void* p) const {
+    if (!owner) std::free(p);
+  }
 };
 
 // Where [data, data + bytes) comes from when it lies within a FileMapping or DerivedBytes that

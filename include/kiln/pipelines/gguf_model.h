@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "kiln/engine/weight_cache.h"
 #include "kiln/nn/weight_format.h"
 #include "kiln/pipelines/gguf.h"
 #include "kiln/pipelines/hf_config.h"
@@ -37,7 +38,10 @@ nn::WeightFormatMap gguf_weight_formats(const GGUFFile& file, nn::WeightFormat f
 // length: nn::model_weight_format; or the matrix's own entry in info.config.weight_formats), are
 // zero-copy views of the mapping; the rest are dequantized to
 // f32 for convert_weights to convert (a Q4_K_M file's Q6_K matrices, under format q4_k, to Q4_K).
-// Llama's q/k rows are un-permuted (llama.cpp's converter interleaves them for its RoPE).
-WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::WeightFormat format);
+// Llama's q/k rows are un-permuted (llama.cpp's converter interleaves them for its RoPE): into an entry
+// of `cache` where given (mapped from it when a load has made it already, so no fresh memory), else
+// into memory of their own.
+WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::WeightFormat format,
+                             const engine::WeightCache* cache = nullptr);
 
 }  // namespace kiln::pipelines
