@@ -183,6 +183,14 @@ size_t resident_bytes_of(const fs::path& file) {
   return kb * 1024;
 }
 
+// Why this CPU's kernels pack no matrix of a `type` file at init; empty when they pack them.
+std::string why_nothing_is_packed(const std::string& type) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "no AVX2 (the portable GEMM packs nothing)";
+  if (type == "q8_0" && (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")))
+    return "no AVX512-VNNI (the Q8_0 GEMV reads the file's rows)";
+  return "";
+}
+
 // Every matrix of the model runs on a copy packed at init where its kernel packs one (f32 and f16:
 // the SIMD GEMM's panels, on AVX2 or AVX-512; Q8_0: the VNNI GEMM's), decode's single row included,
 // so each is listed by Model::copied_weights and its pages of the file leave the process: the
@@ -190,11 +198,8 @@ size_t resident_bytes_of(const fs::path& file) {
 TEST(GGUFModel, MatricesPackedAtInitAreNotAlsoHeldAsTheFilesPages) {
   for (const char* type : {"f32", "q8_0"}) {
     SCOPED_TRACE(type);
-    const bool q8_0 = std::string(type) == "q8_0";
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
-        (q8_0 && (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")))) {
-      std::cout << "skipped for " << type << ": no " << (q8_0 ? "AVX512-VNNI (the Q8_0 GEMV reads the file's rows)"
-                                                              : "AVX2 (the portable GEMM packs nothing)") << "\n";
+    if (const std::string why = why_nothing_is_packed(type); !why.empty()) {
+      std::cout << "skipped for " << type << ": " << why << "\n";
       continue;
     }
     const fs::path path = tiny_gguf(type);
@@ -228,10 +233,8 @@ TEST(GGUFModel, MatricesPackedAtInitAreNotAlsoHeldAsTheFilesPages) {
 TEST(GGUFModel, SecondLoadMapsEveryPackedMatrixFromTheWeightCache) {
   for (const char* type : {"f32", "q8_0"}) {
     SCOPED_TRACE(type);
-    const bool q8_0 = std::string(type) == "q8_0";
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
-        (q8_0 && (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")))) {
-      std::cout << "skipped for " << type << ": no " << (q8_0 ? "AVX512-VNNI" : "AVX2") << ": nothing is packed\n";
+    if (const std::string why = why_nothing_is_packed(type); !why.empty()) {
+      std::cout << "skipped for " << type << ": " << why << "\n";
       continue;
     }
     kiln::testing::TempDir cache("weight-cache");
