@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <future>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -266,9 +267,22 @@ struct GenerationEngine::Impl {
   std::unique_ptr<Request> prepare(GenerationRequest request) const;
 };
 
+namespace {
+std::future<std::shared_ptr<const Tokenizer>> ready(std::shared_ptr<const Tokenizer> tokenizer) {
+  std::promise<std::shared_ptr<const Tokenizer>> promise;
+  promise.set_value(std::move(tokenizer));
+  return promise.get_future();
+}
+}  // namespace
+
 GenerationEngine::GenerationEngine(const nn::LlamaConfig& config, const WeightsRegistry& weights,
                                    std::shared_ptr<const Tokenizer> tokenizer, std::vector<int64_t> eos_token_ids,
-                                   EngineOptions options) {
+                                   EngineOptions options)
+    : GenerationEngine(config, weights, ready(std::move(tokenizer)), std::move(eos_token_ids), std::move(options)) {}
+
+GenerationEngine::GenerationEngine(const nn::LlamaConfig& config, const WeightsRegistry& weights,
+                                   std::future<std::shared_ptr<const Tokenizer>> pending_tokenizer,
+                                   std::vector<int64_t> eos_token_ids, EngineOptions options) {
   const nn::LlamaConfig c = compute_config(config, options.weight_format);
   impl_ = std::make_unique<Impl>(c, resolve_options(c, std::move(options)));
   Impl& s = *impl_;
@@ -280,6 +294,7 @@ GenerationEngine::GenerationEngine(const nn::LlamaConfig& config, const WeightsR
   s.model->load_state_dict(s.weights);
   s.models = compile_graph_specs(s.session, graph_specs(s.model, s.sampler, s.greedy));
 
+  std::shared_ptr<const Tokenizer> tokenizer = pending_tokenizer.get();  // rethrows a failed load
   if (tokenizer && tokenizer->vocab_size() > c.vocab_size)
     throw ValueError(fmt::format("GenerationEngine: the tokenizer has {} tokens, more than the model's vocab_size {}",
                                  tokenizer->vocab_size(), c.vocab_size));
@@ -297,6 +312,16 @@ GenerationEngine::GenerationEngine(const nn::LlamaConfig& config, const WeightsR
   s.stats.kv_blocks_total = s.pool.num_blocks();
   s.thread = std::thread([&s] { s.run(); });
 }
+
+namespace {
+// The tokenizer loaded on a thread of its own while the model is compiled and initialised (a large
+// vocabulary takes a tenth of a second; the engine takes it once its graphs are ready).
+std::future<std::shared_ptr<const Tokenizer>> load_tokenizer_meanwhile(const std::filesystem::path& model_dir) {
+  return std::async(std::launch::async, [model_dir]() -> std::shared_ptr<const Tokenizer> {
+    return Tokenizer::load(model_dir);
+  });
+}
+}  // namespace
 
 std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesystem::path& model_dir,
                                                              EngineOptions options) {
@@ -319,10 +344,10 @@ std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesyst
     }
     const WeightsRegistry weights = gguf_weights(file, info, *options.weight_format, cache ? &*cache : nullptr);
     report(options, "tokenizer", 2, kStages);
-    std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load(model_dir);
+    auto tokenizer = load_tokenizer_meanwhile(model_dir);
     report(options, "graphs", 3, kStages);
-    return std::make_unique<GenerationEngine>(info.config, weights, std::move(tokenizer), info.eos_token_ids,
-                                              std::move(options));
+    return std::unique_ptr<GenerationEngine>(
+        new GenerationEngine(info.config, weights, std::move(tokenizer), info.eos_token_ids, std::move(options)));
   }
   std::error_code ec;
   if (!std::filesystem::exists(model_dir, ec))
@@ -339,10 +364,10 @@ std::unique_ptr<GenerationEngine> GenerationEngine::from_dir(const std::filesyst
   WeightsRegistry weights = load_safetensors(model_dir);
   check_checkpoint(info, model_dir, weights);
   report(options, "tokenizer", 2, kStages);
-  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load(model_dir);
+  auto tokenizer = load_tokenizer_meanwhile(model_dir);
   report(options, "graphs", 3, kStages);
-  return std::make_unique<GenerationEngine>(info.config, weights, std::move(tokenizer), info.eos_token_ids,
-                                            std::move(options));
+  return std::unique_ptr<GenerationEngine>(
+      new GenerationEngine(info.config, weights, std::move(tokenizer), info.eos_token_ids, std::move(options)));
 }
 
 GenerationEngine::~GenerationEngine() {

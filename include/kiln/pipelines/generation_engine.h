@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -190,6 +191,14 @@ class GenerationEngine {
   ~GenerationEngine();
   GenerationEngine(const GenerationEngine&) = delete;
   GenerationEngine& operator=(const GenerationEngine&) = delete;
+
+ private:
+  // The tokenizer taken once the model is compiled and initialised: from_dir loads it meanwhile.
+  GenerationEngine(const nn::LlamaConfig& config, const WeightsRegistry& weights,
+                   std::future<std::shared_ptr<const Tokenizer>> tokenizer, std::vector<int64_t> eos_token_ids,
+                   EngineOptions options);
+
+ public:
 
   // Queues a request and returns at once. ValueError, before anything is queued, for an empty
   // prompt, an id outside the vocabulary, a prompt longer than max_seq_len, bad sampling values
