@@ -49,9 +49,7 @@ size_t clear(const fs::path& dir, std::string_view suffix) {
   return removed;
 }
 
-namespace {
-
-// The temp files (temp_path's ".KEY.PID.N.tmp") of processes that have exited.
+// The temp files are temp_path's ".KEY.PID.N.tmp".
 void remove_orphan_temps(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -69,8 +67,6 @@ void remove_orphan_temps(const fs::path& dir) {
     }
   }
 }
-
-}  // namespace
 
 void evict(const fs::path& dir, std::string_view suffix, uint64_t max_bytes) {
   remove_orphan_temps(dir);

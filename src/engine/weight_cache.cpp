@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -90,7 +91,9 @@ bool header_matches(const uint8_t* page, std::string_view key, uint64_t bytes, s
 WeightCache::WeightCache(fs::path dir, uint64_t max_bytes, std::shared_ptr<Logger> logger)
     : dir_(dir.empty() ? default_dir() : std::move(dir)),
       max_bytes_(max_bytes == 0 ? default_max_bytes() : max_bytes),
-      logger_(logger ? std::move(logger) : default_logger()) {}
+      logger_(logger ? std::move(logger) : default_logger()),
+      // A second back: an entry touched just before (its mtime rounded down) counts as this load's.
+      created_(fs::file_time_type::clock::now() - std::chrono::seconds(1)) {}
 
 fs::path WeightCache::default_dir() { return CompileCache::default_dir() / "weights"; }
 
@@ -137,7 +140,8 @@ std::shared_ptr<const void> WeightCache::find(const std::string& key, uint64_t b
 
 std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key, uint64_t bytes,
                                                         const ForEach& for_each) const {
-  if (unwritable_.load() || !is_key(key) || bytes == 0 || bytes > max_bytes_ - std::min(max_bytes_, kHeaderBytes))
+  if (unwritable_.load() || full_.load() || !is_key(key) || bytes == 0 ||
+      bytes > max_bytes_ - std::min(max_bytes_, kHeaderBytes))
     return std::nullopt;
   auto fail = [this](const std::string& why) -> std::optional<NewEntry> {
     if (!unwritable_.exchange(true))
@@ -149,6 +153,11 @@ std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key,
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) return fail("cannot create the directory: " + ec.message());
+  // Room made by older loads' entries only: when this load's own fill the bound, it makes no more.
+  if (!make_room(kHeaderBytes + bytes)) {
+    full_ = true;
+    return std::nullopt;
+  }
   const fs::space_info space = fs::space(dir_, ec);
   if (ec || space.available < kHeaderBytes + bytes + kMinFreeBytes) return std::nullopt;  // keep the disk usable
   const fs::path temp = cache_files::temp_path(dir_, key);
@@ -204,7 +213,6 @@ std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key,
     }
     pending->committed = true;
     ++stores_;
-    evict();
   };
   return NewEntry{std::move(mapping), std::move(commit)};
 }
@@ -221,6 +229,19 @@ bool WeightCache::store(const std::string& key, const void* data, uint64_t bytes
 std::vector<CacheEntry> WeightCache::entries() const { return cache_files::entries(dir_, kEntrySuffix); }
 uint64_t WeightCache::size_bytes() const { return cache_files::total_bytes(entries()); }
 size_t WeightCache::clear() const { return cache_files::clear(dir_, kEntrySuffix); }
-void WeightCache::evict() const { cache_files::evict(dir_, kEntrySuffix, max_bytes_); }
+void WeightCache::evict() const { make_room(0); }
+
+bool WeightCache::make_room(uint64_t entry_bytes) const {
+  cache_files::remove_orphan_temps(dir_);
+  const std::vector<CacheEntry> all = entries();
+  uint64_t total = cache_files::total_bytes(all) + entry_bytes;
+  for (const CacheEntry& e : all) {
+    if (total <= max_bytes_ || e.last_used >= created_) break;
+    std::error_code ec;
+    fs::remove(e.file, ec);
+    total -= e.bytes;
+  }
+  return total <= max_bytes_;
+}
 
 }  // namespace kiln::engine

@@ -230,6 +230,27 @@ TEST(WeightCache, EvictsTheLeastRecentlyUsedBeyondMaxBytes) {
   EXPECT_EQ(cache.size_bytes(), 0u);
 }
 
+// A load larger than the bound: its entries fill the cache and stop there, none evicting another of
+// the same load (a later load would find them gone and rewrite the cache every time); the next load
+// (another WeightCache, as another session makes) uses them and may make room from older ones.
+TEST(WeightCache, ALoadLargerThanTheBoundIsPartlyCachedNeverThrashed) {
+  TempDir dir;
+  const uint64_t entry_bytes = 4096 + 1000;
+  const std::vector<uint8_t> payload = random_bytes(1000, 8);
+  auto key = [](int i) { return WeightCache::key("file", std::to_string(i)); };
+  {
+    const WeightCache first_load(dir.path(), 3 * entry_bytes);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(first_load.store(key(i), payload.data(), payload.size()), i < 3) << i;
+    EXPECT_EQ(first_load.size_bytes(), 3 * entry_bytes);
+  }
+  for (int i = 0; i < 3; ++i)  // the first load's entries, older than the next load
+    fs::last_write_time(entry_file(WeightCache(dir.path()), key(i)), fs::file_time_type::clock::now() - std::chrono::hours(1));
+  const WeightCache second_load(dir.path(), 3 * entry_bytes);
+  for (int i = 0; i < 3; ++i) EXPECT_NE(second_load.find(key(i), payload.size()), nullptr) << i;
+  EXPECT_FALSE(second_load.store(key(3), payload.data(), payload.size())) << "all three are this load's now";
+  EXPECT_EQ(second_load.size_bytes(), 3 * entry_bytes);
+}
+
 TEST(WeightCache, UnwritableDirectoryWarnsOnceAndStoresNothing) {
   TempDir dir;
   fs::create_directories(dir.path());

@@ -55,18 +55,19 @@ class WeightCache {
   // The entry's payload, mapped read-only, when an entry of exactly `bytes` is stored under `key`
   // (marked as just used); null on a miss. An entry whose header does not match is removed.
   std::shared_ptr<const void> find(const std::string& key, uint64_t bytes, const ForEach& for_each = {}) const;
-  // A new entry being made: `data` is `bytes` of a writable shared mapping of its (temp) file, where
-  // the caller packs; commit() then checksums it, writes its header, renames it into place as the
-  // entry `key` (atomically: readers see no entry or the whole one) and evicts beyond max_bytes. The
+  // A new entry being made, room made for it first (evict's rule): `data` is `bytes` of a writable
+  // shared mapping of its (temp) file, where the caller packs; commit() then checksums it, writes its
+  // header and renames it into place as the entry `key` (atomically: readers see no entry or the
+  // whole one). The
   // mapping stays valid either way; dropped without commit, the temp file is removed. So a packed
   // copy is made once, in the pages the cache keeps, with no second copy and no write() of it.
   struct NewEntry {
     std::shared_ptr<void> data;
     std::function<void()> commit;
   };
-  // nullopt when no entry can be made: an entry larger than max_bytes, one that would leave the file
-  // system under 1 GiB free, or a cache that cannot be written (read-only; warned once, then no more
-  // tries). Never throws.
+  // nullopt when no entry can be made: one that does not fit beside this object's own entries in
+  // max_bytes (then none is made any more), one that would leave the file system under 1 GiB free,
+  // or a cache that cannot be written (read-only; warned once, then no more tries). Never throws.
   std::optional<NewEntry> create(const std::string& key, uint64_t bytes, const ForEach& for_each = {}) const;
   // create() and commit() of a copy of `bytes` at `data`; false when not stored.
   bool store(const std::string& key, const void* data, uint64_t bytes) const;
@@ -74,16 +75,23 @@ class WeightCache {
   std::vector<CacheEntry> entries() const;  // least recently used first
   uint64_t size_bytes() const;
   size_t clear() const;  // removes every entry; returns how many
+  // Removes the least recently used entries beyond max_bytes, but none used since this object was
+  // made (the model being loaded): when those alone fill the bound, no more entries are made, so a
+  // model larger than the bound is partly cached instead of rewriting the cache on every load.
   void evict() const;
 
   int64_t hits() const { return hits_.load(); }
   int64_t stores() const { return stores_.load(); }
 
  private:
+  // Evicts older loads' entries until `entry_bytes` more fit in max_bytes; whether they do.
+  bool make_room(uint64_t entry_bytes) const;
+
   std::filesystem::path dir_;
   uint64_t max_bytes_;
   std::shared_ptr<Logger> logger_;
-  mutable std::atomic<bool> unwritable_{false};
+  std::filesystem::file_time_type created_;  // entries used since are this object's loads'
+  mutable std::atomic<bool> unwritable_{false}, full_{false};
   mutable std::atomic<int64_t> hits_{0}, stores_{0};
 };
 
