@@ -68,16 +68,18 @@ void remove_orphan_temps(const fs::path& dir) {
   }
 }
 
-void evict(const fs::path& dir, std::string_view suffix, uint64_t max_bytes) {
+bool evict(const fs::path& dir, std::string_view suffix, uint64_t max_bytes, uint64_t entry_bytes,
+           fs::file_time_type keep_since) {
   remove_orphan_temps(dir);
   const std::vector<CacheEntry> all = entries(dir, suffix);
-  uint64_t total = total_bytes(all);
+  uint64_t total = total_bytes(all) + entry_bytes;
   for (const CacheEntry& e : all) {
-    if (total <= max_bytes) break;
+    if (total <= max_bytes || e.last_used >= keep_since) break;
     std::error_code ec;
     fs::remove(e.file, ec);
     total -= e.bytes;
   }
+  return total <= max_bytes;
 }
 
 fs::path temp_path(const fs::path& dir, std::string_view key) {

@@ -188,24 +188,16 @@ void Executor::build_kernels() {
         std::optional<std::string> source = mapped_source(bound_[v].keep_alive(), bound_[v].data(), bound_[v].nbytes());
         if (!source) return {};
         const WeightCache* cache = weight_cache_;
-        // Checksums on the launches' threads.
-        WeightCache::ForEach for_each = [parallel = info.context.parallel](size_t count,
-                                                                           const std::function<void(size_t)>& body) {
-          if (!parallel) {
-            for (size_t i = 0; i < count; ++i) body(i);
-            return;
-          }
-          parallel->for_range(static_cast<int64_t>(count), 1, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) body(static_cast<size_t>(i));
-          });
-        };
+        WeightCache::ForEach for_each;  // the checksums on the launches' threads
+        if (kernels::Parallel* parallel = info.context.parallel)
+          for_each = [parallel](size_t count, const std::function<void(size_t)>& body) {
+            parallel->for_range(static_cast<int64_t>(count), 1, [&](int64_t begin, int64_t end) {
+              for (int64_t i = begin; i < end; ++i) body(static_cast<size_t>(i));
+            });
+          };
         return {[cache, source = *source, for_each](std::string_view packing, size_t bytes) -> kernels::PackedBuffer {
-          const std::string key = WeightCache::key(source, packing);
-          if (std::shared_ptr<const void> found = cache->find(key, bytes, for_each))
-            return {std::const_pointer_cast<void>(std::move(found)), true, {}};
-          if (std::optional<WeightCache::NewEntry> entry = cache->create(key, bytes, for_each))
-            return {std::move(entry->data), false, std::move(entry->commit)};
-          return {};
+          WeightCache::Entry e = cache->acquire(WeightCache::key(source, packing), bytes, for_each);
+          return {std::move(e.data), e.filled, std::move(e.commit)};
         }};
       };
     try {

@@ -154,7 +154,7 @@ std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key,
   fs::create_directories(dir_, ec);
   if (ec) return fail("cannot create the directory: " + ec.message());
   // Room made by older loads' entries only: when this load's own fill the bound, it makes no more.
-  if (!make_room(kHeaderBytes + bytes)) {
+  if (!cache_files::evict(dir_, kEntrySuffix, max_bytes_, kHeaderBytes + bytes, created_)) {
     full_ = true;
     return std::nullopt;
   }
@@ -229,19 +229,13 @@ bool WeightCache::store(const std::string& key, const void* data, uint64_t bytes
 std::vector<CacheEntry> WeightCache::entries() const { return cache_files::entries(dir_, kEntrySuffix); }
 uint64_t WeightCache::size_bytes() const { return cache_files::total_bytes(entries()); }
 size_t WeightCache::clear() const { return cache_files::clear(dir_, kEntrySuffix); }
-void WeightCache::evict() const { make_room(0); }
+void WeightCache::evict() const { cache_files::evict(dir_, kEntrySuffix, max_bytes_, 0, created_); }
 
-bool WeightCache::make_room(uint64_t entry_bytes) const {
-  cache_files::remove_orphan_temps(dir_);
-  const std::vector<CacheEntry> all = entries();
-  uint64_t total = cache_files::total_bytes(all) + entry_bytes;
-  for (const CacheEntry& e : all) {
-    if (total <= max_bytes_ || e.last_used >= created_) break;
-    std::error_code ec;
-    fs::remove(e.file, ec);
-    total -= e.bytes;
-  }
-  return total <= max_bytes_;
+WeightCache::Entry WeightCache::acquire(const std::string& key, uint64_t bytes, const ForEach& for_each) const {
+  if (std::shared_ptr<const void> found = find(key, bytes, for_each))
+    return {std::const_pointer_cast<void>(std::move(found)), true, {}};  // read only: mapped PROT_READ
+  if (std::optional<NewEntry> entry = create(key, bytes, for_each)) return {std::move(entry->data), false, std::move(entry->commit)};
+  return {};
 }
 
 }  // namespace kiln::engine

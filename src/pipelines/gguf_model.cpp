@@ -402,15 +402,11 @@ Tensor unpermute_rows(const Tensor& t, int64_t heads, const engine::WeightCache*
     std::shared_ptr<void> keep_alive(memory, DerivedBytes{memory, t.nbytes(), source, std::move(owner)});
     return Tensor::view(std::move(keep_alive), memory, t.dtype(), t.shape());
   };
-  if (cache && from)
-    if (std::shared_ptr<const void> found = cache->find(key, t.nbytes())) {
-      void* memory = const_cast<void*>(found.get());  // read only: a weight is never written
-      return tensor_of(memory, std::const_pointer_cast<void>(std::move(found)));
-    }
-  std::optional<engine::WeightCache::NewEntry> entry = cache && from ? cache->create(key, t.nbytes()) : std::nullopt;
-  void* memory = entry ? entry->data.get() : allocate_aligned(t.nbytes());
+  engine::WeightCache::Entry entry = cache && from ? cache->acquire(key, t.nbytes()) : engine::WeightCache::Entry{};
+  if (entry.filled) return tensor_of(entry.data.get(), entry.data);  // read only: a weight is never written
+  void* memory = entry.data ? entry.data.get() : allocate_aligned(t.nbytes());
   if (!memory) throw std::bad_alloc();
-  Tensor out = tensor_of(memory, entry ? entry->data : nullptr);
+  Tensor out = tensor_of(memory, entry.data);
   const auto* src = static_cast<const uint8_t*>(t.data());
   auto* dst = static_cast<uint8_t*>(memory);
   for (int64_t h = 0; h < heads; ++h)
@@ -420,7 +416,7 @@ Tensor unpermute_rows(const Tensor& t, int64_t heads, const engine::WeightCache*
         const int64_t gguf_row = h * 2 * half + i * 2 + j;
         std::memcpy(dst + hf_row * row_bytes, src + gguf_row * row_bytes, static_cast<size_t>(row_bytes));
       }
-  if (entry) entry->commit();
+  if (entry.commit) entry.commit();
   return out;
 }
 

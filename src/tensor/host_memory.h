@@ -50,6 +50,13 @@ struct DerivedBytes {
   }
 };
 
+// The offset of [data, data + bytes) within [base, base + size); nullopt when it does not lie inside.
+inline std::optional<size_t> offset_within(const void* base, size_t size, const void* data, size_t bytes) {
+  const auto lo = reinterpret_cast<uintptr_t>(base), first = reinterpret_cast<uintptr_t>(data);
+  if (!base || first < lo || first - lo > size || bytes > size - (first - lo)) return std::nullopt;
+  return first - lo;
+}
+
 // Where [data, data + bytes) comes from when it lies within a FileMapping or DerivedBytes that
 // `keep_alive` holds: "FILE@OFFSET+BYTES" (the file's identity, or the derived bytes' source);
 // nullopt for memory of any other kind.
@@ -62,10 +69,9 @@ inline std::optional<std::string> mapped_source(const std::shared_ptr<void>& kee
   } else if (const DerivedBytes* derived = std::get_deleter<DerivedBytes>(keep_alive)) {
     base = derived->base, size = derived->size, source = &derived->source;
   }
-  if (!base || source->empty()) return std::nullopt;
-  const auto first = reinterpret_cast<uintptr_t>(data), lo = reinterpret_cast<uintptr_t>(base);
-  if (first < lo || first - lo > size || bytes > size - (first - lo)) return std::nullopt;
-  return *source + "@" + std::to_string(first - lo) + "+" + std::to_string(bytes);
+  const std::optional<size_t> offset = offset_within(base, size, data, bytes);
+  if (!offset || source->empty()) return std::nullopt;
+  return *source + "@" + std::to_string(*offset) + "+" + std::to_string(bytes);
 }
 
 // Drops this process's pages of [data, data + bytes) when `keep_alive` is a FileMapping holding them
@@ -75,9 +81,8 @@ inline std::optional<std::string> mapped_source(const std::shared_ptr<void>& kee
 // on a copy of (Model::copied_weights). Returns the bytes dropped.
 inline size_t drop_file_pages(const std::shared_ptr<void>& keep_alive, const void* data, size_t bytes) {
   const FileMapping* mapping = std::get_deleter<FileMapping>(keep_alive);
-  if (!mapping || !mapping->base) return 0;
-  const auto base = reinterpret_cast<uintptr_t>(mapping->base), first = reinterpret_cast<uintptr_t>(data);
-  if (first < base || first - base > mapping->size || bytes > mapping->size - (first - base)) return 0;
+  if (!mapping || !offset_within(mapping->base, mapping->size, data, bytes)) return 0;
+  const auto first = reinterpret_cast<uintptr_t>(data);
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t lo = (first + page - 1) / page * page, hi = (first + bytes) / page * page;
   if (hi <= lo) return 0;

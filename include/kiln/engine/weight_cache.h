@@ -13,8 +13,8 @@
 // torn write after a crash, a bad disk) is removed and counts as a miss.
 //
 //   kiln::engine::WeightCache cache;               // KILN_CACHE_DIR/weights, or ~/.cache/kiln/weights
-//   if (auto hit = cache.find(key, bytes)) use(hit);
-//   else if (auto entry = cache.create(key, bytes)) { pack_into(entry->data.get()); entry->commit(); }
+//   WeightCache::Entry e = cache.acquire(key, bytes);
+//   if (e.filled) use(e.data); else if (e.data) { pack_into(e.data.get()); e.commit(); }
 #pragma once
 
 #include <atomic>
@@ -69,6 +69,14 @@ class WeightCache {
   // max_bytes (then none is made any more), one that would leave the file system under 1 GiB free,
   // or a cache that cannot be written (read-only; warned once, then no more tries). Never throws.
   std::optional<NewEntry> create(const std::string& key, uint64_t bytes, const ForEach& for_each = {}) const;
+  // The one way to find or make an entry: what find() maps (`filled`: used as it is), else what
+  // create() makes (pack into `data`, then call `commit`), else nothing (`data` null).
+  struct Entry {
+    std::shared_ptr<void> data;  // read only when filled
+    bool filled = false;
+    std::function<void()> commit;
+  };
+  Entry acquire(const std::string& key, uint64_t bytes, const ForEach& for_each = {}) const;
   // create() and commit() of a copy of `bytes` at `data`; false when not stored.
   bool store(const std::string& key, const void* data, uint64_t bytes) const;
 
@@ -84,9 +92,6 @@ class WeightCache {
   int64_t stores() const { return stores_.load(); }
 
  private:
-  // Evicts older loads' entries until `entry_bytes` more fit in max_bytes; whether they do.
-  bool make_room(uint64_t entry_bytes) const;
-
   std::filesystem::path dir_;
   uint64_t max_bytes_;
   std::shared_ptr<Logger> logger_;
