@@ -362,6 +362,15 @@ TEST(PagedAttentionKernel, BlocksOfMoreThanSixteenKeysAndWideHeads) {
   }
 }
 
+// Two decode tokens over 3 kv heads: on one thread each token's unit takes 2 of its kv heads and
+// another the third (units of a head each alone, and on 3 threads); every split gives the same bits.
+TEST(PagedAttentionKernel, KvHeadsSharedOutUnevenlyBetweenUnits) {
+  PagedBatch s{16, 16, 3, 32, 6, {40, 17}, {}};
+  s.tokens = {{0, 39}, {1, 16}};
+  check(s);
+  check(s, DType::bf16);
+}
+
 TEST(PagedAttentionKernel, OneSequenceInterruptedByAnotherStartsANewRun) {
   // Sequence 0's tokens are not all adjacent in the batch: each adjacent group is its own run.
   PagedBatch s{16, 2, 1, 4, 2, {9, 3}, {}};

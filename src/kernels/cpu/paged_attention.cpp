@@ -4,12 +4,13 @@
 // A cache is [layers, num_blocks, block_size, kv_heads, head_dim] in f32, bf16 or f16.
 //
 // paged_attention is attention.cpp's online (flash-style) softmax over a block table: the work is
-// split into units of (kv head, run of up to kRunTokens consecutive tokens of one sequence), shared
-// out between threads. A unit walks its sequence's blocks once; every query head of the GQA group and
-// every token of the run reuse each K and V block while it is in L1. A cache with contiguous
-// elements is read in place (the AVX-512 path widens bf16 / f16 as it loads; the scalar path converts
-// half caches to f32 rows per block), and the next block is prefetched. Decode (one token per
-// sequence) has one unit per (token, kv head).
+// split into units of (kv heads, run of up to kRunTokens consecutive tokens of one sequence), shared
+// out between threads. A unit walks its sequence's blocks once, each block for all its kv heads in
+// turn; every query head of the GQA group and every token of the run reuse each K and V block while
+// it is in L1. A cache with contiguous elements is read in place (the AVX-512 path widens bf16 / f16
+// as it loads; the scalar path converts half caches to f32 rows per block), and the next block is
+// prefetched. Decode (one token per sequence) has one unit per token, or per part of its kv heads
+// when there are too few tokens to share out.
 //
 // Batch invariance: a token's arithmetic is a function of its own sequence and position only. It
 // visits its blocks in order, from its window's first (0 without a window) to position / block_size,
@@ -252,6 +253,16 @@ void check_batch(const Geometry& g, const TensorView& tables, const std::vector<
     }
 }
 
+// One kv head's query rows of a unit, their running max / sum and accumulators, as attend_unit sets
+// them up.
+struct UnitRows {
+  const float* q;   // [rows][hd]
+  float* acc;       // [rows][hd]
+  float* max;       // [rows]
+  float* sum;       // [rows]
+  int64_t rows, hd;
+};
+
 #if defined(__x86_64__)
 // The AVX-512 path, taken where vmath's exp is (vmath::available()). Keys are taken 16 at a time (a
 // chunk of one block), with the keys in the lanes: the chunk's K rows are transposed once into a tile
@@ -282,15 +293,6 @@ KILN_AVX512 inline __m512 load16(const bf16_t* p, __mmask16 m) {
 }
 KILN_AVX512 inline __m512 load16(const f16_t* p, __mmask16 m) { return _mm512_cvtph_ps(load16_bits(p, m)); }
 
-// The unit's query rows, their running max / sum and accumulators, as attend_unit sets them up.
-struct UnitRows {
-  const float* q;   // [rows][hd]
-  float* acc;       // [rows][hd]
-  float* max;       // [rows]
-  float* sum;       // [rows]
-  int64_t rows, hd;
-};
-
 constexpr int kRowTile = 4;  // query rows per register tile
 
 // The next block's K and V rows of the unit's kv head (bytes), fetched into L2 a slice at a time
@@ -313,12 +315,30 @@ KILN_AVX512 void transpose_keys(const E* k, int64_t stride, int64_t n, int64_t h
   for (int64_t d0 = 0; d0 < hd; d0 += 16) {
     const __mmask16 m = vmath::first_lanes(hd - d0);
     const int64_t offset = d0 * static_cast<int64_t>(sizeof(E));
-    if (next.k != nullptr)
-      for (int64_t r = c0; r < std::min(c0 + 16, next.rows); ++r) {
-        __builtin_prefetch(next.k + r * next.k_stride + offset, 0, 2);  // locality 2: into L2 (T1)
-        __builtin_prefetch(next.v + r * next.v_stride + offset, 0, 2);
-      }
+    // Once per cache line: a bf16 / f16 slice of 16 elements is half of one.
+    const bool fetch = next.k != nullptr && offset % 64 == 0;
     __m512 r[16];
+    if (n == 16 && d0 + 16 <= hd) {  // a whole slice: unrolled, the tile stays in registers
+      // Each row's load beside its prefetches: a burst of 32 prefetches ahead of the loads kept the
+      // loads' misses waiting behind them (f32, 16 x 2048 from DRAM).
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) {
+        if (fetch && c0 + j < next.rows) {
+          __builtin_prefetch(next.k + (c0 + j) * next.k_stride + offset, 0, 2);  // locality 2: into L2 (T1)
+          __builtin_prefetch(next.v + (c0 + j) * next.v_stride + offset, 0, 2);
+        }
+        r[j] = load16(k + j * stride + d0, m);
+      }
+      vmath::transpose16_avx512(r);
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + (d0 + j) * 16, r[j]);
+      continue;
+    }
+    if (fetch)
+      for (int64_t row = c0; row < std::min(c0 + 16, next.rows); ++row) {
+        __builtin_prefetch(next.k + row * next.k_stride + offset, 0, 2);
+        __builtin_prefetch(next.v + row * next.v_stride + offset, 0, 2);
+      }
     for (int64_t j = 0; j < 16; ++j) r[j] = j < n ? load16(k + j * stride + d0, m) : _mm512_setzero_ps();
     vmath::transpose16_avx512(r);
     for (int64_t j = 0; j < 16 && d0 + j < hd; ++j) _mm512_storeu_ps(kt + (d0 + j) * 16, r[j]);
@@ -333,7 +353,11 @@ template <class E, int R>
 KILN_AVX512 void attend_chunk(const UnitRows& u, int64_t r0, const __mmask16* seen, const float* kt, const E* v,
                               int64_t stride, float scale, float softcap) {
   __mmask16 any = 0;
-  for (int r = 0; r < R; ++r) any |= seen[r];
+  bool same = true;  // every row sees the same keys (a decode token's GQA group; most of a prefill chunk)
+  for (int r = 0; r < R; ++r) {
+    any |= seen[r];
+    same = same && seen[r] == seen[0];
+  }
   if (any == 0) return;  // none of these rows sees the chunk (other rows of the unit do)
   const int64_t hd = u.hd;
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -402,6 +426,20 @@ KILN_AVX512 void attend_chunk(const UnitRows& u, int64_t r0, const __mmask16* se
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) a[r][i] = _mm512_maskz_loadu_ps(dm[i], u.acc + (r0 + r) * hd + d0 + 16 * i);
+    // Rows that all see keys [first, last) (a contiguous range) take every one of them unmasked.
+    if (same)
+      for (int t = first; t < last; ++t) {
+        __m512 vt[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) vt[i] = load16(v + t * stride + d0 + 16 * i, dm[i]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m512 w = _mm512_set1_ps(weights[r][t]);
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(w, vt[i], a[r][i]);
+        }
+      }
+    else
     for (int t = first; t < last; ++t) {
       __m512 vt[4];
 #pragma GCC unroll 4
@@ -440,31 +478,38 @@ KILN_AVX512 void attend_chunk_rows(const UnitRows& u, const __mmask16* seen, con
 #undef KILN_AVX512
 #endif
 
-// A unit's working set: the run's query rows and accumulators, one block of K and V rows converted
-// to f32 (only for a cache whose elements are not contiguous, or a half cache without AVX-512; others
-// are read in place), and the AVX-512 path's transposed key chunk.
+// A unit's working set: each of its kv heads' query rows and accumulators, one head's block of K and
+// V rows converted to f32 (only for a cache whose elements are not contiguous, or a half cache without
+// AVX-512; others are read in place), and the AVX-512 path's transposed key chunk. One per thread,
+// kept between launches: a decode step's launch is a few microseconds of work.
 struct Scratch {
   std::vector<float> q_rows, acc, running_max, running_sum, k_tile, v_tile, scores, k_chunk;
-  std::vector<uint16_t> seen;  // the AVX-512 path's lanes of a chunk each row sees
-  explicit Scratch(const Geometry& g) {
-    const auto rows = static_cast<size_t>(kRunTokens * g.group);
-    seen.resize(rows);
-    q_rows.resize(rows * static_cast<size_t>(g.head_dim));
-    acc.resize(rows * static_cast<size_t>(g.head_dim));
-    running_max.resize(rows);
-    running_sum.resize(rows);
-    k_tile.resize(static_cast<size_t>(g.block_size * g.head_dim));  // [key, head_dim]
-    v_tile.resize(static_cast<size_t>(g.block_size * g.head_dim));  // [key, head_dim]
-    scores.resize(static_cast<size_t>(g.block_size));
-    k_chunk.resize(static_cast<size_t>((g.head_dim + 15) / 16 * 16 * 16));  // [head_dim][16 keys]
+  std::vector<uint16_t> seen;  // the AVX-512 path's lanes of a chunk each row of one head sees
+  // Room for `heads` kv heads of a unit of up to kRunTokens tokens.
+  void prepare(const Geometry& g, int64_t heads) {
+    const auto rows = static_cast<size_t>(kRunTokens * g.group), all = rows * static_cast<size_t>(heads);
+    const auto hd = static_cast<size_t>(g.head_dim), bs = static_cast<size_t>(g.block_size);
+    grow(seen, rows);
+    grow(q_rows, all * hd);
+    grow(acc, all * hd);
+    grow(running_max, all);
+    grow(running_sum, all);
+    grow(k_tile, bs * hd);  // [key, head_dim]
+    grow(v_tile, bs * hd);  // [key, head_dim]
+    grow(scores, bs);
+    grow(k_chunk, (hd + 15) / 16 * 16 * 16);  // [head_dim][16 keys]
+  }
+  template <class T> static void grow(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
   }
 };
+thread_local Scratch t_scratch;
 
 // The scalar path's work on one block for every row of the unit: keys [lo, lo + visible) of the
 // block are row's (token i's) visible ones.
 void attend_block_scalar(const Geometry& g, float scale, float softcap, const float* k_rows, int64_t k_stride,
                          const float* v_rows, int64_t v_stride, int64_t count, const int64_t* lo,
-                         const int64_t* visible, Scratch& w) {
+                         const int64_t* visible, const UnitRows& u, Scratch& w) {
   const int64_t hd = g.head_dim;
   float* score = w.scores.data();
   for (int64_t i = 0; i < count; ++i) {
@@ -473,8 +518,8 @@ void attend_block_scalar(const Geometry& g, float scale, float softcap, const fl
     const float* v_lo = v_rows + lo[i] * v_stride;
     for (int64_t gi = 0; gi < g.group; ++gi) {
       const int64_t row = i * g.group + gi;
-      const float* q_row = &w.q_rows[static_cast<size_t>(row * hd)];
-      float* a = &w.acc[static_cast<size_t>(row * hd)];
+      const float* q_row = u.q + row * hd;
+      float* a = u.acc + row * hd;
       // score[t] = q . k_t, summed in head_dim order.
       for (int64_t t = 0; t < visible[i]; ++t) {
         const float* k_row = k_lo + t * k_stride;
@@ -486,8 +531,8 @@ void attend_block_scalar(const Geometry& g, float scale, float softcap, const fl
         for (int64_t t = 0; t < visible[i]; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
       float block_max = -std::numeric_limits<float>::infinity();
       for (int64_t t = 0; t < visible[i]; ++t) block_max = std::max(block_max, score[t]);
-      float& m = w.running_max[static_cast<size_t>(row)];
-      float& l = w.running_sum[static_cast<size_t>(row)];
+      float& m = u.max[row];
+      float& l = u.sum[row];
       if (block_max > m) {
         // Rescale what was summed against the old max (exp(-inf) = 0 the first time).
         const float correction = std::exp(m - block_max);
@@ -511,9 +556,7 @@ void attend_block_scalar(const Geometry& g, float scale, float softcap, const fl
 template <class E>
 void attend_block_avx512(const Geometry& g, float scale, float softcap, const E* k_rows, int64_t k_stride,
                          const E* v_rows, int64_t v_stride, int64_t rows, int64_t count, const int64_t* lo,
-                         const int64_t* visible, const NextRows& next, Scratch& w) {
-  const UnitRows u{w.q_rows.data(), w.acc.data(), w.running_max.data(), w.running_sum.data(), count * g.group,
-                   g.head_dim};
+                         const int64_t* visible, const NextRows& next, const UnitRows& u, Scratch& w) {
   __mmask16* row_seen = w.seen.data();
   for (int64_t c0 = 0; c0 < rows; c0 += 16) {
     __mmask16 any = 0;
@@ -532,10 +575,13 @@ void attend_block_avx512(const Geometry& g, float scale, float softcap, const E*
 }
 #endif
 
-// One unit: kv head `kv`, tokens [first, first + count) of one sequence.
+// One unit: kv heads [kv0, kv1), tokens [first, first + count) of one sequence. Every head takes
+// each block in turn, so the unit reads a block's rows (all its heads: kv_heads * head_dim elements
+// apart) in address order where it covers every head, and the next block's prefetch runs a whole
+// block's work ahead.
 template <class C>
 void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, const Operands& o, int64_t first,
-                 int64_t count, int64_t kv, Scratch& w) {
+                 int64_t count, int64_t kv0, int64_t kv1, Scratch& w) {
   const int64_t hd = g.head_dim, bs = g.block_size, group = g.group;
   const auto scale = static_cast<float>(params.scale);
   const auto softcap = static_cast<float>(params.softcap);
@@ -547,16 +593,26 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, co
     min_first = std::min(min_first, first_visible(p, params.window));
   }
 
+  const int64_t rows = count * group, heads = kv1 - kv0;  // rows per head
+  w.prepare(g, heads);
+  auto head_rows = [&](int64_t kv) {
+    const int64_t base = (kv - kv0) * rows;
+    return UnitRows{w.q_rows.data() + base * hd, w.acc.data() + base * hd, w.running_max.data() + base,
+                    w.running_sum.data() + base, rows, hd};
+  };
   const float* q_data = o.q.as<float>();
-  for (int64_t i = 0; i < count; ++i)
-    for (int64_t gi = 0; gi < group; ++gi) {
-      const float* src = q_data + (first + i) * o.q.strides[0] + (kv * group + gi) * o.q.strides[1];
-      float* dst = &w.q_rows[static_cast<size_t>((i * group + gi) * hd)];
-      for (int64_t d = 0; d < hd; ++d) dst[d] = src[d * o.q.strides[2]];
-    }
-  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
-  std::fill(w.running_max.begin(), w.running_max.end(), -std::numeric_limits<float>::infinity());
-  std::fill(w.running_sum.begin(), w.running_sum.end(), 0.0f);
+  for (int64_t kv = kv0; kv < kv1; ++kv) {
+    const UnitRows u = head_rows(kv);
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t gi = 0; gi < group; ++gi) {
+        const float* src = q_data + (first + i) * o.q.strides[0] + (kv * group + gi) * o.q.strides[1];
+        float* dst = const_cast<float*>(u.q) + (i * group + gi) * hd;
+        for (int64_t d = 0; d < hd; ++d) dst[d] = src[d * o.q.strides[2]];
+      }
+  }
+  std::fill_n(w.acc.data(), heads * rows * hd, 0.0f);
+  std::fill_n(w.running_max.data(), heads * rows, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.running_sum.data(), heads * rows, 0.0f);
 
   const C* k_data = o.k.as<C>();
   const C* v_data = o.v.as<C>();
@@ -568,7 +624,7 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, co
   // Blocks wholly before every token's window are never read.
   for (int64_t b = min_first / bs; b <= max_position / bs; ++b) {
     const int64_t block = at2(o.tables, seq, b);
-    const int64_t rows = std::min(bs, max_position + 1 - b * bs);
+    const int64_t block_rows = std::min(bs, max_position + 1 - b * bs);
     // Token i sees this block's keys [lo[i], lo[i] + visible[i]) (none: before or past its window).
     int64_t lo[kRunTokens], visible[kRunTokens];
     for (int64_t i = 0; i < count; ++i) {
@@ -576,53 +632,59 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, co
       lo[i] = std::max<int64_t>(0, first_visible(position, params.window) - b * bs);
       visible[i] = std::min(bs, position + 1 - b * bs) - lo[i];
     }
-    const C* k_block = k_data + cache_row(o.k, o.layer, block, 0, kv);
-    const C* v_block = v_data + cache_row(o.v, o.layer, block, 0, kv);
-    if (!in_place) {
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t d = 0; d < hd; ++d) {
-          w.k_tile[static_cast<size_t>(r * hd + d)] = static_cast<float>(k_block[r * o.k.strides[2] + d * o.k.strides[4]]);
-          w.v_tile[static_cast<size_t>(r * hd + d)] = static_cast<float>(v_block[r * o.v.strides[2] + d * o.v.strides[4]]);
-        }
-    }
-#if defined(__x86_64__)
-    if (simd) {
-      NextRows next;
-      if (in_place && b < max_position / bs) {
-        const int64_t next_block = at2(o.tables, seq, b + 1);
-        const auto elem = static_cast<int64_t>(sizeof(C));
-        next = {reinterpret_cast<const char*>(k_data + cache_row(o.k, o.layer, next_block, 0, kv)),
-                reinterpret_cast<const char*>(v_data + cache_row(o.v, o.layer, next_block, 0, kv)),
-                o.k.strides[2] * elem, o.v.strides[2] * elem, std::min(bs, max_position + 1 - (b + 1) * bs)};
+    const int64_t next_block = b < max_position / bs ? at2(o.tables, seq, b + 1) : -1;
+    for (int64_t kv = kv0; kv < kv1; ++kv) {
+      const UnitRows u = head_rows(kv);
+      const C* k_block = k_data + cache_row(o.k, o.layer, block, 0, kv);
+      const C* v_block = v_data + cache_row(o.v, o.layer, block, 0, kv);
+      if (!in_place) {
+        for (int64_t r = 0; r < block_rows; ++r)
+          for (int64_t d = 0; d < hd; ++d) {
+            w.k_tile[static_cast<size_t>(r * hd + d)] = static_cast<float>(k_block[r * o.k.strides[2] + d * o.k.strides[4]]);
+            w.v_tile[static_cast<size_t>(r * hd + d)] = static_cast<float>(v_block[r * o.v.strides[2] + d * o.v.strides[4]]);
+          }
       }
-      if (in_place)
-        attend_block_avx512(g, scale, softcap, k_block, o.k.strides[2], v_block, o.v.strides[2], rows, count, lo,
-                            visible, next, w);
-      else
-        attend_block_avx512(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, rows, count, lo, visible,
-                            next, w);
-      continue;
-    }
-#endif
-    if constexpr (std::is_same_v<C, float>) {
-      if (in_place) {
-        attend_block_scalar(g, scale, softcap, k_block, o.k.strides[2], v_block, o.v.strides[2], count, lo, visible,
-                            w);
+#if defined(__x86_64__)
+      if (simd) {
+        NextRows next;
+        if (in_place && next_block >= 0) {
+          const auto elem = static_cast<int64_t>(sizeof(C));
+          next = {reinterpret_cast<const char*>(k_data + cache_row(o.k, o.layer, next_block, 0, kv)),
+                  reinterpret_cast<const char*>(v_data + cache_row(o.v, o.layer, next_block, 0, kv)),
+                  o.k.strides[2] * elem, o.v.strides[2] * elem, std::min(bs, max_position + 1 - (b + 1) * bs)};
+        }
+        if (in_place)
+          attend_block_avx512(g, scale, softcap, k_block, o.k.strides[2], v_block, o.v.strides[2], block_rows, count,
+                              lo, visible, next, u, w);
+        else
+          attend_block_avx512(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, block_rows, count, lo,
+                              visible, next, u, w);
         continue;
       }
+#endif
+      if constexpr (std::is_same_v<C, float>) {
+        if (in_place) {
+          attend_block_scalar(g, scale, softcap, k_block, o.k.strides[2], v_block, o.v.strides[2], count, lo, visible,
+                              u, w);
+          continue;
+        }
+      }
+      attend_block_scalar(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, count, lo, visible, u, w);
     }
-    attend_block_scalar(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, count, lo, visible, w);
   }
 
   float* o_data = o.out.as<float>();
-  for (int64_t i = 0; i < count; ++i)
-    for (int64_t gi = 0; gi < group; ++gi) {
-      const int64_t row = i * group + gi;
-      const float inv = 1.0f / w.running_sum[static_cast<size_t>(row)];  // sum >= 1: the max key adds 1
-      const float* a = &w.acc[static_cast<size_t>(row * hd)];
-      float* dst = o_data + ((first + i) * g.heads + kv * group + gi) * hd;
-      for (int64_t d = 0; d < hd; ++d) dst[d] = a[d] * inv;
-    }
+  for (int64_t kv = kv0; kv < kv1; ++kv) {
+    const UnitRows u = head_rows(kv);
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t gi = 0; gi < group; ++gi) {
+        const int64_t row = i * group + gi;
+        const float inv = 1.0f / u.sum[row];  // sum >= 1: the max key adds 1
+        const float* a = u.acc + row * hd;
+        float* dst = o_data + ((first + i) * g.heads + kv * group + gi) * hd;
+        for (int64_t d = 0; d < hd; ++d) dst[d] = a[d] * inv;
+      }
+  }
 }
 
 void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& params,
@@ -647,12 +709,20 @@ void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& par
   const Operands o{inputs[0], inputs[1], inputs[2], inputs[3], seq_ids, positions, outputs[0], params.layer};
   const bool simd = vmath::available();
   const auto num_runs = static_cast<int64_t>(runs.size());
+  // A unit takes `span` of a run's kv heads: all of them while there are units enough to share out
+  // (4 a thread), else halved until there are. Taking a block's heads together reads it in address
+  // order, where one head alone reads 1 of every kv_heads rows' worth of bytes, and puts a whole
+  // block's work between a block's prefetch and its use.
+  const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  int64_t span = g.kv_heads;
+  while (span > 1 && num_runs * ((g.kv_heads + span - 1) / span) < 4 * threads) span = (span + 1) / 2;
+  const int64_t per_run = (g.kv_heads + span - 1) / span;
   visit_cache_dtype(inputs[1].dtype, [&]<class C>() {
-    parallel_for(ctx, num_runs * g.kv_heads, 1, [&](int64_t begin, int64_t end) {
-      Scratch scratch(g);
+    parallel_for(ctx, num_runs * per_run, 1, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit) {
-        const auto& [first, count] = runs[static_cast<size_t>(unit / g.kv_heads)];
-        attend_unit<C>(g, params, simd, o, first, count, unit % g.kv_heads, scratch);
+        const auto& [first, count] = runs[static_cast<size_t>(unit / per_run)];
+        const int64_t kv0 = unit % per_run * span;
+        attend_unit<C>(g, params, simd, o, first, count, kv0, std::min(kv0 + span, g.kv_heads), t_scratch);
       }
     });
   });

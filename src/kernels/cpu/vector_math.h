@@ -65,16 +65,20 @@ KILN_VMATH_AVX512 inline __m512 exp_avx512(__m512 x) {
 // the GEMM's packing of transposed operands and paged attention's key tiles.
 [[gnu::always_inline]] KILN_VMATH_AVX512 inline void transpose16_avx512(__m512* r) {
   __m512 t[16], u[16];
+  // Unrolled, so that t and u live in registers.
+#pragma GCC unroll 8
   for (int a = 0; a < 8; ++a) {
     t[2 * a] = _mm512_unpacklo_ps(r[2 * a], r[2 * a + 1]);
     t[2 * a + 1] = _mm512_unpackhi_ps(r[2 * a], r[2 * a + 1]);
   }
+#pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) {  // u[4g + c], 128-bit lane l: column 4l + c of rows 4g..4g+3
     u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
     u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
     u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
     u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
   }
+#pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const __m512 w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), w1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
     const __m512 w2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88),
