@@ -710,12 +710,17 @@ void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& par
   const bool simd = vmath::available();
   const auto num_runs = static_cast<int64_t>(runs.size());
   // A unit takes `span` of a run's kv heads: all of them while there are units enough to share out
-  // (4 a thread), else halved until there are. Taking a block's heads together reads it in address
-  // order, where one head alone reads 1 of every kv_heads rows' worth of bytes, and puts a whole
-  // block's work between a block's prefetch and its use.
+  // (4 a thread, or a whole number a thread: one sequence's heads are equal work), else halved until
+  // there are. Taking a block's heads together reads it in address order, where one head alone reads
+  // 1 of every kv_heads rows' worth of bytes, and puts a whole block's work between a block's
+  // prefetch and its use.
   const int threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
+  auto enough = [&](int64_t span) {
+    const int64_t units = num_runs * ((g.kv_heads + span - 1) / span);
+    return units >= 4 * threads || (units >= threads && units % threads == 0 && g.kv_heads % span == 0);
+  };
   int64_t span = g.kv_heads;
-  while (span > 1 && num_runs * ((g.kv_heads + span - 1) / span) < 4 * threads) span = (span + 1) / 2;
+  while (span > 1 && !enough(span)) span = (span + 1) / 2;
   const int64_t per_run = (g.kv_heads + span - 1) / span;
   visit_cache_dtype(inputs[1].dtype, [&]<class C>() {
     parallel_for(ctx, num_runs * per_run, 1, [&](int64_t begin, int64_t end) {
