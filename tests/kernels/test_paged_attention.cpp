@@ -362,11 +362,11 @@ TEST(PagedAttentionKernel, BlocksOfMoreThanSixteenKeysAndWideHeads) {
   }
 }
 
-// Two decode tokens over 3 kv heads: on one thread each token's unit takes 2 of its kv heads and
-// another the third (units of a head each alone, and on 3 threads); every split gives the same bits.
+// Seven decode tokens over 3 kv heads: on 3 threads each token's heads are two units, of 2 heads
+// and of 1 (one unit of all 3 on one thread; alone, a unit of all 3); every split gives the same bits.
 TEST(PagedAttentionKernel, KvHeadsSharedOutUnevenlyBetweenUnits) {
-  PagedBatch s{16, 16, 3, 32, 6, {40, 17}, {}};
-  s.tokens = {{0, 39}, {1, 16}};
+  PagedBatch s{64, 16, 3, 32, 6, {40, 17, 1, 16, 33, 5, 64}, {}};
+  for (int64_t q = 0; q < 7; ++q) s.tokens.emplace_back(q, s.lengths[static_cast<size_t>(q)] - 1);
   check(s);
   check(s, DType::bf16);
 }
