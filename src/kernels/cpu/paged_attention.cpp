@@ -345,6 +345,32 @@ KILN_AVX512 void transpose_keys(const E* k, int64_t stride, int64_t n, int64_t h
   }
 }
 
+// a[r] += weights[r][t] * V row t (head dims [d0, d0 + 64) under dm) for keys t in [first, last).
+// kMasked: a row that does not see key t skips it (its weight is 0, but 0 * v could still turn a -0
+// sum into +0, or take a NaN from a slot no token stored).
+template <class E, int R, bool kMasked>
+[[gnu::always_inline]] KILN_AVX512 inline void weigh_values(__m512 (&a)[R][4], const float (&weights)[R][16],
+                                                            const __mmask16* seen, const E* v, int64_t stride,
+                                                            int64_t d0, const __mmask16 (&dm)[4], int first, int last) {
+  for (int t = first; t < last; ++t) {
+    __m512 vt[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) vt[i] = load16(v + t * stride + d0 + 16 * i, dm[i]);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 w = _mm512_set1_ps(weights[r][t]);
+      if constexpr (kMasked) {
+        const auto take = static_cast<__mmask16>(-((seen[r] >> t) & 1));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_mask3_fmadd_ps(w, vt[i], a[r][i], take);
+      } else {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(w, vt[i], a[r][i]);
+      }
+    }
+  }
+}
+
 // One chunk for the rows [r0, r0 + R) of the unit: row r sees the chunk's lanes `seen[r]` (keys in
 // its window and not in its future). Scores q . k * scale (softcapped), the online softmax update of
 // each row's max, sum and accumulator, then acc += p v over the chunk's V rows (value rows `stride`
@@ -428,32 +454,9 @@ KILN_AVX512 void attend_chunk(const UnitRows& u, int64_t r0, const __mmask16* se
       for (int i = 0; i < 4; ++i) a[r][i] = _mm512_maskz_loadu_ps(dm[i], u.acc + (r0 + r) * hd + d0 + 16 * i);
     // Rows that all see keys [first, last) (a contiguous range) take every one of them unmasked.
     if (same)
-      for (int t = first; t < last; ++t) {
-        __m512 vt[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) vt[i] = load16(v + t * stride + d0 + 16 * i, dm[i]);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const __m512 w = _mm512_set1_ps(weights[r][t]);
-#pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(w, vt[i], a[r][i]);
-        }
-      }
+      weigh_values<E, R, false>(a, weights, seen, v, stride, d0, dm, first, last);
     else
-    for (int t = first; t < last; ++t) {
-      __m512 vt[4];
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) vt[i] = load16(v + t * stride + d0 + 16 * i, dm[i]);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        // A row that does not see key t skips it (its weight is 0, but 0 * v could still turn a -0 sum
-        // into +0, or take a NaN from a slot no token stored).
-        const auto take = static_cast<__mmask16>(-((seen[r] >> t) & 1));
-        const __m512 w = _mm512_set1_ps(weights[r][t]);
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_mask3_fmadd_ps(w, vt[i], a[r][i], take);
-      }
-    }
+      weigh_values<E, R, true>(a, weights, seen, v, stride, d0, dm, first, last);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
