@@ -11,11 +11,15 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kiln/version.h"
+#include "test_util.h"
 
 namespace {
 
@@ -353,6 +357,50 @@ TEST(Cli, SigintEndsAfterTheCurrentTokenWithTheStatisticsAndStatus130) {
   const int64_t printed = std::count(r.out.begin(), r.out.end(), ' ');
   EXPECT_EQ(stat_tokens(r.err, "generated"), printed) << r.err;
   EXPECT_LT(printed, 2000) << "it ran to the end of the context: the signal came too late";
+}
+
+// --rounds with --compare-llama-cpp: kiln, then llama-bench (a stand-in printing a faster decode on
+// each call), round after round, then the range of the rounds' ratios.
+TEST(Cli, BenchRoundsAlternateKilnAndLlamaBenchAndGiveTheRatiosRange) {
+  kiln::testing::TempDir dir("bench_rounds");
+  fs::create_directories(dir.path());
+  const fs::path calls = dir.path() / "calls", fake = dir.path() / "llama-bench", gguf = dir.path() / "m.gguf";
+  // Call n (counted in `calls`) prints a decode of 10 n tok/s.
+  std::ofstream(fake) << "#!/bin/sh\necho call >> '" << calls.string() << "'\nn=$(wc -l < '" << calls.string()
+                      << "')\n"
+                      << R"(echo '[{"build_commit": "x", "n_threads": 1, "n_prompt": 4, "n_gen": 0, "avg_ts": 100},'
+echo " {\"build_commit\": \"x\", \"n_threads\": 1, \"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": $((10 * n))}]"
+)";
+  fs::permissions(fake, fs::perms::owner_all);
+  std::ofstream(gguf) << "GGUF";
+  const Result r = kiln({"bench", "--model", "stories15M", "--threads", "1", "--prompt-tokens", "4", "--gen-tokens", "4",
+                         "--repetitions", "1", "--rounds", "2", "--compare-llama-cpp", fake.string(),
+                         "--llama-cpp-model", gguf.string(), "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<nlohmann::json> lines;
+  std::istringstream out(r.out);
+  for (std::string line; std::getline(out, line);) lines.push_back(nlohmann::json::parse(line));
+  std::vector<std::string> kinds;
+  for (const auto& j : lines) kinds.push_back(j.at("kind"));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"model", "llama_cpp", "model", "llama_cpp", "llama_cpp_rounds"}));
+  ASSERT_EQ(lines.size(), 5u);
+  // Each round's llama.cpp figure is its own call's (10, then 20 tok/s), set against that round's kiln run.
+  EXPECT_EQ(lines[1].at("decode_tokens_per_s"), 10.0);
+  EXPECT_EQ(lines[3].at("decode_tokens_per_s"), 20.0);
+  for (size_t i : {1u, 3u})
+    EXPECT_DOUBLE_EQ(lines[i].at("decode_ratio").get<double>(),
+                     lines[i - 1].at("decode_tokens_per_s").get<double>() / lines[i].at("decode_tokens_per_s").get<double>());
+  const double first = lines[1].at("decode_ratio"), second = lines[3].at("decode_ratio");
+  const nlohmann::json& range = lines[4];
+  EXPECT_EQ(range.at("rounds"), 2);
+  EXPECT_DOUBLE_EQ(range.at("decode_ratio_min").get<double>(), std::min(first, second));
+  EXPECT_DOUBLE_EQ(range.at("decode_ratio_max").get<double>(), std::max(first, second));
+  EXPECT_DOUBLE_EQ(range.at("prefill_ratio_min").get<double>(),
+                   std::min(lines[1].at("prefill_ratio").get<double>(), lines[3].at("prefill_ratio").get<double>()));
+
+  const Result zero = kiln({"bench", "--model", "stories15M", "--rounds", "0"});
+  EXPECT_EQ(zero.status, 1);
+  EXPECT_TRUE(contains(zero.err, "--rounds must be >= 1, got 0")) << zero.err;
 }
 
 }  // namespace

@@ -188,6 +188,18 @@ struct LlamaCppComparison {
 };
 LlamaCppComparison compare(const ModelBenchResult& kiln, const LlamaCppBenchResult& llama_cpp);
 
+// The ratios of several rounds of one model, kiln and llama-bench alternated (--rounds): on a shared
+// machine whose bandwidth drifts from minute to minute, a range over rounds says what one pair cannot.
+struct LlamaCppRounds {
+  std::string model, dtype;
+  int threads = 0;
+  int rounds = 0;
+  double prefill_ratio_min = 0, prefill_ratio_max = 0;
+  double decode_ratio_min = 0, decode_ratio_max = 0;
+};
+// ValueError for no rounds.
+LlamaCppRounds summarize(const std::vector<LlamaCppComparison>& rounds);
+
 // ---- GEMM benchmark ----------------------------------------------------------------------------------
 
 struct GemmBenchOptions {
@@ -256,6 +268,8 @@ std::string gemm_table_header();
 std::string table_row(const GemmBenchResult& r);
 nlohmann::json to_json(const LlamaCppComparison& c);
 std::string table_row(const LlamaCppComparison& c);  // two lines: llama.cpp's figures, then the ratios
+nlohmann::json to_json(const LlamaCppRounds& r);
+std::string table_row(const LlamaCppRounds& r);  // the ratios' ranges, under the ratio columns
 std::string bandwidth_table_header();
 std::string table_row(const BandwidthResult& r);
 
@@ -279,6 +293,7 @@ class BenchCommand {
   int64_t prompt_tokens_ = 128;
   int64_t gen_tokens_ = 64;
   int repetitions_ = 3;
+  int rounds_ = 1;
   uint64_t seed_ = 0;
   bool profile_ = false;
   std::vector<int64_t> concurrency_;

@@ -56,6 +56,11 @@ BenchCommand::BenchCommand(CLI::App& app) {
   bench_->add_option("--gen-tokens", gen_tokens_, "decode steps timed")->capture_default_str();
   bench_->add_option("--repetitions", repetitions_, "timed runs; the best is reported")
       ->capture_default_str();
+  bench_
+      ->add_option("--rounds", rounds_,
+                   "measure each model this many times, one after another; with --compare-llama-cpp each round "
+                   "is kiln then llama-bench, and a last line gives the range of the ratios")
+      ->capture_default_str();
   bench_->add_option("--seed", seed_, "seed of the random weights and the prompt")->capture_default_str();
   bench_
       ->add_option("--concurrency", concurrency_,
@@ -159,6 +164,9 @@ int BenchCommand::run() const {
     formats.push_back(name == "stored" ? std::nullopt : std::optional(nn::parse_weight_format(name)));
   if (formats.empty()) formats.push_back(std::nullopt);
   for (const auto& model : models_) resolve_model_config(model);
+  if (rounds_ < 1) throw ValueError(fmt::format("kiln bench: --rounds must be >= 1, got {}", rounds_));
+  if (rounds_ > 1 && !concurrency_.empty())
+    throw ValueError("kiln bench: --rounds repeats the single-stream runs; leave out --concurrency");
   if (!llama_cpp_model_.empty() && compare_llama_cpp_.empty())
     throw ValueError("kiln bench: --llama-cpp-model is the file --compare-llama-cpp runs; give both");
   // The GGUF llama-bench runs for a --model: that very file, or --llama-cpp-model's.
@@ -202,24 +210,30 @@ int BenchCommand::run() const {
   for (const auto& model : models_)
     for (std::optional<WeightFormat> format : formats)
       for (int t : threads) {
-        // Bandwidth just before and just after the model, with its thread count: the roofline of
-        // this very run. The better of the two counts, so a dip in the machine's bandwidth while it
-        // was measured cannot flatter the decode's fraction of it.
-        const BandwidthResult before = measure_read_bandwidth(t);
-        ModelBenchResult r = bench_model(options_for(model, format, t), before);
-        const BandwidthResult after = measure_read_bandwidth(t);
-        if (after.read_bytes_per_s > r.read_bytes_per_s) set_bandwidth(r, after.read_bytes_per_s);
-        emit(to_json(r), table_row(r));
-        if (!json_ && !r.decode_profile.empty()) std::cout << profile_table(r) << std::flush;
-        if (!compare_llama_cpp_.empty()) {
+        std::vector<LlamaCppComparison> comparisons;
+        for (int round = 0; round < rounds_; ++round) {
+          // Bandwidth just before and just after the model, with its thread count: the roofline of
+          // this very run. The better of the two counts, so a dip in the machine's bandwidth while it
+          // was measured cannot flatter the decode's fraction of it.
+          const BandwidthResult before = measure_read_bandwidth(t);
+          ModelBenchResult r = bench_model(options_for(model, format, t), before);
+          const BandwidthResult after = measure_read_bandwidth(t);
+          if (after.read_bytes_per_s > r.read_bytes_per_s) set_bandwidth(r, after.read_bytes_per_s);
+          emit(to_json(r), table_row(r));
+          if (!json_ && !r.decode_profile.empty()) std::cout << profile_table(r) << std::flush;
+          if (compare_llama_cpp_.empty()) continue;
           const LlamaCppBenchResult l = run_llama_bench({.llama_bench = compare_llama_cpp_,
                                                          .gguf = llama_cpp_file(model),
                                                          .threads = t,
                                                          .prompt_tokens = prompt_tokens_,
                                                          .gen_tokens = gen_tokens_,
                                                          .repetitions = repetitions_});
-          const LlamaCppComparison c = compare(r, l);
-          emit(to_json(c), table_row(c));
+          comparisons.push_back(compare(r, l));
+          emit(to_json(comparisons.back()), table_row(comparisons.back()));
+        }
+        if (comparisons.size() > 1) {
+          const LlamaCppRounds summary = summarize(comparisons);
+          emit(to_json(summary), table_row(summary));
         }
       }
   return 0;

@@ -153,4 +153,24 @@ LlamaCppComparison compare(const ModelBenchResult& kiln, const LlamaCppBenchResu
           .decode_ratio = kiln.decode_tokens_per_s / llama_cpp.decode_tokens_per_s};
 }
 
+LlamaCppRounds summarize(const std::vector<LlamaCppComparison>& rounds) {
+  if (rounds.empty()) throw ValueError("kiln bench: no rounds to summarize");
+  const LlamaCppComparison& first = rounds.front();
+  LlamaCppRounds r{.model = first.kiln.model,
+                   .dtype = first.kiln.dtype,
+                   .threads = first.llama_cpp.threads,
+                   .rounds = static_cast<int>(rounds.size()),
+                   .prefill_ratio_min = first.prefill_ratio,
+                   .prefill_ratio_max = first.prefill_ratio,
+                   .decode_ratio_min = first.decode_ratio,
+                   .decode_ratio_max = first.decode_ratio};
+  for (const LlamaCppComparison& c : rounds) {
+    r.prefill_ratio_min = std::min(r.prefill_ratio_min, c.prefill_ratio);
+    r.prefill_ratio_max = std::max(r.prefill_ratio_max, c.prefill_ratio);
+    r.decode_ratio_min = std::min(r.decode_ratio_min, c.decode_ratio);
+    r.decode_ratio_max = std::max(r.decode_ratio_max, c.decode_ratio);
+  }
+  return r;
+}
+
 }  // namespace kiln::bench

@@ -113,6 +113,24 @@ std::string table_row(const LlamaCppComparison& c) {
                      "  kiln / llama.cpp", l.threads, "", "", c.prefill_ratio, c.decode_ratio);
 }
 
+nlohmann::json to_json(const LlamaCppRounds& r) {
+  return {{"kind", "llama_cpp_rounds"},
+          {"model", r.model},
+          {"dtype", r.dtype},
+          {"threads", r.threads},
+          {"rounds", r.rounds},
+          {"prefill_ratio_min", r.prefill_ratio_min},
+          {"prefill_ratio_max", r.prefill_ratio_max},
+          {"decode_ratio_min", r.decode_ratio_min},
+          {"decode_ratio_max", r.decode_ratio_max}};
+}
+
+std::string table_row(const LlamaCppRounds& r) {
+  return fmt::format("{:<24} {:>7} {:>9} {:>12} {:>12} {:>12}", fmt::format("  over {} rounds", r.rounds), r.threads,
+                     "", "", fmt::format("{:.2f}-{:.2f}x", r.prefill_ratio_min, r.prefill_ratio_max),
+                     fmt::format("{:.2f}-{:.2f}x", r.decode_ratio_min, r.decode_ratio_max));
+}
+
 namespace {
 
 // `unit`: what the rows count per ("token" of a single stream, "step" of the engine).
