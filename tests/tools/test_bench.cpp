@@ -314,6 +314,26 @@ TEST(BenchLlamaCpp, RunsLlamaBenchWithKilnsSettingsAndTakesItsBetterLoadMode) {
   EXPECT_NE(row.find("1.20x"), std::string::npos) << row;
 }
 
+// Counts, thread counts and speeds are checked before they are converted (a float far outside an
+// int's range would be undefined behaviour to convert): each refusal names the test and the key.
+TEST(BenchLlamaCpp, FiguresOutOfRangeAreRefusedNamingTheTestAndKey) {
+  const std::string pp = R"({"n_prompt": 4, "n_gen": 0, "avg_ts": 10})";
+  auto parse = [](const std::string& text) { return parse_llama_bench_json(text, "llama-bench"); };
+  expect_error<ExecutionError>([&] { parse("[" + pp + R"(, {"n_prompt": 0, "n_gen": 1e300, "avg_ts": 1}])"); },
+                               {"llama-bench: test 1 has 'n_gen'", "outside [0, 1073741824]"});
+  expect_error<ExecutionError>([&] { parse(R"([{"n_prompt": -4, "n_gen": 0, "avg_ts": 1}])"); },
+                               "test 0 has 'n_prompt' -4");
+  expect_error<ExecutionError>([&] { parse("[" + pp + R"(, {"n_prompt": 0, "n_gen": 4, "avg_ts": -2.5}])"); },
+                               "test 1 has 'avg_ts' -2.5");
+  expect_error<ExecutionError>(
+      [&] { parse(R"([{"n_prompt": 4, "n_gen": 0, "avg_ts": 10, "n_threads": 1e12}])"); },
+      "test 0 has 'n_threads' 1000000000000, outside [0, 65536]");
+  const LlamaCppBenchResult r = parse("[" + pp + R"(, {"n_prompt": 0, "n_gen": 4, "avg_ts": 2, "n_threads": 3}])");
+  EXPECT_EQ(r.threads, 3);
+  EXPECT_EQ(r.prefill_tokens_per_s, 10);
+  EXPECT_EQ(r.decode_tokens_per_s, 2);
+}
+
 TEST(BenchLlamaCpp, FailuresNameTheProgramAndWhatWentWrong) {
   kiln::testing::TempDir dir("llama_bench_errors");
   const std::filesystem::path gguf = dir.path() / "model.gguf";

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "bench.h"
 #include "kiln/errors.h"
@@ -103,13 +104,21 @@ LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::s
   LlamaCppBenchResult r;
   for (size_t i = 0; i < tests.size(); ++i) {
     const nlohmann::json& t = tests[i];
-    auto number = [&](const char* key) {
+    // Every figure checked before it is converted: a count or a speed out of range (or a float too
+    // large for an integer) names the test and the key.
+    auto number = [&](const char* key, double most) {
       if (!t.is_object() || !t.contains(key) || !t.at(key).is_number())
         throw ExecutionError(fmt::format("{}: test {} has no number '{}'", source, i, key));
-      return t.at(key).get<double>();
+      const double v = t.at(key).get<double>();
+      if (!(v >= 0 && v <= most))
+        throw ExecutionError(fmt::format("{}: test {} has '{}' {}, outside [0, {}]", source, i, key, v, most));
+      return v;
     };
-    const double n_prompt = number("n_prompt"), n_gen = number("n_gen"), tokens_per_s = number("avg_ts");
-    if (t.contains("n_threads") && t.at("n_threads").is_number()) r.threads = t.at("n_threads").get<int>();
+    constexpr double kMostTokens = 1 << 30, kMostThreads = 1 << 16;
+    const double n_prompt = number("n_prompt", kMostTokens), n_gen = number("n_gen", kMostTokens),
+                 tokens_per_s = number("avg_ts", std::numeric_limits<double>::max());
+    if (t.contains("n_threads") && t.at("n_threads").is_number())
+      r.threads = static_cast<int>(number("n_threads", kMostThreads));
     if (t.contains("build_commit") && t.at("build_commit").is_string())
       r.build_commit = t.at("build_commit").get<std::string>();
     // llama-bench runs each test as a prompt-only (pp) or a generation-only (tg) test; the best
