@@ -605,11 +605,11 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, co
   };
   const float* q_data = o.q.as<float>();
   for (int64_t kv = kv0; kv < kv1; ++kv) {
-    const UnitRows u = head_rows(kv);
+    float* q_rows = w.q_rows.data() + (kv - kv0) * rows * hd;  // head_rows(kv).q
     for (int64_t i = 0; i < count; ++i)
       for (int64_t gi = 0; gi < group; ++gi) {
         const float* src = q_data + (first + i) * o.q.strides[0] + (kv * group + gi) * o.q.strides[1];
-        float* dst = const_cast<float*>(u.q) + (i * group + gi) * hd;
+        float* dst = q_rows + (i * group + gi) * hd;
         for (int64_t d = 0; d < hd; ++d) dst[d] = src[d * o.q.strides[2]];
       }
   }
