@@ -1,7 +1,8 @@
 // Tokenizer::encode throughput on the real tokenizers of tools/test-deps (those `npm ci` installed;
 // the others are not registered): the oracle test's corpus (tests/data/tokenizers/texts.json, many
 // scripts, code, whitespace runs) and a long English text (the GPL-3, where the system has it), each
-// repeated to about 1 MB and encoded in one call, as bytes per second.
+// repeated to about 1 MB and encoded in one call, as bytes per second. And Tokenizer::load of each
+// (a model's start waits for it: llama3's 128K tokens and 280K merges).
 //
 //   build/bench_tokenizer                                  # every tokenizer present
 //   build/bench_tokenizer --benchmark_filter=llama3
@@ -64,6 +65,13 @@ void BM_TokenizerEncode(benchmark::State& state, const fs::path& dir, const std:
   state.counters["bytes_per_token"] = tokens ? static_cast<double>(text->size()) / tokens : 0.0;
 }
 
+void BM_TokenizerLoad(benchmark::State& state, const fs::path& dir) {
+  for (auto _ : state) {
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
+    benchmark::DoNotOptimize(tok.get());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,6 +93,8 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark((std::string("BM_TokenizerEncode/") + model + "/english").c_str(),
                                    BM_TokenizerEncode, dir, &english)
           ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("BM_TokenizerLoad/") + model).c_str(), BM_TokenizerLoad, dir)
+        ->Unit(benchmark::kMillisecond);
     ++registered;
   }
   if (registered == 0)

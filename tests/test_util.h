@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -85,6 +86,25 @@ inline std::string chatml_prompt(const std::vector<std::pair<std::string, std::s
   std::string out;
   for (const auto& [role, content] : messages) out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
   return out + "<|im_start|>assistant\n";
+}
+
+// This process's resident bytes of its mappings of `path`, or of any file under it when it is a
+// directory (the Rss fields of /proc/self/smaps).
+inline size_t resident_bytes_of(const std::filesystem::path& path) {
+  std::ifstream smaps("/proc/self/smaps");
+  const std::string file = " " + path.string(), under = path.string() + "/";
+  size_t kb = 0;
+  bool in_file = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const std::string first = line.substr(0, line.find(' '));
+    if (!first.ends_with(':')) {  // a mapping's header: "start-end perms offset dev inode path"
+      const size_t slash = line.find(" /");
+      in_file = line.ends_with(file) || (slash != std::string::npos && line.substr(slash + 1).starts_with(under));
+    } else if (in_file && first == "Rss:") {
+      kb += std::stoul(line.substr(first.size()));
+    }
+  }
+  return kb * 1024;
 }
 
 }  // namespace kiln::testing

@@ -155,7 +155,7 @@ std::vector<GraphSpec> graph_specs(const std::shared_ptr<nn::Transformer>& model
 // widened for f32 layers, narrowed or quantized for the others), minus what the model never reads
 // (a tied model's lm_head copy, rotary inv_freq buffers).
 WeightsRegistry prepare_weights(const nn::LlamaConfig& config, const nn::Module& model, const WeightsRegistry& loaded,
-                                int threads) {
+                                int threads, const engine::WeightCache* cache) {
   WeightsRegistry used;
   for (const auto& [name, tensor] : loaded) {
     if (config.tie_word_embeddings && name == "lm_head.weight") continue;
@@ -167,7 +167,7 @@ WeightsRegistry prepare_weights(const nn::LlamaConfig& config, const nn::Module&
     if (const auto e = nn::weight_format_encoding(format)) encodings.emplace(name, *e);
   return convert_weights(used, model.raw_state_dict(), threads,
                          config.weight_format ? nn::weight_format_encoding(*config.weight_format) : std::nullopt,
-                         encodings);
+                         encodings, cache);
 }
 
 void report(const EngineOptions& options, std::string_view stage, int index, int total) {
@@ -290,7 +290,8 @@ GenerationEngine::GenerationEngine(const nn::LlamaConfig& config, const WeightsR
   s.model = std::make_shared<nn::Transformer>(c, nn::PagedKVLayout{o.kv_block_size, o.kv_cache_dtype}, o.max_seq_len);
   s.sampler = std::make_shared<BatchSamplerModule>(c.vocab_size, o.sampler_max_top_k);
   s.greedy = std::make_shared<BatchGreedyModule>(c.vocab_size);
-  s.weights = prepare_weights(c, *s.model, weights, o.num_threads);
+  // Converted weights are kept beside their packed copies (none when the session keeps none).
+  s.weights = prepare_weights(c, *s.model, weights, o.num_threads, s.session.weight_cache());
   s.model->load_state_dict(s.weights);
   s.models = compile_graph_specs(s.session, graph_specs(s.model, s.sampler, s.greedy));
 

@@ -403,7 +403,11 @@ Tensor unpermute_rows(const Tensor& t, int64_t heads, const engine::WeightCache*
     return Tensor::view(std::move(keep_alive), memory, t.dtype(), t.shape());
   };
   engine::WeightCache::Entry entry = cache && from ? cache->acquire(key, t.nbytes()) : engine::WeightCache::Entry{};
-  if (entry.filled) return tensor_of(entry.data.get(), entry.data);  // read only: a weight is never written
+  if (entry.filled) {  // read only: a weight is never written
+    Tensor found = tensor_of(entry.data.get(), entry.data);
+    drop_file_pages(found.keep_alive(), found.data(), found.nbytes());  // checked; read back by what reads it
+    return found;
+  }
   void* memory = entry.data ? entry.data.get() : allocate_aligned(t.nbytes());
   if (!memory) throw std::bad_alloc();
   Tensor out = tensor_of(memory, entry.data);
@@ -417,6 +421,7 @@ Tensor unpermute_rows(const Tensor& t, int64_t heads, const engine::WeightCache*
         std::memcpy(dst + hf_row * row_bytes, src + gguf_row * row_bytes, static_cast<size_t>(row_bytes));
       }
   if (entry.commit) entry.commit();
+  drop_file_pages(out.keep_alive(), out.data(), out.nbytes());  // an entry's pages: the page cache keeps them
   return out;
 }
 

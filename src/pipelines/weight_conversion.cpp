@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/graph/quantization.h"
+#include "tensor/host_memory.h"
 
 namespace kiln::pipelines {
 
@@ -72,8 +73,33 @@ std::optional<graph::QuantizationEncoding> encoding_for(int64_t cols, int64_t ro
   return found;
 }
 
+// Memory for a converted tensor of `decl`'s type, `conversion` naming how it is made from `source`.
+// Where the source's bytes are a mapped file's (or derived from one), the new bytes name theirs
+// (DerivedBytes) and, with a cache, are an entry of it: `filled` when that entry already holds them.
+struct ConvertedMemory {
+  Tensor tensor;
+  bool filled = false;
+  std::function<void()> commit;  // the entry's, once the bytes are written
+};
+
+ConvertedMemory converted_memory(const Tensor& source, const graph::Weight& decl, const std::string& conversion,
+                                 const engine::WeightCache* cache) {
+  const std::vector<int64_t> shape = decl.shape.static_dims();
+  const std::optional<std::string> from = mapped_source(source.keep_alive(), source.data(), source.nbytes());
+  if (!from) return {Tensor::empty(decl.dtype, shape), false, {}};
+  const std::string derived = *from + " " + conversion;
+  size_t bytes = dtype_size(decl.dtype);
+  for (int64_t d : shape) bytes *= static_cast<size_t>(d);
+  engine::WeightCache::Entry entry = cache ? cache->acquire(engine::WeightCache::key(derived, "converted"), bytes)
+                                           : engine::WeightCache::Entry{};
+  void* memory = entry.data ? entry.data.get() : allocate_aligned(bytes);
+  if (!memory) throw std::bad_alloc();
+  std::shared_ptr<void> keep_alive(memory, DerivedBytes{memory, bytes, derived, entry.data});
+  return {Tensor::view(std::move(keep_alive), memory, decl.dtype, shape), entry.filled, std::move(entry.commit)};
+}
+
 Tensor convert_one(const std::string& name, const Tensor& source, const graph::Weight& decl, int threads,
-                   std::optional<graph::QuantizationEncoding> preferred) {
+                   std::optional<graph::QuantizationEncoding> preferred, const engine::WeightCache* cache) {
   const std::vector<int64_t> want = decl.shape.static_dims();
   if (source.dtype() == decl.dtype && source.shape() == want) return source;
   const auto fail = [&](std::string_view why) {
@@ -83,14 +109,23 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
   if (!is_weight_float(source.dtype())) throw fail("only f32, f16 and bf16 tensors are converted");
   const Tensor src = source.contiguous();
   constexpr int64_t kMinElements = 1 << 16;  // per thread
+  // The bytes made (or found in the cache): their pages, and the file's read to make them, leave the
+  // process; whatever reads them next (a kernel packing them, a gather) reads them back.
+  auto finish = [&](ConvertedMemory& made) {
+    if (made.commit) made.commit();
+    if (!made.filled) drop_file_pages(src.keep_alive(), src.data(), static_cast<size_t>(src.nbytes()));
+    drop_file_pages(made.tensor.keep_alive(), made.tensor.data(), static_cast<size_t>(made.tensor.nbytes()));
+    return made.tensor;
+  };
   if (is_weight_float(decl.dtype)) {
     if (source.shape() != want) throw fail("shapes differ");
-    Tensor out = Tensor::empty(decl.dtype, want);
+    ConvertedMemory out = converted_memory(src, decl, fmt::format("as {}", dtype_name(decl.dtype)), cache);
+    if (out.filled) return finish(out);
     const int64_t n = src.numel();
     parallel_rows(n, kMinElements, threads, [&](int64_t begin, int64_t end) {
-      convert_floats(src.data(), src.dtype(), out.data(), decl.dtype, begin, end);
+      convert_floats(src.data(), src.dtype(), out.tensor.data(), decl.dtype, begin, end);
     });
-    return out;
+    return finish(out);
   }
   if (decl.dtype != DType::u8 || want.size() != 2 || source.rank() != 2 || source.shape()[0] != want[0])
     throw fail("not a conversion between f32/f16/bf16 or to quantized rows");
@@ -105,22 +140,24 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
     }
     throw fail(fmt::format("rows of {} weights in {} bytes are {}: pass the encoding", cols, row_bytes, fits));
   }
-  Tensor out = Tensor::empty(DType::u8, want);
+  ConvertedMemory out = converted_memory(src, decl, fmt::format("as {} rows", graph::encoding_name(*encoding)), cache);
+  if (out.filled) return finish(out);
   parallel_rows(rows, std::max<int64_t>(1, kMinElements / cols), threads, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = begin; r < end; ++r) {
       convert_floats(src.data(), src.dtype(), row.data(), DType::f32, r * cols, (r + 1) * cols, r * cols);
-      graph::quantize_row(*encoding, row.data(), cols, static_cast<uint8_t*>(out.data()) + r * row_bytes);
+      graph::quantize_row(*encoding, row.data(), cols, static_cast<uint8_t*>(out.tensor.data()) + r * row_bytes);
     }
   });
-  return out;
+  return finish(out);
 }
 
 }  // namespace
 
 WeightsRegistry convert_weights(const WeightsRegistry& checkpoint, const std::map<std::string, graph::Weight>& declared,
                                 int threads, std::optional<graph::QuantizationEncoding> encoding,
-                                const std::map<std::string, graph::QuantizationEncoding, std::less<>>& encodings) {
+                                const std::map<std::string, graph::QuantizationEncoding, std::less<>>& encodings,
+                                const engine::WeightCache* cache) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   WeightsRegistry out = checkpoint;
   for (const auto& [name, decl] : declared) {
@@ -129,7 +166,7 @@ WeightsRegistry convert_weights(const WeightsRegistry& checkpoint, const std::ma
       throw ValueError(fmt::format("convert_weights: the checkpoint has no weight '{}' (graph declares {})", name,
                                    decl.type().to_string()));
     const auto own = encodings.find(name);
-    out[name] = convert_one(name, it->second, decl, threads, own != encodings.end() ? own->second : encoding);
+    out[name] = convert_one(name, it->second, decl, threads, own != encodings.end() ? own->second : encoding, cache);
   }
   return out;
 }

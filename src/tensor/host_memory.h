@@ -37,14 +37,17 @@ struct FileMapping {
   void operator()(void* p) const { munmap(p, size); }
 };
 
-// The deleter of memory (allocate_aligned's) holding bytes computed from a mapped file's alone, e.g. a
-// GGUF q/k weight with its rows un-permuted: `source` names those bytes and the computation, so the
-// packed-weight cache can key what is packed from them as it keys a file's own bytes.
+// The deleter of memory holding bytes computed from a mapped file's alone, e.g. a GGUF q/k weight with
+// its rows un-permuted or a weight converted to another dtype at load: `source` names those bytes and
+// the computation, so the packed-weight cache can key what is packed from them as it keys a file's
+// own bytes.
 struct DerivedBytes {
   void* base = nullptr;
   size_t size = 0;
   std::string source;
-  std::shared_ptr<void> owner;  // what holds the memory (a cache entry's mapping); null: allocate_aligned's
+  // What holds the memory: a weight cache entry's mapping of its file (so its pages can be dropped
+  // as a file's are); null: allocate_aligned's.
+  std::shared_ptr<void> owner;
   void operator()(void* p) const {
     if (!owner) std::free(p);
   }
@@ -74,20 +77,27 @@ inline std::optional<std::string> mapped_source(const std::shared_ptr<void>& kee
   return *source + "@" + std::to_string(*offset) + "+" + std::to_string(bytes);
 }
 
-// Drops this process's pages of [data, data + bytes) when `keep_alive` is a FileMapping holding them
-// (else does nothing): the whole pages inside the range, so a neighbour's partial page stays. They
-// stay in the page cache, and a later touch reads them back as the file has them, so a reader sees
-// the same bytes and only the resident size changes. The executor does it for a weight kernels run
-// on a copy of (Model::copied_weights). Returns the bytes dropped.
+// Drops this process's pages of [data, data + bytes) when `keep_alive` is a FileMapping holding them,
+// or DerivedBytes in a weight cache entry's file (else does nothing: anonymous memory would lose its
+// bytes): the whole pages inside the range, so a neighbour's partial page stays. They stay in the
+// page cache, and a later touch reads them back as the file has them, so a reader sees the same bytes
+// and only the resident size changes. The executor does it for a weight kernels run on a copy of
+// (Model::copied_weights). Returns the bytes dropped.
 inline size_t drop_file_pages(const std::shared_ptr<void>& keep_alive, const void* data, size_t bytes) {
-  const FileMapping* mapping = std::get_deleter<FileMapping>(keep_alive);
-  if (!mapping || !offset_within(mapping->base, mapping->size, data, bytes)) return 0;
+  void* base = nullptr;
+  size_t size = 0;
+  if (const FileMapping* mapping = std::get_deleter<FileMapping>(keep_alive))
+    base = mapping->base, size = mapping->size;
+  else if (const DerivedBytes* derived = std::get_deleter<DerivedBytes>(keep_alive); derived && derived->owner)
+    base = derived->base, size = derived->size;
+  if (!base || !offset_within(base, size, data, bytes)) return 0;
   const auto first = reinterpret_cast<uintptr_t>(data);
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t lo = (first + page - 1) / page * page, hi = (first + bytes) / page * page;
   if (hi <= lo) return 0;
   // MAP_PRIVATE: a page the process had written (copy-on-write) would go back to the file's bytes.
-  // Weights are never written, so each page is the file's already.
+  // Weights are never written, so each page is the file's already. MAP_SHARED (an entry just made):
+  // the written pages are the file's, kept in the page cache until written back.
   if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0) return 0;  // a hint: keep them
   return hi - lo;
 }

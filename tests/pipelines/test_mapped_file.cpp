@@ -12,25 +12,12 @@
 
 #include "pipelines/mapped_file.h"
 #include "tensor/host_memory.h"
+#include "test_util.h"
 
 namespace kiln::pipelines {
 namespace {
 namespace fs = std::filesystem;
-
-// This process's resident bytes of its mappings of `file` (the Rss fields of /proc/self/smaps).
-size_t resident_bytes_of(const fs::path& file) {
-  std::ifstream smaps("/proc/self/smaps");
-  size_t kb = 0;
-  bool in_file = false;
-  for (std::string line; std::getline(smaps, line);) {
-    const std::string first = line.substr(0, line.find(' '));
-    if (!first.ends_with(':'))  // a mapping's header: "start-end perms offset dev inode path"
-      in_file = line.ends_with(" " + file.string());
-    else if (in_file && first == "Rss:")
-      kb += std::stoul(line.substr(first.size()));
-  }
-  return kb * 1024;
-}
+using kiln::testing::resident_bytes_of;
 
 struct TempFile {
   fs::path path = fs::temp_directory_path() / fmt::format("kiln-test-mapped-{}.bin", ::getpid());

@@ -1,7 +1,10 @@
 // The packed-weight cache (kiln/engine/weight_cache.h) under real sessions and model files: a weight
 // mapped from a file is packed by one session, mapped from the cache by the next with the same bits,
-// and a rewritten file is never served the old file's panels.
+// and a rewritten file is never served the old file's panels; weights converted at load
+// (pipelines::convert_weights) are kept there too, and a later load maps them without reading the
+// checkpoint.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -11,11 +14,14 @@
 #include "kiln/engine/weight_cache.h"
 #include "kiln/kiln.h"
 #include "kiln/pipelines/safetensors.h"
+#include "kiln/pipelines/weight_conversion.h"
+#include "tensor/host_memory.h"
 #include "test_util.h"
 
 namespace {
 
 using namespace kiln;
+using kiln::testing::resident_bytes_of;
 using kiln::testing::TempDir;
 namespace fs = std::filesystem;
 namespace ops = kiln::graph::ops;
@@ -85,6 +91,84 @@ TEST(WeightCache, WeightFromAFileIsPackedOnceThenMappedByLaterSessions) {
   options.weight_cache = false;
   engine::InferenceSession off({DeviceRef::CPU()}, {}, options);
   EXPECT_EQ(off.weight_cache(), nullptr);
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data());
+  return std::vector<uint8_t>(p, p + t.nbytes());
+}
+
+// A checkpoint's f32 matrices converted at load, one to Q8_0 rows and one to bf16 for a matmul: the
+// first load converts them into cache entries (and the matmul's panels of the bf16 one into another),
+// the next maps all three and converts nothing. Either way the bytes are what converting the same
+// values in memory gives, and the process keeps none of the checkpoint's pages nor the converted
+// entries' (they stay in the page cache; a reader reads them back).
+TEST(WeightCache, WeightsConvertedAtLoadAreKeptAndMappedWithoutReadingTheCheckpoint) {
+  TempDir dir;
+  fs::create_directories(dir.path());
+  const fs::path file = dir.path() / "model.safetensors", cache_dir = dir.path() / "cache";
+  const int64_t rows = 64, cols = 256, M = 3;  // entries of 4.25 and 8 pages
+  std::mt19937 rng(11);
+  std::vector<float> q(static_cast<size_t>(rows * cols)), w(static_cast<size_t>(cols * rows));
+  for (float& x : q) x = std::uniform_real_distribution<float>(-2, 2)(rng);
+  for (float& x : w) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  const WeightsRegistry in_memory{{"q", Tensor::from_vector<float>(q, {rows, cols})},
+                                  {"w", Tensor::from_vector<float>(w, {cols, rows})}};
+  pipelines::save_safetensors(file, in_memory);
+  const int64_t q8_0_row = graph::quantized_row_bytes(graph::QuantizationEncoding::q8_0, cols, "q");
+  const std::map<std::string, graph::Weight> declared{
+      {"q", graph::Weight{"q", DType::u8, graph::Shape::of({rows, q8_0_row}), DeviceRef::CPU()}},
+      {"w", graph::Weight{"w", DType::bf16, graph::Shape::of({cols, rows}), DeviceRef::CPU()}}};
+  const WeightsRegistry want = pipelines::convert_weights(in_memory, declared, 2, graph::QuantizationEncoding::q8_0);
+
+  graph::Graph g("proj", {graph::TensorType{DType::f32, {"batch", cols}}});
+  {
+    graph::Graph::Scope scope(g);
+    g.output({ops::matmul(g.input(0), ops::cast(g.weight({"w", DType::bf16, {cols, rows}}), DType::f32))});
+  }
+  std::vector<float> x(static_cast<size_t>(M * cols));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.11f * static_cast<float>(i));
+  engine::SessionOptions options;
+  options.compile_cache_dir = cache_dir;
+
+  std::vector<float> first_y;
+  for (int load = 0; load < 2; ++load) {
+    SCOPED_TRACE(load);
+    const WeightsRegistry checkpoint = pipelines::load_safetensors(file);
+    const size_t header_pages = resident_bytes_of(file);  // what reading the header touched
+    const engine::WeightCache cache(cache_dir / "weights");
+    const WeightsRegistry converted =
+        pipelines::convert_weights(checkpoint, declared, 2, graph::QuantizationEncoding::q8_0, {}, &cache);
+    EXPECT_EQ(cache.hits(), load == 0 ? 0 : 2);
+    EXPECT_EQ(cache.stores(), load == 0 ? 2 : 0);
+    EXPECT_LE(resident_bytes_of(file), header_pages) << "the checkpoint's pages read to convert are dropped";
+    // The entries' pages are dropped once written or checked: all but the Q8_0 entry's last, partial page.
+    EXPECT_LE(resident_bytes_of(cache_dir), static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
+    for (const char* name : {"q", "w"}) {
+      SCOPED_TRACE(name);
+      const Tensor& t = converted.at(name);
+      const std::optional<std::string> source = mapped_source(t.keep_alive(), t.data(), t.nbytes());
+      ASSERT_TRUE(source) << "converted bytes name their file and conversion";
+      EXPECT_NE(source->find(name[0] == 'q' ? "as q8_0 rows" : "as bf16"), std::string::npos) << *source;
+      EXPECT_EQ(bytes_of(t), bytes_of(want.at(name)));
+    }
+    EXPECT_GT(resident_bytes_of(cache_dir), 0u);  // read back to compare
+
+    engine::InferenceSession session({DeviceRef::CPU()}, {}, options);
+    engine::Model model = session.load(g.module(), converted);
+    const Tensor y = model.execute({Tensor::from_vector<float>(x, {M, cols})}).at(0);
+    const float* p = static_cast<const float*>(y.data());
+    const std::vector<float> got(p, p + M * rows);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < rows; ++n) {
+        double sum = 0;
+        for (int64_t k = 0; k < cols; ++k)
+          sum += double{x[m * cols + k]} * static_cast<float>(static_cast<const bf16_t*>(want.at("w").data())[k * rows + n]);
+        ASSERT_NEAR(got[m * rows + n], sum, 1e-3) << m << ", " << n;
+      }
+    if (load == 0) first_y = got;
+    else EXPECT_EQ(got, first_y) << "the same bits from the cached panels";
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "kiln/engine/weight_cache.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/graph/graph.h"
 #include "kiln/graph/quantization.h"
@@ -26,13 +27,20 @@ namespace kiln::pipelines {
 // q8_0). Q4_0 and Q4_K rows have the same size, so a declaration both fit needs `encoding`.
 // `encodings` overrides `encoding` per weight, by name (a model whose matrices mix encodings,
 // LlamaConfig::weight_formats).
-// Converted tensors are new (anonymous) memory, filled by `threads` threads (0:
-// std::thread::hardware_concurrency()). Checkpoint names that nothing declares are kept as they are.
+// Converted tensors are new memory, filled by `threads` threads (0: std::thread::hardware_concurrency()).
+// Checkpoint names that nothing declares are kept as they are.
+// A tensor mapped from a file converts to bytes that name their source (the file's bytes and the
+// conversion), so the copies kernels pack from them are kept in the packed-weight cache as a file's
+// own bytes are; with `cache`, the converted bytes are an entry of it too: a later load of the same
+// file maps them instead of converting (or reading the file) again. Pages of the file read to convert
+// and of the entries written or checked are dropped from the process at once (they stay in the page
+// cache): what a load holds is what kernels then read, not the checkpoint and every copy of it.
 // ValueError naming the weight for a missing tensor, a shape that does not match, an ambiguous or
 // unfitting u8 declaration, or a conversion other than these.
 WeightsRegistry convert_weights(const WeightsRegistry& checkpoint,
                                 const std::map<std::string, graph::Weight>& declared, int threads = 0,
                                 std::optional<graph::QuantizationEncoding> encoding = std::nullopt,
-                                const std::map<std::string, graph::QuantizationEncoding, std::less<>>& encodings = {});
+                                const std::map<std::string, graph::QuantizationEncoding, std::less<>>& encodings = {},
+                                const engine::WeightCache* cache = nullptr);
 
 }  // namespace kiln::pipelines
