@@ -269,19 +269,23 @@ class AddedTokenTrie {
 // slot and one compare instead of a walk through std::unordered_map's nodes.
 class FlatStringIndex {
  public:
-  void build(const std::unordered_map<std::string, int64_t>& entries) {
-    size_t capacity = 16;
-    while (capacity < 2 * entries.size()) capacity *= 2;
-    slots_.assign(capacity, Slot{});
-    arena_.clear();
-    for (const auto& [key, value] : entries) {
-      const uint64_t h = hash(key);
-      size_t i = h & (capacity - 1);
-      while (slots_[i].id >= 0) i = (i + 1) & (capacity - 1);
-      slots_[i] = {static_cast<uint32_t>(h), static_cast<int32_t>(value), static_cast<uint32_t>(arena_.size()),
-                   static_cast<uint32_t>(key.size())};
-      arena_ += key;
-    }
+  // Room for `count` keys without growing.
+  void reserve(size_t count) {
+    if (2 * count > slots_.size()) rehash(count);
+  }
+  // Adds key -> value; false (and nothing changes) when the key is there already.
+  bool insert(std::string_view key, int64_t value) {
+    if (2 * (size_ + 1) > slots_.size()) rehash(2 * (size_ + 1));
+    const uint64_t h = hash(key);
+    const size_t mask = slots_.size() - 1;
+    size_t i = h & mask;
+    for (; slots_[i].id >= 0; i = (i + 1) & mask)
+      if (matches(slots_[i], h, key)) return false;
+    slots_[i] = {static_cast<uint32_t>(h), static_cast<int32_t>(value), static_cast<uint32_t>(arena_.size()),
+                 static_cast<uint32_t>(key.size())};
+    arena_ += key;
+    ++size_;
+    return true;
   }
   std::optional<int64_t> find(std::string_view key) const {
     if (slots_.empty()) return std::nullopt;
@@ -290,9 +294,7 @@ class FlatStringIndex {
     for (size_t i = h & mask;; i = (i + 1) & mask) {
       const Slot& slot = slots_[i];
       if (slot.id < 0) return std::nullopt;
-      if (slot.hash == static_cast<uint32_t>(h) && slot.length == key.size() &&
-          std::string_view(arena_).substr(slot.offset, slot.length) == key)
-        return slot.id;
+      if (matches(slot, h, key)) return slot.id;
     }
   }
 
@@ -304,8 +306,75 @@ class FlatStringIndex {
     int32_t id = -1;  // -1: empty (ids are below kMaxTokenId = 2^24)
     uint32_t offset = 0, length = 0;
   };
+  bool matches(const Slot& slot, uint64_t h, std::string_view key) const {
+    return slot.hash == static_cast<uint32_t>(h) && slot.length == key.size() &&
+           std::string_view(arena_).substr(slot.offset, slot.length) == key;
+  }
+  // Slots for at least `count` keys at most half full; the keys already in are placed again.
+  void rehash(size_t count) {
+    size_t capacity = 16;
+    while (capacity < 2 * count) capacity *= 2;
+    std::vector<Slot> old = std::exchange(slots_, std::vector<Slot>(capacity));
+    for (const Slot& slot : old) {
+      if (slot.id < 0) continue;
+      size_t i = slot.hash & (capacity - 1);  // the low bits of the full hash, as insert() places it
+      while (slots_[i].id >= 0) i = (i + 1) & (capacity - 1);
+      slots_[i] = slot;
+    }
+  }
   std::vector<Slot> slots_;
   std::string arena_;
+  size_t size_ = 0;
+};
+
+// (left id, right id) -> the merge's rank and result: open addressing over one flat array (a lookup
+// per adjacent pair as a word is merged; hundreds of thousands of inserts at load, none allocating).
+class FlatMergeTable {
+ public:
+  struct Merge {
+    int32_t rank = 0;
+    int32_t merged_id = 0;
+  };
+  void reserve(size_t count) {
+    size_t capacity = 16;
+    while (capacity < 2 * count) capacity *= 2;
+    if (capacity > slots_.size()) rehash(capacity);
+  }
+  // Adds the pair unless it is there already (the first, lowest-ranked merge of a pair stands).
+  void insert(uint64_t key, Merge merge) {
+    if (2 * (size_ + 1) > slots_.size()) rehash(std::max<size_t>(16, 2 * slots_.size()));
+    size_t i = index(key);
+    for (; slots_[i].key != kEmpty; i = (i + 1) & (slots_.size() - 1))
+      if (slots_[i].key == key) return;
+    slots_[i] = {key, merge};
+    ++size_;
+  }
+  const Merge* find(uint64_t key) const {
+    if (slots_.empty()) return nullptr;
+    for (size_t i = index(key);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i].key == key) return &slots_[i].merge;
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // no pair of ids below 2^24 makes it
+  struct Slot {
+    uint64_t key = kEmpty;
+    Merge merge;
+  };
+  size_t index(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull) >> 32 & (slots_.size() - 1); }
+  void rehash(size_t capacity) {
+    std::vector<Slot> old = std::exchange(slots_, std::vector<Slot>(capacity));
+    for (const Slot& slot : old) {
+      if (slot.key == kEmpty) continue;
+      size_t i = index(slot.key);
+      while (slots_[i].key != kEmpty) i = (i + 1) & (capacity - 1);
+      slots_[i] = slot;
+    }
+  }
+  std::vector<Slot> slots_;
+  size_t size_ = 0;
 };
 
 // Reads one JSON field with a message naming the file and the field when it is missing or mistyped.
@@ -346,12 +415,18 @@ class JsonReader {
       fail(fmt::format("'{}' is {}, of the wrong type", name, obj.at(name).type_name()));
     }
   }
-  int64_t token_id(const json& v, const std::string& what) const {
+  // `what` names the id's owner in an error: a string, or a callable making one (formatted only then).
+  template <class What>
+  int64_t token_id(const json& v, const What& what) const {
+    const auto subject = [&]() -> std::string {
+      if constexpr (std::is_invocable_v<const What&>) return what();
+      else return std::string(what);
+    };
     if (!v.is_number_integer())
-      fail(fmt::format("{} has id {}, expected an integer", what, json_input::describe(v)));
+      fail(fmt::format("{} has id {}, expected an integer", subject(), json_input::describe(v)));
     const int64_t id = v.get<int64_t>();
     if (id < 0 || id >= kMaxTokenId)
-      fail(fmt::format("{} has id {}, outside [0, {})", what, id, kMaxTokenId));
+      fail(fmt::format("{} has id {}, outside [0, {})", subject(), id, kMaxTokenId));
     return id;
   }
   const std::string& file() const { return file_; }
@@ -369,7 +444,6 @@ class HfBpeTokenizer final : public Tokenizer {
     if (type != "BPE")
       in.fail(fmt::format("model type '{}' is not supported (kiln reads BPE tokenizers only)", type));
     load_model(model, in);
-    vocab_index_.build(vocab_);
     if (root.contains("added_tokens")) load_added_tokens(root.at("added_tokens"), in);
     load_normalizer(root.value("normalizer", json()), in);
     load_pre_tokenizer(root.value("pre_tokenizer", json()), in);
@@ -437,9 +511,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::optional<int64_t> eos_id() const override { return eos_id_; }
   std::optional<int64_t> token_to_id(std::string_view token) const override {
     if (const auto it = added_ids_.find(std::string(token)); it != added_ids_.end()) return it->second;
-    const auto it = vocab_.find(std::string(token));
-    if (it == vocab_.end()) return std::nullopt;
-    return it->second;
+    return vocab_.find(token);
   }
   bool is_special(int64_t id) const override { return special_ids_.count(id) != 0; }
 
@@ -460,49 +532,50 @@ class HfBpeTokenizer final : public Tokenizer {
                           json_input::describe(*dropout)));
     const json& vocab = in.field(model, "vocab", "model");
     if (!vocab.is_object()) in.fail(fmt::format("model.vocab is {}, expected an object", vocab.type_name()));
+    vocab_.reserve(vocab.size());
     for (const auto& [token, id] : vocab.items()) {
-      const int64_t i = in.token_id(id, fmt::format("vocab token '{}'", token));
-      vocab_[token] = i;
+      const int64_t i = in.token_id(id, [&] { return fmt::format("vocab token '{}'", token); });
+      vocab_.insert(token, i);  // the JSON's keys are unique (json_input refuses a repeated one)
       set_token(i, token);
     }
     ignore_merges_ = in.optional<bool>(model, "ignore_merges", false);
     byte_fallback_ = in.optional<bool>(model, "byte_fallback", false);
     fuse_unk_ = in.optional<bool>(model, "fuse_unk", false);
     if (const std::string unk = in.optional<std::string>(model, "unk_token", ""); !unk.empty()) {
-      const auto it = vocab_.find(unk);
-      if (it == vocab_.end()) in.fail(fmt::format("unk_token '{}' is not in the vocabulary", unk));
-      unk_id_ = it->second;
+      const std::optional<int64_t> id = vocab_.find(unk);
+      if (!id) in.fail(fmt::format("unk_token '{}' is not in the vocabulary", unk));
+      unk_id_ = *id;
     }
     if (byte_fallback_)
       for (int b = 0; b < 256; ++b)
-        if (const auto it = vocab_.find(fmt::format("<0x{:02X}>", b)); it != vocab_.end()) byte_ids_[b] = it->second;
+        if (const std::optional<int64_t> id = vocab_.find(fmt::format("<0x{:02X}>", b))) byte_ids_[b] = *id;
 
     const json& merges = in.field(model, "merges", "model");
     if (!merges.is_array()) in.fail(fmt::format("model.merges is {}, expected a list", merges.type_name()));
+    merges_.reserve(merges.size());
+    std::string merged;
     for (size_t rank = 0; rank < merges.size(); ++rank) {
       const json& m = merges[rank];
-      std::string a, b;
+      std::string_view a, b;
       if (m.is_string()) {  // "a b"
-        const std::string s = m.get<std::string>();
+        const std::string_view s = m.get_ref<const std::string&>();
         const size_t space = s.find(' ');
         if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
           in.fail(fmt::format("merge {} '{}' is not two tokens separated by one space", rank, s));
         a = s.substr(0, space), b = s.substr(space + 1);
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
-        a = m[0].get<std::string>(), b = m[1].get<std::string>();
+        a = m[0].get_ref<const std::string&>(), b = m[1].get_ref<const std::string&>();
       } else {
         in.fail(
             fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, json_input::describe(m)));
       }
       // The merged token drops b's continuing-subword prefix ("##").
-      const std::string merged = a + (starts_with(b, prefix_) ? b.substr(prefix_.size()) : b);
-      const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(merged);
-      if (ia == vocab_.end() || ib == vocab_.end() || iab == vocab_.end())
+      merged.assign(a).append(starts_with(b, prefix_) ? b.substr(prefix_.size()) : b);
+      const std::optional<int64_t> ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(merged);
+      if (!ia || !ib || !iab)
         in.fail(fmt::format("merge {} ('{}' '{}'): '{}' is not in the vocabulary", rank, a, b,
-                            ia == vocab_.end()   ? a
-                            : ib == vocab_.end() ? b
-                                                 : merged));
-      merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int64_t>(rank), iab->second});
+                            !ia ? a : !ib ? b : std::string_view(merged)));
+      merges_.insert(pair_key(*ia, *ib), {static_cast<int32_t>(rank), static_cast<int32_t>(*iab)});
     }
   }
 
@@ -1048,7 +1121,7 @@ class HfBpeTokenizer final : public Tokenizer {
   void bpe_cached(std::string_view word_view, std::vector<int64_t>& ids) const {
     // A word of the vocabulary is its own token when merges are ignored (Llama 3): no cache needed.
     if (ignore_merges_)
-      if (const auto id = vocab_index_.find(word_view)) return ids.push_back(*id);
+      if (const auto id = vocab_.find(word_view)) return ids.push_back(*id);
     const std::string word(word_view);
     constexpr size_t kMaxCachedWordBytes = 64, kMaxCacheEntries = 1 << 16;
     const bool cacheable = word.size() <= kMaxCachedWordBytes;
@@ -1089,7 +1162,7 @@ class HfBpeTokenizer final : public Tokenizer {
       ch.assign(prefix_.empty() || i == 0 ? "" : prefix_).append(word, i, len);
       i += len;
       if (i == word.size()) ch += suffix_;
-      if (const auto id = vocab_index_.find(ch)) {
+      if (const auto id = vocab_.find(ch)) {
         push(*id);
         continue;
       }
@@ -1119,9 +1192,8 @@ class HfBpeTokenizer final : public Tokenizer {
     std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
     const auto consider = [&](int left, int right) {
       if (left < 0 || right < 0) return;
-      const auto it = merges_.find(pair_key(symbols[left].id, symbols[right].id));
-      if (it != merges_.end())
-        heap.push({it->second.rank, left, right, symbols[left].id, symbols[right].id, it->second.merged_id});
+      if (const FlatMergeTable::Merge* m = merges_.find(pair_key(symbols[left].id, symbols[right].id)))
+        heap.push({m->rank, left, right, symbols[left].id, symbols[right].id, m->merged_id});
     };
     for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) consider(i, i + 1);
     while (!heap.empty()) {
@@ -1287,17 +1359,13 @@ class HfBpeTokenizer final : public Tokenizer {
     return text;
   }
 
-  struct Merge {
-    int64_t rank;
-    int64_t merged_id;
-  };
-
   std::string file_;
   bool clean_up_spaces_;
-  std::unordered_map<std::string, int64_t> vocab_;
-  FlatStringIndex vocab_index_;  // vocab_, for the lookups of encoding
+  // Token -> id: open addressing probed with a string_view (one lookup per word, one per character
+  // of a word BPE merges, three per merge at load).
+  FlatStringIndex vocab_;
   std::vector<std::string> id_to_token_;
-  std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) -> rank and result
+  FlatMergeTable merges_;  // pair_key(left, right) -> rank and result
   std::string prefix_, suffix_;                 // continuing_subword_prefix, end_of_word_suffix
   bool ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
   std::array<int64_t, 256> byte_ids_ = [] {

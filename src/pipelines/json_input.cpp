@@ -1,12 +1,13 @@
-// json_input.h: nlohmann's DOM parser driven through its callback, which sees every object, array
-// and key as it is read, so the depth and duplicate-key checks refuse an input before any deeper or
-// later value is built. The input is read through an iterator that records how far the parser has
+// json_input.h: a DOM built from nlohmann's SAX events, which see every object, array and key as it
+// is read, so the depth and duplicate-key checks refuse an input before any deeper or later value is
+// built. The input is read through an iterator that records how far the parser has
 // got, which is the byte offset the callback's errors report.
 #include "pipelines/json_input.h"
 
 #include <fmt/format.h>
 
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <unordered_set>
 #include <vector>
@@ -56,6 +57,83 @@ std::string cut(std::string_view message) {
   return out + "...";
 }
 
+// Builds the DOM from nlohmann's SAX events (as its own DOM parser does), checking each object and
+// array's depth before it is built and each key as it is inserted: a key whose insertion leaves its
+// object's size unchanged is a repeated one. (nlohmann's callback parser, which could do the same,
+// walks the parent object's members at the end of every object: quadratic in a tokenizer config's
+// thousands of added tokens.)
+template <class Json>
+class DomBuilder {
+ public:
+  using number_integer_t = typename Json::number_integer_t;
+  using number_unsigned_t = typename Json::number_unsigned_t;
+  using number_float_t = typename Json::number_float_t;
+  using string_t = typename Json::string_t;
+  using binary_t = typename Json::binary_t;
+
+  DomBuilder(const std::string& origin, const Options& options, std::function<std::string()> where)
+      : origin_(origin), options_(options), where_(std::move(where)) {}
+
+  Json take() { return std::move(root_); }
+
+  bool null() { return put(nullptr); }
+  bool boolean(bool v) { return put(v); }
+  bool number_integer(number_integer_t v) { return put(v); }
+  bool number_unsigned(number_unsigned_t v) { return put(v); }
+  bool number_float(number_float_t v, const string_t&) { return put(v); }
+  bool string(string_t& v) { return put(std::move(v)); }
+  bool binary(binary_t& v) { return put(Json::binary(std::move(v))); }
+  bool start_object(std::size_t) { return open(Json::value_t::object); }
+  bool start_array(std::size_t) { return open(Json::value_t::array); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(string_t& k) {
+    Json& object = *stack_.back();
+    const size_t before = object.size();
+    Json& member = object[k];
+    if (options_.reject_duplicate_keys && object.size() == before)
+      throw LoadError(fmt::format("{}: duplicate key {} at {}", origin_, describe(Json(k)), where_()));
+    member_ = &member;
+    return true;
+  }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception& e) {
+    throw e;  // as nlohmann's own parser: the caller turns it into a LoadError naming the byte
+  }
+
+ private:
+  // Places a value: the whole document, the next element of the open array, or the member the last
+  // key made. Returns where it went.
+  template <class Value>
+  Json* place(Value&& v) {
+    Json* at = stack_.empty() ? &root_ : stack_.back()->is_array() ? &stack_.back()->emplace_back() : member_;
+    *at = Json(std::forward<Value>(v));
+    return at;
+  }
+  template <class Value>
+  bool put(Value&& v) {
+    place(std::forward<Value>(v));
+    return true;
+  }
+  bool open(typename Json::value_t type) {
+    if (stack_.size() >= static_cast<size_t>(options_.max_depth))
+      throw LoadError(fmt::format("{}: nested deeper than {} levels at {}", origin_, options_.max_depth, where_()));
+    stack_.push_back(place(type));
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    return true;
+  }
+
+  const std::string& origin_;
+  const Options& options_;
+  std::function<std::string()> where_;
+  Json root_;
+  std::vector<Json*> stack_;  // the open objects and arrays, innermost last
+  Json* member_ = nullptr;    // the member the last key made, for the value that follows
+};
+
 template <class Json>
 Json parse_impl(std::string_view bytes, const std::string& origin, const Options& options) {
   const char* const begin = bytes.data();
@@ -66,35 +144,10 @@ Json parse_impl(std::string_view bytes, const std::string& origin, const Options
     const size_t read = static_cast<size_t>(cursor - begin);
     return fmt::format("{} {}", options.offset_unit, options.base_offset + (read > 0 ? read - 1 : 0));
   };
-  std::vector<std::unordered_set<std::string>> keys;  // one per open object, when checking duplicates
-
-  auto callback = [&](int depth, nlohmann::detail::parse_event_t event, Json& parsed) -> bool {
-    using Event = nlohmann::detail::parse_event_t;
-    switch (event) {
-      case Event::object_start:
-      case Event::array_start:
-        if (depth >= options.max_depth)
-          throw LoadError(
-              fmt::format("{}: nested deeper than {} levels at {}", origin, options.max_depth, where()));
-        if (event == Event::object_start && options.reject_duplicate_keys) keys.emplace_back();
-        break;
-      case Event::object_end:
-        if (options.reject_duplicate_keys && !keys.empty()) keys.pop_back();
-        break;
-      case Event::key:
-        if (options.reject_duplicate_keys && !keys.empty() && parsed.is_string() &&
-            !keys.back().insert(parsed.template get_ref<const std::string&>()).second)
-          throw LoadError(fmt::format("{}: duplicate key {} at {}", origin, describe(parsed), where()));
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-
   try {
-    return Json::parse(CountingIterator{begin, &cursor}, CountingIterator{begin + bytes.size(), nullptr},
-                       callback);
+    DomBuilder<Json> builder(origin, options, where);
+    Json::sax_parse(CountingIterator{begin, &cursor}, CountingIterator{begin + bytes.size(), nullptr}, &builder);
+    return builder.take();
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte counts the bytes read, from 1.
     const size_t at = options.base_offset + (e.byte > 0 ? e.byte - 1 : 0);
