@@ -71,6 +71,19 @@ TEST(JsonInput, DuplicateKeyIsLoadErrorNamingItAndTheByte) {
                           {"duplicate key \"k\""});
 }
 
+// A tokenizer_config.json's added_tokens_decoder: thousands of members, each an object (the shape that
+// made nlohmann's callback parser walk the whole parent at every member's end). The same value as
+// nlohmann's own parser, and a repeated key after them all still named at its byte.
+TEST(JsonInput, ObjectOfManyObjectsParsesAsNlohmannAndKeepsCheckingKeys) {
+  std::string text = "{";
+  for (int i = 0; i < 20000; ++i)
+    text += fmt::format(R"({}"{}": {{"content": "<t{}>", "special": {}}})", i ? ", " : "", i, i, i % 2 ? "true" : "false");
+  EXPECT_EQ(json_input::parse(text + "}", "t"), json::parse(text + "}"));
+  const std::string repeated = text + R"(, "17": {}})";
+  EXPECT_EQ(error_message<LoadError>([&] { json_input::parse(repeated, "f.json"); }),
+            fmt::format("f.json: duplicate key \"17\" at byte {}", repeated.rfind(R"("17")") + 3));
+}
+
 TEST(JsonInput, SameKeyInDifferentObjectsIsNoDuplicate) {
   EXPECT_NO_THROW(json_input::parse(R"([{"a": 1}, {"a": 2}])", "t"));
   EXPECT_NO_THROW(json_input::parse(R"({"a": {"a": {"a": 1}}, "b": {"a": 2}})", "t"));
