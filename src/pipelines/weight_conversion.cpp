@@ -87,7 +87,8 @@ ConvertedMemory converted_memory(const Tensor& source, const graph::Weight& decl
   const std::vector<int64_t> shape = decl.shape.static_dims();
   const std::optional<std::string> from = mapped_source(source.keep_alive(), source.data(), source.nbytes());
   if (!from) return {Tensor::empty(decl.dtype, shape), false, {}};
-  const std::string derived = *from + " " + conversion;
+  // The source's type too: the same bytes read as another shape would quantize into other rows.
+  const std::string derived = fmt::format("{} ({}) {}", *from, describe(source), conversion);
   size_t bytes = dtype_size(decl.dtype);
   for (int64_t d : shape) bytes *= static_cast<size_t>(d);
   engine::WeightCache::Entry entry = cache ? cache->acquire(engine::WeightCache::key(derived, "converted"), bytes)
