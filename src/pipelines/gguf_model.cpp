@@ -18,7 +18,7 @@
 #include "kiln/graph/dtype.h"
 #include "kiln/graph/quantization.h"
 #include "pipelines/hf_config_internal.h"
-#include "tensor/host_memory.h"
+#include "pipelines/derived_tensor.h"
 
 namespace kiln::pipelines {
 namespace fs = std::filesystem;
@@ -389,30 +389,16 @@ Tensor view(const GGUFFile& file, const GGUFTensor& t) {
 // llama.cpp's converter stores q/k rows of each head as (half, 2) instead of (2, half) (HF's
 // rotate-half pairs i and i + half; llama.cpp's RoPE pairs 2i and 2i + 1). Undoing it moves whole rows,
 // so it works on any element or block format.
-// The copy names its source (DerivedBytes), so what kernels pack from it is kept in the packed-weight
-// cache as a file's own bytes are; the copy itself is an entry of `cache` where given.
+// The copy is a DerivedTensor: what kernels pack from it is cached as a file's own bytes are, and it is
+// an entry of `cache` itself where given.
 Tensor unpermute_rows(const Tensor& t, int64_t heads, const engine::WeightCache* cache) {
   const int64_t rows = t.shape()[0];
   const int64_t row_bytes = t.nbytes() / rows;
   const int64_t half = rows / heads / 2;
-  const std::optional<std::string> from = mapped_source(t.keep_alive(), t.data(), t.nbytes());
-  const std::string source = from ? *from + fmt::format(" rows unpermuted in {} heads", heads) : "";
-  const std::string key = engine::WeightCache::key(source, "rows");
-  auto tensor_of = [&](void* memory, std::shared_ptr<void> owner) {
-    std::shared_ptr<void> keep_alive(memory, DerivedBytes{memory, t.nbytes(), source, std::move(owner)});
-    return Tensor::view(std::move(keep_alive), memory, t.dtype(), t.shape());
-  };
-  engine::WeightCache::Entry entry = cache && from ? cache->acquire(key, t.nbytes()) : engine::WeightCache::Entry{};
-  if (entry.filled) {  // read only: a weight is never written
-    Tensor found = tensor_of(entry.data.get(), entry.data);
-    drop_file_pages(found.keep_alive(), found.data(), found.nbytes());  // checked; read back by what reads it
-    return found;
-  }
-  void* memory = entry.data ? entry.data.get() : allocate_aligned(t.nbytes());
-  if (!memory) throw std::bad_alloc();
-  Tensor out = tensor_of(memory, entry.data);
+  DerivedTensor out = derived_tensor(t, fmt::format("rows unpermuted in {} heads", heads), t.dtype(), t.shape(), cache);
+  if (out.filled) return out.finish(t);  // read only: a weight is never written
   const auto* src = static_cast<const uint8_t*>(t.data());
-  auto* dst = static_cast<uint8_t*>(memory);
+  auto* dst = static_cast<uint8_t*>(out.tensor.data());
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t i = 0; i < half; ++i)
       for (int64_t j = 0; j < 2; ++j) {
@@ -420,9 +406,7 @@ Tensor unpermute_rows(const Tensor& t, int64_t heads, const engine::WeightCache*
         const int64_t gguf_row = h * 2 * half + i * 2 + j;
         std::memcpy(dst + hf_row * row_bytes, src + gguf_row * row_bytes, static_cast<size_t>(row_bytes));
       }
-  if (entry.commit) entry.commit();
-  drop_file_pages(out.keep_alive(), out.data(), out.nbytes());  // an entry's pages: the page cache keeps them
-  return out;
+  return out.finish(t);
 }
 
 }  // namespace
@@ -465,12 +449,7 @@ WeightsRegistry gguf_weights(const GGUFFile& file, const ModelInfo& info, nn::We
       const int64_t heads = name->ends_with("self_attn.q_proj.weight")   ? c.num_attention_heads
                             : name->ends_with("self_attn.k_proj.weight") ? c.num_key_value_heads
                                                                           : 0;
-      if (heads != 0) {
-        Tensor rows = unpermute_rows(tensor, heads, cache);
-        // The file's rows are not read again: its pages of them are dropped, not held beside the copy.
-        drop_file_pages(tensor.keep_alive(), tensor.data(), tensor.nbytes());
-        tensor = std::move(rows);
-      }
+      if (heads != 0) tensor = unpermute_rows(tensor, heads, cache);  // the file's pages of them dropped
     }
     out.emplace(*name, std::move(tensor));
   }

@@ -267,6 +267,13 @@ class AddedTokenTrie {
 // String -> id for the vocabulary lookups of encoding (one per word, one per character of a word BPE
 // merges): open addressing over flat arrays, probed with a string_view, so a lookup costs a hash, one
 // slot and one compare instead of a walk through std::unordered_map's nodes.
+// Slots of an open-addressing table for `count` keys: a power of two, at most half full.
+size_t flat_table_slots(size_t count) {
+  size_t capacity = 16;
+  while (capacity < 2 * count) capacity *= 2;
+  return capacity;
+}
+
 class FlatStringIndex {
  public:
   // Room for `count` keys without growing.
@@ -310,10 +317,9 @@ class FlatStringIndex {
     return slot.hash == static_cast<uint32_t>(h) && slot.length == key.size() &&
            std::string_view(arena_).substr(slot.offset, slot.length) == key;
   }
-  // Slots for at least `count` keys at most half full; the keys already in are placed again.
+  // Slots for at least `count` keys; the keys already in are placed again.
   void rehash(size_t count) {
-    size_t capacity = 16;
-    while (capacity < 2 * count) capacity *= 2;
+    const size_t capacity = flat_table_slots(count);
     std::vector<Slot> old = std::exchange(slots_, std::vector<Slot>(capacity));
     for (const Slot& slot : old) {
       if (slot.id < 0) continue;
@@ -335,14 +341,13 @@ class FlatMergeTable {
     int32_t rank = 0;
     int32_t merged_id = 0;
   };
+  // Room for `count` pairs without growing.
   void reserve(size_t count) {
-    size_t capacity = 16;
-    while (capacity < 2 * count) capacity *= 2;
-    if (capacity > slots_.size()) rehash(capacity);
+    if (2 * count > slots_.size()) rehash(count);
   }
   // Adds the pair unless it is there already (the first, lowest-ranked merge of a pair stands).
   void insert(uint64_t key, Merge merge) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(std::max<size_t>(16, 2 * slots_.size()));
+    if (2 * (size_ + 1) > slots_.size()) rehash(2 * (size_ + 1));
     size_t i = index(key);
     for (; slots_[i].key != kEmpty; i = (i + 1) & (slots_.size() - 1))
       if (slots_[i].key == key) return;
@@ -364,7 +369,8 @@ class FlatMergeTable {
     Merge merge;
   };
   size_t index(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull) >> 32 & (slots_.size() - 1); }
-  void rehash(size_t capacity) {
+  void rehash(size_t count) {
+    const size_t capacity = flat_table_slots(count);
     std::vector<Slot> old = std::exchange(slots_, std::vector<Slot>(capacity));
     for (const Slot& slot : old) {
       if (slot.key == kEmpty) continue;
@@ -1366,7 +1372,7 @@ class HfBpeTokenizer final : public Tokenizer {
   FlatStringIndex vocab_;
   std::vector<std::string> id_to_token_;
   FlatMergeTable merges_;  // pair_key(left, right) -> rank and result
-  std::string prefix_, suffix_;                 // continuing_subword_prefix, end_of_word_suffix
+  std::string prefix_, suffix_;  // continuing_subword_prefix, end_of_word_suffix
   bool ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
   std::array<int64_t, 256> byte_ids_ = [] {
     std::array<int64_t, 256> a{};

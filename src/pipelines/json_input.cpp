@@ -1,7 +1,7 @@
 // json_input.h: a DOM built from nlohmann's SAX events, which see every object, array and key as it
 // is read, so the depth and duplicate-key checks refuse an input before any deeper or later value is
-// built. The input is read through an iterator that records how far the parser has
-// got, which is the byte offset the callback's errors report.
+// built. The input is read through an iterator that records how far the parser has got, which is
+// the byte offset the builder's errors report.
 #include "pipelines/json_input.h"
 
 #include <fmt/format.h>
@@ -9,7 +9,6 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
-#include <unordered_set>
 #include <vector>
 
 #include "kiln/errors.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kiln/graph/quantization.h"
-#include "tensor/host_memory.h"
+#include "pipelines/derived_tensor.h"
 
 namespace kiln::pipelines {
 
@@ -73,32 +73,6 @@ std::optional<graph::QuantizationEncoding> encoding_for(int64_t cols, int64_t ro
   return found;
 }
 
-// Memory for a converted tensor of `decl`'s type, `conversion` naming how it is made from `source`.
-// Where the source's bytes are a mapped file's (or derived from one), the new bytes name theirs
-// (DerivedBytes) and, with a cache, are an entry of it: `filled` when that entry already holds them.
-struct ConvertedMemory {
-  Tensor tensor;
-  bool filled = false;
-  std::function<void()> commit;  // the entry's, once the bytes are written
-};
-
-ConvertedMemory converted_memory(const Tensor& source, const graph::Weight& decl, const std::string& conversion,
-                                 const engine::WeightCache* cache) {
-  const std::vector<int64_t> shape = decl.shape.static_dims();
-  const std::optional<std::string> from = mapped_source(source.keep_alive(), source.data(), source.nbytes());
-  if (!from) return {Tensor::empty(decl.dtype, shape), false, {}};
-  // The source's type too: the same bytes read as another shape would quantize into other rows.
-  const std::string derived = fmt::format("{} ({}) {}", *from, describe(source), conversion);
-  size_t bytes = dtype_size(decl.dtype);
-  for (int64_t d : shape) bytes *= static_cast<size_t>(d);
-  engine::WeightCache::Entry entry = cache ? cache->acquire(engine::WeightCache::key(derived, "converted"), bytes)
-                                           : engine::WeightCache::Entry{};
-  void* memory = entry.data ? entry.data.get() : allocate_aligned(bytes);
-  if (!memory) throw std::bad_alloc();
-  std::shared_ptr<void> keep_alive(memory, DerivedBytes{memory, bytes, derived, entry.data});
-  return {Tensor::view(std::move(keep_alive), memory, decl.dtype, shape), entry.filled, std::move(entry.commit)};
-}
-
 Tensor convert_one(const std::string& name, const Tensor& source, const graph::Weight& decl, int threads,
                    std::optional<graph::QuantizationEncoding> preferred, const engine::WeightCache* cache) {
   const std::vector<int64_t> want = decl.shape.static_dims();
@@ -110,23 +84,20 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
   if (!is_weight_float(source.dtype())) throw fail("only f32, f16 and bf16 tensors are converted");
   const Tensor src = source.contiguous();
   constexpr int64_t kMinElements = 1 << 16;  // per thread
-  // The bytes made (or found in the cache): their pages, and the file's read to make them, leave the
-  // process; whatever reads them next (a kernel packing them, a gather) reads them back.
-  auto finish = [&](ConvertedMemory& made) {
-    if (made.commit) made.commit();
-    if (!made.filled) drop_file_pages(src.keep_alive(), src.data(), static_cast<size_t>(src.nbytes()));
-    drop_file_pages(made.tensor.keep_alive(), made.tensor.data(), static_cast<size_t>(made.tensor.nbytes()));
-    return made.tensor;
+  // In the cache where the checkpoint is a mapped file's. The source's type is in the name: the same
+  // bytes read as another shape would quantize into other rows.
+  const auto output = [&](const std::string& conversion) {
+    return derived_tensor(src, fmt::format("({}) {}", describe(src), conversion), decl.dtype, want, cache);
   };
   if (is_weight_float(decl.dtype)) {
     if (source.shape() != want) throw fail("shapes differ");
-    ConvertedMemory out = converted_memory(src, decl, fmt::format("as {}", dtype_name(decl.dtype)), cache);
-    if (out.filled) return finish(out);
+    DerivedTensor out = output(fmt::format("as {}", dtype_name(decl.dtype)));
+    if (out.filled) return out.finish(src);
     const int64_t n = src.numel();
     parallel_rows(n, kMinElements, threads, [&](int64_t begin, int64_t end) {
       convert_floats(src.data(), src.dtype(), out.tensor.data(), decl.dtype, begin, end);
     });
-    return finish(out);
+    return out.finish(src);
   }
   if (decl.dtype != DType::u8 || want.size() != 2 || source.rank() != 2 || source.shape()[0] != want[0])
     throw fail("not a conversion between f32/f16/bf16 or to quantized rows");
@@ -141,8 +112,8 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
     }
     throw fail(fmt::format("rows of {} weights in {} bytes are {}: pass the encoding", cols, row_bytes, fits));
   }
-  ConvertedMemory out = converted_memory(src, decl, fmt::format("as {} rows", graph::encoding_name(*encoding)), cache);
-  if (out.filled) return finish(out);
+  DerivedTensor out = output(fmt::format("as {} rows", graph::encoding_name(*encoding)));
+  if (out.filled) return out.finish(src);
   parallel_rows(rows, std::max<int64_t>(1, kMinElements / cols), threads, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = begin; r < end; ++r) {
@@ -150,7 +121,7 @@ Tensor convert_one(const std::string& name, const Tensor& source, const graph::W
       graph::quantize_row(*encoding, row.data(), cols, static_cast<uint8_t*>(out.tensor.data()) + r * row_bytes);
     }
   });
-  return finish(out);
+  return out.finish(src);
 }
 
 }  // namespace
