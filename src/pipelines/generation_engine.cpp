@@ -29,6 +29,7 @@
 #include "kiln/pipelines/weight_conversion.h"
 #include "pipelines/batch_sampler.h"
 #include "pipelines/scheduler.h"
+#include "tensor/host_memory.h"
 
 namespace kiln::pipelines {
 
@@ -310,6 +311,10 @@ GenerationEngine::GenerationEngine(const nn::LlamaConfig& config, const WeightsR
                                          c.num_key_value_heads, c.resolved_head_dim()};
   s.cache_k = Tensor::empty(o.kv_cache_dtype, cache_shape);
   s.cache_v = Tensor::empty(o.kv_cache_dtype, cache_shape);
+  // 4 KiB pages: a layer's blocks lie together, so on huge pages a short request's first token zeroed
+  // 2 MiB per layer for K and for V (64 MiB for a 16-layer model; 15% of a warm llama-1B load's time
+  // on a VM). Decode at 16 streams of 800-1000 positions read the cache as fast either way.
+  for (Tensor* cache : {&s.cache_k, &s.cache_v}) advise_small_pages(cache->data(), cache->nbytes());
   s.stats.kv_blocks_total = s.pool.num_blocks();
   s.thread = std::thread([&s] { s.run(); });
 }

@@ -26,6 +26,17 @@ inline void* allocate_aligned(size_t bytes) {
   return p;
 }
 
+// Takes back allocate_aligned's huge-page advice for memory that is touched a little at a time over
+// a long life, such as the KV cache, whose blocks a sequence fills as it grows: the system zeroes
+// each page at its first touch, and a short request would otherwise fault in (and zero) a 2 MiB page
+// per layer for K and for V. Call before the first touch; a hint, so failure is harmless.
+inline void advise_small_pages(void* p, size_t bytes) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_NOHUGEPAGE);
+}
+
 // The deleter of a whole file's read-only mapping (pipelines::map_file), which tensors viewing the
 // file keep alive: it knows the mapping's extent, so pages of it can be dropped.
 struct FileMapping {
