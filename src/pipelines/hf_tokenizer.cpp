@@ -19,6 +19,7 @@
 #include <unordered_set>
 
 #include "kiln/errors.h"
+#include "pipelines/flat_tables.h"
 #include "pipelines/json_input.h"
 #include "pipelines/regex.h"
 #include "pipelines/tokenizer_formats.h"
@@ -264,125 +265,6 @@ class AddedTokenTrie {
   std::array<bool, 256> first_byte_{};
 };
 
-// String -> id for the vocabulary lookups of encoding (one per word, one per character of a word BPE
-// merges): open addressing over flat arrays, probed with a string_view, so a lookup costs a hash, one
-// slot and one compare instead of a walk through std::unordered_map's nodes.
-// Slots of an open-addressing table for `count` keys: a power of two, at most half full.
-size_t flat_table_slots(size_t count) {
-  size_t capacity = 16;
-  while (capacity < 2 * count) capacity *= 2;
-  return capacity;
-}
-
-class FlatStringIndex {
- public:
-  // Room for `count` keys without growing.
-  void reserve(size_t count) {
-    if (2 * count > slots_.size()) rehash(count);
-  }
-  // Adds key -> value; false (and nothing changes) when the key is there already.
-  bool insert(std::string_view key, int64_t value) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(2 * (size_ + 1));
-    const uint64_t h = hash(key);
-    const size_t mask = slots_.size() - 1;
-    size_t i = h & mask;
-    for (; slots_[i].id >= 0; i = (i + 1) & mask)
-      if (matches(slots_[i], h, key)) return false;
-    slots_[i] = {static_cast<uint32_t>(h), static_cast<int32_t>(value), static_cast<uint32_t>(arena_.size()),
-                 static_cast<uint32_t>(key.size())};
-    arena_ += key;
-    ++size_;
-    return true;
-  }
-  std::optional<int64_t> find(std::string_view key) const {
-    if (slots_.empty()) return std::nullopt;
-    const uint64_t h = hash(key);
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-      const Slot& slot = slots_[i];
-      if (slot.id < 0) return std::nullopt;
-      if (matches(slot, h, key)) return slot.id;
-    }
-  }
-
- private:
-  static uint64_t hash(std::string_view key) { return std::hash<std::string_view>{}(key); }
-  // One slot holds all a lookup needs but the key's bytes, which lie in one arena: two memory reads.
-  struct Slot {
-    uint32_t hash = 0;
-    int32_t id = -1;  // -1: empty (ids are below kMaxTokenId = 2^24)
-    uint32_t offset = 0, length = 0;
-  };
-  bool matches(const Slot& slot, uint64_t h, std::string_view key) const {
-    return slot.hash == static_cast<uint32_t>(h) && slot.length == key.size() &&
-           std::string_view(arena_).substr(slot.offset, slot.length) == key;
-  }
-  // Slots for at least `count` keys; the keys already in are placed again.
-  void rehash(size_t count) {
-    const size_t capacity = flat_table_slots(count);
-    std::vector<Slot> old = std::exchange(slots_, std::vector<Slot>(capacity));
-    for (const Slot& slot : old) {
-      if (slot.id < 0) continue;
-      size_t i = slot.hash & (capacity - 1);  // the low bits of the full hash, as insert() places it
-      while (slots_[i].id >= 0) i = (i + 1) & (capacity - 1);
-      slots_[i] = slot;
-    }
-  }
-  std::vector<Slot> slots_;
-  std::string arena_;
-  size_t size_ = 0;
-};
-
-// (left id, right id) -> the merge's rank and result: open addressing over one flat array (a lookup
-// per adjacent pair as a word is merged; hundreds of thousands of inserts at load, none allocating).
-class FlatMergeTable {
- public:
-  struct Merge {
-    int32_t rank = 0;
-    int32_t merged_id = 0;
-  };
-  // Room for `count` pairs without growing.
-  void reserve(size_t count) {
-    if (2 * count > slots_.size()) rehash(count);
-  }
-  // Adds the pair unless it is there already (the first, lowest-ranked merge of a pair stands).
-  void insert(uint64_t key, Merge merge) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(2 * (size_ + 1));
-    size_t i = index(key);
-    for (; slots_[i].key != kEmpty; i = (i + 1) & (slots_.size() - 1))
-      if (slots_[i].key == key) return;
-    slots_[i] = {key, merge};
-    ++size_;
-  }
-  const Merge* find(uint64_t key) const {
-    if (slots_.empty()) return nullptr;
-    for (size_t i = index(key);; i = (i + 1) & (slots_.size() - 1)) {
-      if (slots_[i].key == key) return &slots_[i].merge;
-      if (slots_[i].key == kEmpty) return nullptr;
-    }
-  }
-
- private:
-  static constexpr uint64_t kEmpty = ~uint64_t{0};  // no pair of ids below 2^24 makes it
-  struct Slot {
-    uint64_t key = kEmpty;
-    Merge merge;
-  };
-  size_t index(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull) >> 32 & (slots_.size() - 1); }
-  void rehash(size_t count) {
-    const size_t capacity = flat_table_slots(count);
-    std::vector<Slot> old = std::exchange(slots_, std::vector<Slot>(capacity));
-    for (const Slot& slot : old) {
-      if (slot.key == kEmpty) continue;
-      size_t i = index(slot.key);
-      while (slots_[i].key != kEmpty) i = (i + 1) & (capacity - 1);
-      slots_[i] = slot;
-    }
-  }
-  std::vector<Slot> slots_;
-  size_t size_ = 0;
-};
-
 // Reads one JSON field with a message naming the file and the field when it is missing or mistyped.
 class JsonReader {
  public:
@@ -443,12 +325,15 @@ class JsonReader {
 
 class HfBpeTokenizer final : public Tokenizer {
  public:
-  HfBpeTokenizer(const json& root, const JsonReader& in, const TokenizerConfig& config)
+  HfBpeTokenizer(const json& root, const JsonReader& in, const TokenizerConfig& config,
+                 std::optional<BpeTables> tables)
       : file_(in.file()), clean_up_spaces_(config.clean_up_tokenization_spaces) {
     const json& model = in.field(root, "model", "the file");
     const std::string type = in.optional<std::string>(model, "type", "BPE");
     if (type != "BPE")
       in.fail(fmt::format("model type '{}' is not supported (kiln reads BPE tokenizers only)", type));
+    if (tables) load_tables(std::move(*tables), in);
+    else load_vocab_and_merges(model, in);
     load_model(model, in);
     if (root.contains("added_tokens")) load_added_tokens(root.at("added_tokens"), in);
     load_normalizer(root.value("normalizer", json()), in);
@@ -529,13 +414,9 @@ class HfBpeTokenizer final : public Tokenizer {
     id_to_token_[id] = token;
   }
 
-  void load_model(const json& model, const JsonReader& in) {
-    prefix_ = in.optional<std::string>(model, "continuing_subword_prefix", "");
-    suffix_ = in.optional<std::string>(model, "end_of_word_suffix", "");
-    if (const json* dropout = model.contains("dropout") ? &model.at("dropout") : nullptr;
-        dropout && !dropout->is_null() && !(dropout->is_number() && dropout->get<double>() == 0.0))
-      in.fail(fmt::format("BPE dropout {} is not supported (it makes encoding random)",
-                          json_input::describe(*dropout)));
+  // model.vocab and model.merges of tokenizer.json.
+  void load_vocab_and_merges(const json& model, const JsonReader& in) {
+    const std::string prefix = in.optional<std::string>(model, "continuing_subword_prefix", "");
     const json& vocab = in.field(model, "vocab", "model");
     if (!vocab.is_object()) in.fail(fmt::format("model.vocab is {}, expected an object", vocab.type_name()));
     vocab_.reserve(vocab.size());
@@ -544,18 +425,6 @@ class HfBpeTokenizer final : public Tokenizer {
       vocab_.insert(token, i);  // the JSON's keys are unique (json_input refuses a repeated one)
       set_token(i, token);
     }
-    ignore_merges_ = in.optional<bool>(model, "ignore_merges", false);
-    byte_fallback_ = in.optional<bool>(model, "byte_fallback", false);
-    fuse_unk_ = in.optional<bool>(model, "fuse_unk", false);
-    if (const std::string unk = in.optional<std::string>(model, "unk_token", ""); !unk.empty()) {
-      const std::optional<int64_t> id = vocab_.find(unk);
-      if (!id) in.fail(fmt::format("unk_token '{}' is not in the vocabulary", unk));
-      unk_id_ = *id;
-    }
-    if (byte_fallback_)
-      for (int b = 0; b < 256; ++b)
-        if (const std::optional<int64_t> id = vocab_.find(fmt::format("<0x{:02X}>", b))) byte_ids_[b] = *id;
-
     const json& merges = in.field(model, "merges", "model");
     if (!merges.is_array()) in.fail(fmt::format("model.merges is {}, expected a list", merges.type_name()));
     merges_.reserve(merges.size());
@@ -576,13 +445,54 @@ class HfBpeTokenizer final : public Tokenizer {
             fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, json_input::describe(m)));
       }
       // The merged token drops b's continuing-subword prefix ("##").
-      merged.assign(a).append(starts_with(b, prefix_) ? b.substr(prefix_.size()) : b);
+      merged.assign(a).append(starts_with(b, prefix) ? b.substr(prefix.size()) : b);
       const std::optional<int64_t> ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(merged);
       if (!ia || !ib || !iab)
         in.fail(fmt::format("merge {} ('{}' '{}'): '{}' is not in the vocabulary", rank, a, b,
                             !ia ? a : !ib ? b : std::string_view(merged)));
       merges_.insert(pair_key(*ia, *ib), {static_cast<int32_t>(rank), static_cast<int32_t>(*iab)});
     }
+  }
+
+  // The same from tables: ids checked, tokens moved in.
+  void load_tables(BpeTables tables, const JsonReader& in) {
+    const size_t n = tables.tokens.size();
+    if (static_cast<int64_t>(n) > kMaxTokenId)
+      in.fail(fmt::format("the vocabulary has {} tokens, more than kiln's {}", n, kMaxTokenId));
+    vocab_.reserve(n);
+    for (size_t i = 0; i < n; ++i)
+      if (tables.tokens[i].empty() || !vocab_.insert(tables.tokens[i], static_cast<int64_t>(i)))
+        in.fail(fmt::format("vocabulary token {} is empty or repeated", i));
+    id_to_token_ = std::move(tables.tokens);
+    merges_.reserve(tables.merges.size());
+    for (size_t rank = 0; rank < tables.merges.size(); ++rank) {
+      const BpeTables::Merge& m = tables.merges[rank];
+      for (const int32_t id : {m.left, m.right, m.merged})
+        if (id < 0 || static_cast<size_t>(id) >= n)
+          in.fail(fmt::format("merge {} has token id {}, outside the vocabulary of {}", rank, id, n));
+      merges_.insert(pair_key(m.left, m.right), {static_cast<int32_t>(rank), m.merged});
+    }
+  }
+
+  // The rest of the model, once the vocabulary and merges are in.
+  void load_model(const json& model, const JsonReader& in) {
+    prefix_ = in.optional<std::string>(model, "continuing_subword_prefix", "");
+    suffix_ = in.optional<std::string>(model, "end_of_word_suffix", "");
+    if (const json* dropout = model.contains("dropout") ? &model.at("dropout") : nullptr;
+        dropout && !dropout->is_null() && !(dropout->is_number() && dropout->get<double>() == 0.0))
+      in.fail(fmt::format("BPE dropout {} is not supported (it makes encoding random)",
+                          json_input::describe(*dropout)));
+    ignore_merges_ = in.optional<bool>(model, "ignore_merges", false);
+    byte_fallback_ = in.optional<bool>(model, "byte_fallback", false);
+    fuse_unk_ = in.optional<bool>(model, "fuse_unk", false);
+    if (const std::string unk = in.optional<std::string>(model, "unk_token", ""); !unk.empty()) {
+      const std::optional<int64_t> id = vocab_.find(unk);
+      if (!id) in.fail(fmt::format("unk_token '{}' is not in the vocabulary", unk));
+      unk_id_ = *id;
+    }
+    if (byte_fallback_)
+      for (int b = 0; b < 256; ++b)
+        if (const std::optional<int64_t> id = vocab_.find(fmt::format("<0x{:02X}>", b))) byte_ids_[b] = *id;
   }
 
   void add_token(AddedToken token) {
@@ -1405,11 +1315,11 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file, 
 }
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const json& root, const std::string& name,
-                                                  const TokenizerConfig& config) {
+                                                  const TokenizerConfig& config, std::optional<BpeTables> tables) {
   const JsonReader in(name);
   if (!root.is_object()) in.fail(fmt::format("the file holds {}, expected a JSON object", root.type_name()));
   try {
-    return std::make_unique<HfBpeTokenizer>(root, in, config);
+    return std::make_unique<HfBpeTokenizer>(root, in, config, std::move(tables));
   } catch (const json::exception& e) {  // a field of an unexpected type deep inside
     in.fail(fmt::format("malformed: {}", e.what()));
   }

@@ -35,12 +35,24 @@ struct TokenizerConfig {
 // file and the key for bad JSON, a repeated key, or a value of the wrong kind.
 TokenizerConfig load_tokenizer_config(const std::filesystem::path& file);
 
+// A BPE model's vocabulary and ranked merges as tables, in place of tokenizer.json's model.vocab and
+// model.merges (another format's vocabulary, as GGUF's: spelling hundreds of thousands of tokens and
+// merges out as JSON only for the loader to read them back took most of its load).
+struct BpeTables {
+  std::vector<std::string> tokens;  // the token of each id, all distinct and non-empty
+  struct Merge {
+    int32_t left, right, merged;  // token ids
+  };
+  std::vector<Merge> merges;  // by rank, the first merged first
+};
+
 // Hugging Face tokenizer.json (model type BPE).
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file, const TokenizerConfig& config);
-// The same from a parsed tokenizer.json (or one built from another format's vocabulary, as GGUF's);
-// `name` is what the messages call it.
+// The same from a parsed tokenizer.json (or one built from another format's vocabulary, as GGUF's,
+// whose model.vocab and model.merges are then `tables`); `name` is what the messages call it.
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const nlohmann::json& root, const std::string& name,
-                                                  const TokenizerConfig& config);
+                                                  const TokenizerConfig& config,
+                                                  std::optional<BpeTables> tables = std::nullopt);
 // SentencePiece tokenizer.model, through libsentencepiece.
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& file,
                                                         const TokenizerConfig& config);

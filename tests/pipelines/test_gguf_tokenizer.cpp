@@ -21,6 +21,7 @@
 #include "kiln/errors.h"
 #include "kiln/pipelines/tokenizer.h"
 #include "pipelines/gguf_tokenizer.h"
+#include "pipelines/tokenizer_formats.h"
 #include "test_util.h"
 
 using namespace kiln;
@@ -447,4 +448,42 @@ TEST(GGUFTokenizer, RefusalsNameTheFileAndTheKey) {
   v.bos_id.reset();
   v.add_bos_token = true;
   expect_load_error(v, {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id"});
+}
+
+// The vocabulary and merges a GGUF vocabulary hands the Hugging Face loader as tables of ids give the
+// tokenizer the same JSON spelling them out gives, and the loader checks them itself.
+TEST(GGUFTokenizer, BpeTablesLoadAsTheirJsonAndAreChecked) {
+  using pipelines::detail::BpeTables;
+  using pipelines::detail::load_hf_tokenizer_json;
+  const json spelled = {
+      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}, {"c", 3}, {"abc", 4}}},
+                 {"merges", {"a b", "ab c"}}}}};
+  const BpeTables tables{{"a", "b", "ab", "c", "abc"}, {{0, 1, 2}, {2, 3, 4}}};
+  const json bare = {{"model", {{"type", "BPE"}}}};
+  const auto from_json = load_hf_tokenizer_json(spelled, "spelled", {});
+  const auto from_tables = load_hf_tokenizer_json(bare, "tables", {}, tables);
+  for (const std::string text : {"abc", "cab", "abcab", "bca"}) {
+    EXPECT_EQ(from_tables->encode(text, false), from_json->encode(text, false)) << text;
+    const Ids ids = from_json->encode(text, false);
+    EXPECT_EQ(from_tables->decode(ids, false), from_json->decode(ids, false)) << text;  // no decoder: joined by spaces
+  }
+  EXPECT_EQ(from_tables->encode("abc", false), (Ids{4}));
+  EXPECT_EQ(from_tables->token_to_id("ab"), 2);
+
+  const auto refused = [&](BpeTables t, const std::vector<std::string>& parts) {
+    kiln::testing::expect_error<LoadError>([&] { load_hf_tokenizer_json(bare, "bad.gguf", {}, std::move(t)); },
+                                           parts);
+  };
+  BpeTables t = tables;
+  t.tokens[3] = "a";
+  refused(t, {"bad.gguf", "vocabulary token 3", "repeated"});
+  t = tables;
+  t.tokens[1].clear();
+  refused(t, {"vocabulary token 1", "empty"});
+  t = tables;
+  t.merges[1].merged = 5;
+  refused(t, {"merge 1", "token id 5", "vocabulary of 5"});
+  t = tables;
+  t.merges[0].left = -1;
+  refused(t, {"merge 0", "token id -1"});
 }
