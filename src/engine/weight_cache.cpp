@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 #include "engine/cache_files.h"
@@ -72,6 +74,45 @@ std::vector<uint64_t> chunk_checksums(const void* payload, uint64_t bytes, uint6
   return sums;
 }
 
+// A payload is hashed against its header once per boot: when it is stored, or at the first load after
+// a boot or after the file changed. The hashes guard against a torn write (power lost after the
+// rename) and a bad disk, and a power loss is a new boot; within one boot the page cache holds what
+// was hashed. The mark is an extended attribute: this boot's id and the mtime kiln set with it (a
+// write to the file sets another). Where the file system keeps no user attributes every load hashes.
+constexpr const char* kCheckedAttribute = "user.kiln.checked";
+
+const std::string& boot_id() {
+  static const std::string id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string line;
+    std::getline(in, line);
+    return line;
+  }();
+  return id;
+}
+
+std::string checked_mark(const struct timespec& mtime) {
+  return fmt::format("{} {}.{:09}", boot_id(), mtime.tv_sec, mtime.tv_nsec);
+}
+
+// Whether the open entry `fd` (its fstat `st`) was hashed in this boot and not written since.
+bool checked_this_boot(int fd, const struct stat& st) {
+  if (boot_id().empty()) return false;
+  char value[128];
+  const ssize_t n = ::fgetxattr(fd, kCheckedAttribute, value, sizeof value);
+  return n > 0 && std::string_view(value, static_cast<size_t>(n)) == checked_mark(st.st_mtim);
+}
+
+// Sets the entry's mtime to now (the cache's LRU order) and marks it hashed in this boot with it.
+void touch_and_mark_checked(int fd) {
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const struct timespec times[2] = {{0, UTIME_OMIT}, now};
+  if (::futimens(fd, times) != 0 || boot_id().empty()) return;
+  const std::string mark = checked_mark(now);
+  ::fsetxattr(fd, kCheckedAttribute, mark.data(), mark.size(), 0);  // unmarked: hashed at each load
+}
+
 // Whether `page` (kHeaderBytes read from an entry) is the header of `key` with `bytes` of payload;
 // its chunks' checksums into `sums`.
 bool header_matches(const uint8_t* page, std::string_view key, uint64_t bytes, std::vector<uint64_t>* sums) {
@@ -124,16 +165,18 @@ std::shared_ptr<const void> WeightCache::find(const std::string& key, uint64_t b
                      ::pread(fd, page, kHeaderBytes, 0) == static_cast<ssize_t>(kHeaderBytes) &&
                      header_matches(page, key, bytes, &sums);
   void* payload = valid ? ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(kHeaderBytes)) : MAP_FAILED;
-  ::close(fd);  // the mapping keeps the file open
-  if (payload != MAP_FAILED && chunk_checksums(payload, bytes, chunk_bytes_for(bytes), for_each) != sums) {
+  if (payload != MAP_FAILED && !checked_this_boot(fd, st) &&
+      chunk_checksums(payload, bytes, chunk_bytes_for(bytes), for_each) != sums) {
     ::munmap(payload, bytes);
     payload = MAP_FAILED;
   }
   if (payload == MAP_FAILED) {
+    ::close(fd);
     cache_files::remove_if_unchanged(file, st);  // a bad entry, unless a store replaced it meanwhile
     return nullptr;
   }
-  cache_files::touch(file);
+  touch_and_mark_checked(fd);
+  ::close(fd);  // the mapping keeps the file open
   ++hits_;
   return std::shared_ptr<const void>(payload, [bytes](const void* p) { ::munmap(const_cast<void*>(p), bytes); });
 }
@@ -203,6 +246,7 @@ std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key,
     std::memcpy(page + sizeof h + kMaxKeyBytes, sums.data(), sums.size() * sizeof(uint64_t));
     const bool written = ::pwrite(pending->fd, page, kHeaderBytes, 0) == static_cast<ssize_t>(kHeaderBytes);
     const int error = errno;
+    if (written) touch_and_mark_checked(pending->fd);  // just hashed; no write to it follows
     const bool closed = ::close(pending->fd) == 0;
     pending->fd = -1;
     std::error_code ec;

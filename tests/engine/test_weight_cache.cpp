@@ -4,6 +4,7 @@
 // under real sessions and model files.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -122,6 +123,17 @@ TEST(WeightCache, DamagedEntriesAreMissesAndAreRemoved) {
   EXPECT_FALSE(cache.store("../x", payload.data(), payload.size()));
 }
 
+// The mark of an entry hashed in this boot (weight_cache.cpp), and whether `dir`'s file system keeps it.
+constexpr const char* kCheckedAttribute = "user.kiln.checked";
+bool keeps_user_attributes(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path probe = dir / "xattr-probe";
+  std::ofstream(probe).put('x');
+  const bool kept = ::setxattr(probe.c_str(), "user.kiln.probe", "1", 1, 0) == 0;
+  fs::remove(probe);
+  return kept;
+}
+
 // A payload of several 64 MiB chunks, checksummed and checked on two threads: a change in the last
 // chunk is found as one in the first would be.
 TEST(WeightCache, ChunksOfALargeEntryAreCheckedOnSeveralThreads) {
@@ -145,10 +157,56 @@ TEST(WeightCache, ChunksOfALargeEntryAreCheckedOnSeveralThreads) {
     for (uint64_t i = 0; i < bytes; i += 4096) p[i] = static_cast<uint8_t>(i >> 12);
     entry->commit();
   }
+  EXPECT_EQ(calls.load(), 1) << "hashed once to commit";
+  ::removexattr(entry_file(cache, key).c_str(), kCheckedAttribute);  // as after a reboot: hashed again
   EXPECT_NE(cache.find(key, bytes, two_threads), nullptr);
   EXPECT_EQ(calls.load(), 2);
   flip_byte(entry_file(cache, key), 4096 + bytes - 1);
   EXPECT_EQ(cache.find(key, bytes, two_threads), nullptr);
+  EXPECT_EQ(calls.load(), 3);
+}
+
+// An entry is hashed when stored and then trusted for the rest of the boot while its file is
+// unchanged; a mark from another boot, a write to the file or a mark removed make the next load hash
+// it again (and a changed payload is then a miss).
+TEST(WeightCache, AnEntryHashedInThisBootIsNotHashedAgainUntilItsFileChanges) {
+  TempDir dir;
+  if (!keeps_user_attributes(dir.path()))
+    GTEST_SKIP() << dir.path() << " keeps no user extended attributes: every load hashes its entries there";
+  const WeightCache cache(dir.path(), 1 << 30);
+  const std::string key = WeightCache::key("file@0+70000", "test");
+  const std::vector<uint8_t> payload = random_bytes(70000, 4);
+  int hashes = 0;
+  const WeightCache::ForEach counting = [&](size_t count, const std::function<void(size_t)>& body) {
+    ++hashes;
+    for (size_t i = 0; i < count; ++i) body(i);
+  };
+  {
+    std::optional<WeightCache::NewEntry> entry = cache.create(key, payload.size(), counting);
+    ASSERT_TRUE(entry);
+    std::memcpy(entry->data.get(), payload.data(), payload.size());
+    entry->commit();
+  }
+  EXPECT_EQ(hashes, 1);
+  for (int load = 0; load < 2; ++load) {
+    const std::shared_ptr<const void> found = cache.find(key, payload.size(), counting);
+    ASSERT_NE(found, nullptr);
+    EXPECT_EQ(bytes_at(found, payload.size()), payload);
+  }
+  EXPECT_EQ(hashes, 1) << "stored in this boot: not hashed again";
+
+  const fs::path file = entry_file(cache, key);
+  const std::string other_boot = "00000000-0000-0000-0000-000000000000 1.000000000";
+  ASSERT_EQ(::setxattr(file.c_str(), kCheckedAttribute, other_boot.data(), other_boot.size(), 0), 0);
+  EXPECT_NE(cache.find(key, payload.size(), counting), nullptr);
+  EXPECT_EQ(hashes, 2) << "marked in another boot: hashed";
+  EXPECT_NE(cache.find(key, payload.size(), counting), nullptr);
+  EXPECT_EQ(hashes, 2) << "hashed, then marked again";
+
+  flip_byte(file, 4096 + 777);  // a write: the mtime kiln marked is gone
+  EXPECT_EQ(cache.find(key, payload.size(), counting), nullptr);
+  EXPECT_EQ(hashes, 3);
+  EXPECT_FALSE(fs::exists(file));
 }
 
 // An entry made in place and dropped before commit (packing threw) leaves no entry and no temp file;
