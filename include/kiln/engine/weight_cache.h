@@ -10,7 +10,8 @@
 // written atomically (temp file + rename), bounded in total size (least recently used evicted), and
 // validated when read: an entry whose header does not match (magic, version, key, length) or whose
 // payload does not match the header's XXH3 checksums (one per 64 MiB chunk, checked in parallel: a
-// torn write after a crash, a bad disk) is removed and counts as a miss.
+// torn write after a crash, a bad disk) is removed and counts as a miss. The payload is hashed once
+// per boot (when stored, or at the first read after a boot or a write to the file: docs/artifacts.md).
 //
 //   kiln::engine::WeightCache cache;               // KILN_CACHE_DIR/weights, or ~/.cache/kiln/weights
 //   WeightCache::Entry e = cache.acquire(key, bytes);
