@@ -103,6 +103,7 @@ class Converter {
     if (*config.add_eos_token && !eos)
       fail("tokenizer.ggml.add_eos_token is true, but there is no tokenizer.ggml.eos_token_id");
     tables.tokens = std::move(tokens_);
+    tables.index = std::move(index_);
     return load_hf_tokenizer_json(root, std::string(what_), config, std::move(tables));
   }
 

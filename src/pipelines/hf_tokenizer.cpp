@@ -323,17 +323,86 @@ class JsonReader {
   std::string file_;
 };
 
+// tokenizer.json's model.vocab members and model.merges elements -> BpeTables, taken one at a time
+// (streamed from the parser, or walked in a DOM). Merges are resolved to ids once the vocabulary is
+// whole: a file may list them first.
+class BpeTablesReader {
+ public:
+  explicit BpeTablesReader(const JsonReader& in) : in_(in) {}
+
+  // False: the vocabulary has the token already.
+  bool vocab_member(const std::string& token, const json& id) {
+    const int64_t i = in_.token_id(id, [&] { return fmt::format("vocab token '{}'", token); });
+    if (!tables_.index.insert(token, i)) return false;
+    if (i >= static_cast<int64_t>(tables_.tokens.size())) tables_.tokens.resize(static_cast<size_t>(i) + 1);
+    tables_.tokens[static_cast<size_t>(i)] = token;
+    return true;
+  }
+
+  // "a b" or ["a", "b"], the next rank.
+  void merge(const json& m) {
+    const size_t rank = merges_.size();
+    std::string_view a, b;
+    if (m.is_string()) {
+      const std::string_view s = m.get_ref<const std::string&>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+        in_.fail(fmt::format("merge {} '{}' is not two tokens separated by one space", rank, s));
+      a = s.substr(0, space), b = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      a = m[0].get_ref<const std::string&>(), b = m[1].get_ref<const std::string&>();
+    } else {
+      in_.fail(fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, json_input::describe(m)));
+    }
+    merges_.push_back({text_.size(), a.size()});
+    text_.append(a).append(b);
+  }
+
+  // The tables; `prefix` (continuing_subword_prefix) is dropped from a merge's right token to name
+  // the merged one ("##").
+  BpeTables finish(std::string_view prefix) && {
+    tables_.merges.reserve(merges_.size());
+    std::string merged;
+    for (size_t rank = 0; rank < merges_.size(); ++rank) {
+      const size_t at = merges_[rank].at,
+                   end = rank + 1 < merges_.size() ? merges_[rank + 1].at : text_.size();
+      const std::string_view a = std::string_view(text_).substr(at, merges_[rank].left_bytes),
+                             b = std::string_view(text_).substr(at + a.size(), end - at - a.size());
+      merged.assign(a).append(starts_with(b, prefix) ? b.substr(prefix.size()) : b);
+      const std::optional<int64_t> ia = tables_.index.find(a), ib = tables_.index.find(b),
+                                   iab = tables_.index.find(merged);
+      if (!ia || !ib || !iab)
+        in_.fail(fmt::format("merge {} ('{}' '{}'): '{}' is not in the vocabulary", rank, a, b,
+                             !ia ? a : !ib ? b : std::string_view(merged)));
+      tables_.merges.push_back(
+          {static_cast<int32_t>(*ia), static_cast<int32_t>(*ib), static_cast<int32_t>(*iab)});
+    }
+    return std::move(tables_);
+  }
+
+ private:
+  struct MergeText {
+    size_t at, left_bytes;  // in text_: the left token, then the right one up to the next merge's
+  };
+  const JsonReader& in_;
+  BpeTables tables_;
+  std::vector<MergeText> merges_;
+  std::string text_;
+};
+
 class HfBpeTokenizer final : public Tokenizer {
  public:
+  // `tables`: the vocabulary and merges, where root's model has none; else from model.vocab and
+  // model.merges, through `streamed` when the parser handed it their elements (leaving them empty).
   HfBpeTokenizer(const json& root, const JsonReader& in, const TokenizerConfig& config,
-                 std::optional<BpeTables> tables)
+                 std::optional<BpeTables> tables, BpeTablesReader* streamed)
       : file_(in.file()), clean_up_spaces_(config.clean_up_tokenization_spaces) {
     const json& model = in.field(root, "model", "the file");
     const std::string type = in.optional<std::string>(model, "type", "BPE");
     if (type != "BPE")
       in.fail(fmt::format("model type '{}' is not supported (kiln reads BPE tokenizers only)", type));
     if (tables) load_tables(std::move(*tables), in);
-    else load_vocab_and_merges(model, in);
+    else load_vocab_and_merges(model, in, streamed);
     load_model(model, in);
     if (root.contains("added_tokens")) load_added_tokens(root.at("added_tokens"), in);
     load_normalizer(root.value("normalizer", json()), in);
@@ -414,55 +483,26 @@ class HfBpeTokenizer final : public Tokenizer {
     id_to_token_[id] = token;
   }
 
-  // model.vocab and model.merges of tokenizer.json.
-  void load_vocab_and_merges(const json& model, const JsonReader& in) {
-    const std::string prefix = in.optional<std::string>(model, "continuing_subword_prefix", "");
+  // model.vocab and model.merges of tokenizer.json: walked here, or already read by `streamed`.
+  void load_vocab_and_merges(const json& model, const JsonReader& in, BpeTablesReader* streamed) {
     const json& vocab = in.field(model, "vocab", "model");
     if (!vocab.is_object()) in.fail(fmt::format("model.vocab is {}, expected an object", vocab.type_name()));
-    vocab_.reserve(vocab.size());
-    for (const auto& [token, id] : vocab.items()) {
-      const int64_t i = in.token_id(id, [&] { return fmt::format("vocab token '{}'", token); });
-      vocab_.insert(token, i);  // the JSON's keys are unique (json_input refuses a repeated one)
-      set_token(i, token);
-    }
     const json& merges = in.field(model, "merges", "model");
     if (!merges.is_array()) in.fail(fmt::format("model.merges is {}, expected a list", merges.type_name()));
-    merges_.reserve(merges.size());
-    std::string merged;
-    for (size_t rank = 0; rank < merges.size(); ++rank) {
-      const json& m = merges[rank];
-      std::string_view a, b;
-      if (m.is_string()) {  // "a b"
-        const std::string_view s = m.get_ref<const std::string&>();
-        const size_t space = s.find(' ');
-        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-          in.fail(fmt::format("merge {} '{}' is not two tokens separated by one space", rank, s));
-        a = s.substr(0, space), b = s.substr(space + 1);
-      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
-        a = m[0].get_ref<const std::string&>(), b = m[1].get_ref<const std::string&>();
-      } else {
-        in.fail(
-            fmt::format("merge {} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, json_input::describe(m)));
-      }
-      // The merged token drops b's continuing-subword prefix ("##").
-      merged.assign(a).append(starts_with(b, prefix) ? b.substr(prefix.size()) : b);
-      const std::optional<int64_t> ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(merged);
-      if (!ia || !ib || !iab)
-        in.fail(fmt::format("merge {} ('{}' '{}'): '{}' is not in the vocabulary", rank, a, b,
-                            !ia ? a : !ib ? b : std::string_view(merged)));
-      merges_.insert(pair_key(*ia, *ib), {static_cast<int32_t>(rank), static_cast<int32_t>(*iab)});
-    }
+    BpeTablesReader walked(in);
+    BpeTablesReader& reader = streamed ? *streamed : walked;
+    for (const auto& [token, id] : vocab.items())
+      reader.vocab_member(token, id);  // the JSON's keys are unique (json_input refuses a repeated one)
+    for (const json& m : merges) reader.merge(m);
+    load_tables(std::move(reader).finish(in.optional<std::string>(model, "continuing_subword_prefix", "")), in);
   }
 
-  // The same from tables: ids checked, tokens moved in.
+  // The vocabulary and merges as tables (the merges' ids checked).
   void load_tables(BpeTables tables, const JsonReader& in) {
     const size_t n = tables.tokens.size();
     if (static_cast<int64_t>(n) > kMaxTokenId)
-      in.fail(fmt::format("the vocabulary has {} tokens, more than kiln's {}", n, kMaxTokenId));
-    vocab_.reserve(n);
-    for (size_t i = 0; i < n; ++i)
-      if (tables.tokens[i].empty() || !vocab_.insert(tables.tokens[i], static_cast<int64_t>(i)))
-        in.fail(fmt::format("vocabulary token {} is empty or repeated", i));
+      in.fail(fmt::format("the vocabulary has {} ids, more than kiln's {}", n, kMaxTokenId));
+    vocab_ = std::move(tables.index);
     id_to_token_ = std::move(tables.tokens);
     merges_.reserve(tables.merges.size());
     for (size_t rank = 0; rank < tables.merges.size(); ++rank) {
@@ -1306,23 +1346,47 @@ class HfBpeTokenizer final : public Tokenizer {
 
 }  // namespace
 
+namespace {
+std::unique_ptr<Tokenizer> load(const json& root, const JsonReader& in, const TokenizerConfig& config,
+                                std::optional<BpeTables> tables, BpeTablesReader* streamed) {
+  if (!root.is_object()) in.fail(fmt::format("the file holds {}, expected a JSON object", root.type_name()));
+  try {
+    return std::make_unique<HfBpeTokenizer>(root, in, config, std::move(tables), streamed);
+  } catch (const json::exception& e) {  // a field of an unexpected type deep inside
+    in.fail(fmt::format("malformed: {}", e.what()));
+  }
+}
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file, const TokenizerConfig& config) {
   // A vocabulary or added token repeated with another id would silently change which id a piece of
   // text gets: duplicate keys are refused. Sequence steps nest, and are loaded recursively, so the
   // depth limit also bounds that recursion.
-  const json root = json_input::parse_file(file, fmt::format("tokenizer '{}'", file.string()));
-  return load_hf_tokenizer_json(root, file.string(), config);
+  // model.vocab and model.merges (most of the file: Llama 3's 128K tokens and 280K merges) are read
+  // into tables as the parser meets them, not built as JSON first.
+  const JsonReader in(file.string());
+  BpeTablesReader streamed(in);
+  json_input::Options options;
+  options.streamed = {
+      {{"model", "vocab"},
+       [&](const std::string* token, json& id) {
+         if (!token) in.fail("model.vocab is array, expected an object");
+         return streamed.vocab_member(*token, id);
+       }},
+      {{"model", "merges"},
+       [&](const std::string* key, json& merge) {
+         if (key) in.fail("model.merges is object, expected a list");
+         streamed.merge(merge);
+         return true;
+       }},
+  };
+  const json root = json_input::parse_file(file, fmt::format("tokenizer '{}'", file.string()), options);
+  return load(root, in, config, std::nullopt, &streamed);
 }
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const json& root, const std::string& name,
                                                   const TokenizerConfig& config, std::optional<BpeTables> tables) {
-  const JsonReader in(name);
-  if (!root.is_object()) in.fail(fmt::format("the file holds {}, expected a JSON object", root.type_name()));
-  try {
-    return std::make_unique<HfBpeTokenizer>(root, in, config, std::move(tables));
-  } catch (const json::exception& e) {  // a field of an unexpected type deep inside
-    in.fail(fmt::format("malformed: {}", e.what()));
-  }
+  return load(root, JsonReader(name), config, std::move(tables), nullptr);
 }
 
 }  // namespace kiln::pipelines::detail

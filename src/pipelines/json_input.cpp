@@ -56,6 +56,12 @@ std::string cut(std::string_view message) {
   return out + "...";
 }
 
+// After `read` bytes, the message's offset: the last byte read (the '{' or '[' that goes too deep, a
+// key's closing quote, the byte after an overflowing number).
+std::string at_byte(const Options& options, size_t read) {
+  return fmt::format("{} {}", options.offset_unit, options.base_offset + (read > 0 ? read - 1 : 0));
+}
+
 // Builds the DOM from nlohmann's SAX events (as its own DOM parser does), checking each object and
 // array's depth before it is built and each key as it is inserted: a key whose insertion leaves its
 // object's size unchanged is a repeated one. (nlohmann's callback parser, which could do the same,
@@ -70,10 +76,11 @@ class DomBuilder {
   using string_t = typename Json::string_t;
   using binary_t = typename Json::binary_t;
 
-  DomBuilder(const std::string& origin, const Options& options, std::function<std::string()> where)
-      : origin_(origin), options_(options), where_(std::move(where)) {}
+  // `*cursor`: how far the parser has read from `begin`.
+  DomBuilder(const std::string& origin, const Options& options, const char* begin, const char* const* cursor)
+      : origin_(origin), options_(options), begin_(begin), cursor_(cursor) {}
 
-  Json take() { return std::move(root_); }
+  Json take() { return std::move(dom_.root); }
 
   bool null() { return put(nullptr); }
   bool boolean(bool v) { return put(v); }
@@ -87,12 +94,19 @@ class DomBuilder {
   bool end_object() { return close(); }
   bool end_array() { return close(); }
   bool key(string_t& k) {
-    Json& object = *stack_.back();
+    if (stream_ && element_.stack.empty()) {  // a member of the streamed object
+      element_key_ = std::move(k);
+      element_key_read_ = read();
+      return true;
+    }
+    Tree& tree = current();
+    Json& object = *tree.stack.back();
     const size_t before = object.size();
     Json& member = object[k];
     if (options_.reject_duplicate_keys && object.size() == before)
-      throw LoadError(fmt::format("{}: duplicate key {} at {}", origin_, describe(Json(k)), where_()));
-    member_ = &member;
+      duplicate_key(k, read());
+    tree.member = &member;
+    if (&tree == &dom_) dom_key_ = std::move(k);
     return true;
   }
   template <class Exception>
@@ -101,50 +115,110 @@ class DomBuilder {
   }
 
  private:
-  // Places a value: the whole document, the next element of the open array, or the member the last
-  // key made. Returns where it went.
+  // A value being built: the whole document, or one element of a streamed member.
+  struct Tree {
+    Json root;
+    std::vector<Json*> stack;  // the open objects and arrays, innermost last
+    Json* member = nullptr;    // the member the last key made, for the value that follows
+  };
+  Tree& current() { return stream_ ? element_ : dom_; }
+
+  // Places a value: the tree's root, the next element of its open array, or the member the last key
+  // made. Returns where it went.
   template <class Value>
-  Json* place(Value&& v) {
-    Json* at = stack_.empty() ? &root_ : stack_.back()->is_array() ? &stack_.back()->emplace_back() : member_;
+  Json* place(Tree& tree, Value&& v) {
+    Json* at = tree.stack.empty() ? &tree.root
+               : tree.stack.back()->is_array() ? &tree.stack.back()->emplace_back()
+                                                : tree.member;
     *at = Json(std::forward<Value>(v));
     return at;
   }
   template <class Value>
   bool put(Value&& v) {
-    place(std::forward<Value>(v));
+    if (stream_ && element_.stack.empty()) {  // a scalar element of the streamed member
+      element_.root = Json(std::forward<Value>(v));
+      return hand_over();
+    }
+    place(current(), std::forward<Value>(v));
     return true;
   }
   bool open(typename Json::value_t type) {
-    if (stack_.size() >= static_cast<size_t>(options_.max_depth))
-      throw LoadError(fmt::format("{}: nested deeper than {} levels at {}", origin_, options_.max_depth, where_()));
-    stack_.push_back(place(type));
+    if (depth() >= static_cast<size_t>(options_.max_depth))
+      throw LoadError(fmt::format("{}: nested deeper than {} levels at {}", origin_, options_.max_depth, at(read())));
+    if (!stream_) {
+      if ((stream_ = streamed_here())) {  // its member is left an empty object or array
+        place(dom_, type);
+        stream_is_object_ = type == Json::value_t::object;
+        return true;
+      }
+    }
+    Tree& tree = current();
+    tree.stack.push_back(place(tree, type));
+    if (&tree == &dom_) dom_path_.push_back(dom_.stack.size() > 1 && dom_.stack[dom_.stack.size() - 2]->is_object()
+                                                ? std::move(dom_key_)
+                                                : std::string());
     return true;
   }
   bool close() {
-    stack_.pop_back();
+    if (stream_ && element_.stack.empty()) {  // the streamed member ends
+      stream_ = nullptr;
+      return true;
+    }
+    Tree& tree = current();
+    tree.stack.pop_back();
+    if (&tree == &dom_) dom_path_.pop_back();
+    return stream_ && element_.stack.empty() ? hand_over() : true;
+  }
+  size_t depth() const { return dom_.stack.size() + (stream_ ? 1 + element_.stack.size() : 0); }
+
+  // The streamed member the container about to open is the value of, if any.
+  const StreamedMember* streamed_here() const {
+    if constexpr (std::is_same_v<Json, nlohmann::json>) {
+      if (dom_.stack.empty() || !dom_.stack.back()->is_object()) return nullptr;
+      for (const StreamedMember& m : options_.streamed) {
+        // dom_path_[0] is the root's (empty); then the keys of the open members, then this one.
+        if (m.path.size() != dom_path_.size() || m.path.back() != dom_key_) continue;
+        if (std::equal(m.path.begin(), m.path.end() - 1, dom_path_.begin() + 1)) return &m;
+      }
+    }
+    return nullptr;
+  }
+  // One element of the streamed member is complete: to its handler, then dropped.
+  bool hand_over() {
+    if constexpr (std::is_same_v<Json, nlohmann::json>) {
+      const bool member = stream_is_object_;
+      if (!stream_->element(member ? &element_key_ : nullptr, element_.root)) duplicate_key(element_key_, element_key_read_);
+    }
+    element_.root = Json();
     return true;
+  }
+
+  size_t read() const { return static_cast<size_t>(*cursor_ - begin_); }
+  std::string at(size_t read) const { return at_byte(options_, read); }
+  [[noreturn]] void duplicate_key(const std::string& k, size_t read) const {
+    throw LoadError(fmt::format("{}: duplicate key {} at {}", origin_, describe(Json(k)), at(read)));
   }
 
   const std::string& origin_;
   const Options& options_;
-  std::function<std::string()> where_;
-  Json root_;
-  std::vector<Json*> stack_;  // the open objects and arrays, innermost last
-  Json* member_ = nullptr;    // the member the last key made, for the value that follows
+  const char* begin_;
+  const char* const* cursor_;
+  Tree dom_;
+  std::vector<std::string> dom_path_;  // per open container of the DOM, the key of the member it is
+  std::string dom_key_;                // the last key read in the DOM
+  const StreamedMember* stream_ = nullptr;  // the member being streamed, if any
+  bool stream_is_object_ = false;
+  Tree element_;             // the element of the streamed member being built
+  std::string element_key_;  // its key (a streamed object's member)
+  size_t element_key_read_ = 0;
 };
 
 template <class Json>
 Json parse_impl(std::string_view bytes, const std::string& origin, const Options& options) {
   const char* const begin = bytes.data();
   const char* cursor = begin;
-  // The byte last read, as the message's offset: the '{' or '[' that goes too deep, a key's closing
-  // quote, the byte after an overflowing number.
-  auto where = [&] {
-    const size_t read = static_cast<size_t>(cursor - begin);
-    return fmt::format("{} {}", options.offset_unit, options.base_offset + (read > 0 ? read - 1 : 0));
-  };
   try {
-    DomBuilder<Json> builder(origin, options, where);
+    DomBuilder<Json> builder(origin, options, begin, &cursor);
     Json::sax_parse(CountingIterator{begin, &cursor}, CountingIterator{begin + bytes.size(), nullptr}, &builder);
     return builder.take();
   } catch (const nlohmann::json::parse_error& e) {
@@ -153,7 +227,8 @@ Json parse_impl(std::string_view bytes, const std::string& origin, const Options
     throw LoadError(
         fmt::format("{}: not valid JSON at {} {}: {}", origin, options.offset_unit, at, cut(e.what())));
   } catch (const nlohmann::json::exception& e) {  // out_of_range.406: a number that overflows a double
-    throw LoadError(fmt::format("{}: not valid JSON at {}: {}", origin, where(), cut(e.what())));
+    throw LoadError(fmt::format("{}: not valid JSON at {}: {}", origin,
+                                at_byte(options, static_cast<size_t>(cursor - begin)), cut(e.what())));
   }
 }
 

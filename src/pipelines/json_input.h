@@ -7,17 +7,32 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln::pipelines::json_input {
+
+// An object member whose value (an object or an array) is read element by element instead of built:
+// each member of the object (its key and value) or element of the array (key null) is handed to
+// `element`, which may take the value, and is not kept; the member is left empty in the DOM. For tables
+// too large to build as JSON only to copy out again (tokenizer.json's model.vocab and model.merges).
+// `element` throws LoadError to refuse one, and returns false for a key it has had already (the
+// object's keys are its to keep): the duplicate-key error, at the key's byte. A value at `path` that
+// is not an object or array is built as usual.
+struct StreamedMember {
+  std::vector<std::string> path;  // keys from the root, e.g. {"model", "vocab"}
+  std::function<bool(const std::string* key, nlohmann::json& value)> element;
+};
 
 struct Options {
   int max_depth = 64;                 // arrays and objects nested inside one another
   bool reject_duplicate_keys = true;  // formats: yes; free-form contexts: no
   size_t base_offset = 0;             // added to byte offsets in messages (a header inside a file)
   const char* offset_unit = "byte";   // "file byte" where base_offset makes them file offsets
+  std::vector<StreamedMember> streamed = {};  // parse()/parse_file() only, not the ordered forms
 };
 
 // The largest JSON file read whole (tokenizer.json of a 256k vocabulary is about 20 MB).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/pipelines/tokenizer.h"
+#include "pipelines/flat_tables.h"
 
 namespace kiln::pipelines::detail {
 
@@ -39,7 +40,8 @@ TokenizerConfig load_tokenizer_config(const std::filesystem::path& file);
 // model.merges (another format's vocabulary, as GGUF's: spelling hundreds of thousands of tokens and
 // merges out as JSON only for the loader to read them back took most of its load).
 struct BpeTables {
-  std::vector<std::string> tokens;  // the token of each id, all distinct and non-empty
+  std::vector<std::string> tokens;  // the token of each id; empty for an id no token has
+  FlatStringIndex index;            // token -> id for every token (of two tokens of one id, `tokens` has the later)
   struct Merge {
     int32_t left, right, merged;  // token ids
   };

@@ -180,3 +180,59 @@ TEST(JsonInput, DescribeReplacesInvalidUtf8) {
 }
 
 }  // namespace
+
+// Members named by path are handed over element by element (object members with their keys, array
+// elements without), and left empty in the DOM; the same key path elsewhere, or a scalar at the path,
+// is built as usual; the depth limit counts the streamed levels.
+TEST(JsonInput, StreamedMembersAreHandedOverElementByElement) {
+  const std::string text =
+      R"({"a": {"b": {"x": 1, "y": [2, {"z": 3}]}, "c": [1, {"d": 2}, "s"], "n": 7},)"
+      R"( "b": {"a": {"b": {"deep": true}}}, "s": 5})";
+  std::vector<std::pair<std::string, json>> members;
+  std::vector<json> elements;
+  json_input::Options options;
+  options.streamed = {
+      {{"a", "b"},
+       [&](const std::string* key, json& value) {
+         EXPECT_NE(key, nullptr);
+         members.emplace_back(key ? *key : "", std::move(value));
+         return true;
+       }},
+      {{"a", "c"},
+       [&](const std::string* key, json& value) {
+         EXPECT_EQ(key, nullptr);
+         elements.push_back(std::move(value));
+         return true;
+       }},
+      {{"s"}, [&](const std::string*, json&) -> bool { ADD_FAILURE() << "a scalar is not streamed"; return true; }},
+  };
+  const json doc = json_input::parse(text, "t", options);
+  ASSERT_EQ(members.size(), 2u);
+  EXPECT_EQ(members[0], (std::pair<std::string, json>{"x", 1}));
+  EXPECT_EQ(members[1].first, "y");
+  EXPECT_EQ(members[1].second, json::parse(R"([2, {"z": 3}])"));
+  EXPECT_EQ(elements, (std::vector<json>{1, json::parse(R"({"d": 2})"), "s"}));
+  json expected = json::parse(text);
+  expected["a"]["b"] = json::object();
+  expected["a"]["c"] = json::array();
+  EXPECT_EQ(doc, expected);
+
+  // A key the handler has had: the duplicate-key error, at the key's closing quote.
+  json_input::Options once;
+  once.streamed = {{{"v"}, [seen = std::vector<std::string>()](const std::string* key, json&) mutable {
+                      if (std::find(seen.begin(), seen.end(), *key) != seen.end()) return false;
+                      seen.push_back(*key);
+                      return true;
+                    }}};
+  const std::string dup = R"({"v": {"p": 1, "q": 2, "p": 3}})";
+  EXPECT_EQ(error_message<LoadError>([&] { json_input::parse(dup, "t", once); }),
+            fmt::format("t: duplicate key \"p\" at byte {}", dup.rfind("\"p\"") + 2));
+
+  // Depth as when built: the root, a, b (streamed) and x's list are four levels.
+  for (json_input::Options limit : {options, json_input::Options{}}) {
+    limit.max_depth = 3;
+    EXPECT_EQ(error_message<LoadError>([&] { json_input::parse(R"({"a": {"b": {"x": [1]}}})", "t", limit); }),
+              "t: nested deeper than 3 levels at byte 18");
+    EXPECT_NO_THROW(json_input::parse(R"({"a": {"b": {"x": 1}}})", "t", limit));
+  }
+}
