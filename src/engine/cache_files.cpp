@@ -69,17 +69,19 @@ void remove_orphan_temps(const fs::path& dir) {
 }
 
 bool evict(const fs::path& dir, std::string_view suffix, uint64_t max_bytes, uint64_t entry_bytes,
-           fs::file_time_type keep_since) {
+           fs::file_time_type keep_since, uint64_t disk_room) {
   remove_orphan_temps(dir);
   const std::vector<CacheEntry> all = entries(dir, suffix);
-  uint64_t total = total_bytes(all) + entry_bytes;
+  const uint64_t held = total_bytes(all);
+  const uint64_t bound = std::min(max_bytes, disk_room > UINT64_MAX - held ? UINT64_MAX : held + disk_room);
+  uint64_t total = held + entry_bytes;
   for (const CacheEntry& e : all) {
-    if (total <= max_bytes || e.last_used >= keep_since) break;
+    if (total <= bound || e.last_used >= keep_since) break;
     std::error_code ec;
     fs::remove(e.file, ec);
     total -= e.bytes;
   }
-  return total <= max_bytes;
+  return total <= bound;
 }
 
 fs::path temp_path(const fs::path& dir, std::string_view key) {

@@ -21,9 +21,11 @@ std::vector<CacheEntry> entries(const std::filesystem::path& dir, std::string_vi
 uint64_t total_bytes(const std::vector<CacheEntry>& entries);
 size_t clear(const std::filesystem::path& dir, std::string_view suffix);  // returns how many were removed
 // Removes the orphan temps, then least recently used entries until the rest and `entry_bytes` more
-// total at most max_bytes, but none used since `keep_since`; whether they then fit.
+// total at most max_bytes, and at most what the entries hold now plus `disk_room` (the bytes the disk
+// can still give them), but none used since `keep_since`; whether they then fit.
 bool evict(const std::filesystem::path& dir, std::string_view suffix, uint64_t max_bytes, uint64_t entry_bytes = 0,
-           std::filesystem::file_time_type keep_since = std::filesystem::file_time_type::max());
+           std::filesystem::file_time_type keep_since = std::filesystem::file_time_type::max(),
+           uint64_t disk_room = UINT64_MAX);
 // Removes the temp files of processes that no longer run (one killed while writing an entry).
 void remove_orphan_temps(const std::filesystem::path& dir);
 // A temp file name in dir no other process or thread uses for `key`; rename() it over the entry.

@@ -197,12 +197,22 @@ std::optional<WeightCache::NewEntry> WeightCache::create(const std::string& key,
   fs::create_directories(dir_, ec);
   if (ec) return fail("cannot create the directory: " + ec.message());
   // Room made by older loads' entries only: when this load's own fill the bound, it makes no more.
-  if (!cache_files::evict(dir_, kEntrySuffix, max_bytes_, kHeaderBytes + bytes, created_)) {
-    full_ = true;
+  // The disk bounds them too, keeping kMinFreeBytes free: the size bound can be more than the disk
+  // has (each rebuilt kiln adds a whole set of entries), and a disk left full would make every later
+  // load pack in memory again.
+  const fs::space_info space = fs::space(dir_, ec);
+  if (ec) return std::nullopt;
+  const uint64_t disk_room = space.available > kMinFreeBytes ? space.available - kMinFreeBytes : 0;
+  if (!cache_files::evict(dir_, kEntrySuffix, max_bytes_, kHeaderBytes + bytes, created_, disk_room)) {
+    const fs::space_info now = fs::space(dir_, ec);
+    if (ec || now.available >= kHeaderBytes + bytes + kMinFreeBytes)
+      full_ = true;  // this load's own entries fill the size bound
+    else if (!disk_short_.exchange(true))
+      logger_->warning(fmt::format("weight cache: the disk holding '{}' has {} bytes free, and {} are kept "
+                                   "free: packed weights this load cannot store are packed in memory",
+                                   dir_.string(), now.available, kMinFreeBytes));
     return std::nullopt;
   }
-  const fs::space_info space = fs::space(dir_, ec);
-  if (ec || space.available < kHeaderBytes + bytes + kMinFreeBytes) return std::nullopt;  // keep the disk usable
   const fs::path temp = cache_files::temp_path(dir_, key);
   const int fd = ::open(temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return fail(std::strerror(errno));

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cache_files.h"
 #include "kiln/engine/weight_cache.h"
 #include "nn/capturing_logger.h"
 #include "test_util.h"
@@ -324,3 +325,31 @@ TEST(WeightCache, UnwritableDirectoryWarnsOnceAndStoresNothing) {
 }
 
 }  // namespace
+
+// The disk bounds the entries as the size bound does: with `disk_room` bytes left to give them, least
+// recently used entries of older loads go until the new one fits, never this load's.
+TEST(WeightCache, OlderEntriesMakeRoomWhenTheDiskIsShort) {
+  TempDir dir;
+  fs::create_directories(dir.path());
+  const auto now = fs::file_time_type::clock::now();
+  std::vector<fs::path> files;
+  for (int i = 0; i < 3; ++i) {
+    files.push_back(dir.path() / ("entry" + std::to_string(i) + ".kpack"));
+    std::ofstream(files.back()) << std::string(1000, 'x');
+    fs::last_write_time(files.back(), now - std::chrono::seconds(100 - 10 * i));  // entry0 oldest
+  }
+  const uint64_t unbounded = uint64_t{1} << 40;
+  const auto this_load = now - std::chrono::seconds(10);
+  // 3000 held + 500 of room: a 1200-byte entry needs one old entry gone.
+  EXPECT_TRUE(engine::cache_files::evict(dir.path(), ".kpack", unbounded, 1200, this_load, 500));
+  EXPECT_FALSE(fs::exists(files[0]));
+  EXPECT_TRUE(fs::exists(files[1]) && fs::exists(files[2]));
+  // No room left, and entry2 used by this load: entry1 goes, entry2 stays, and 1500 more do not fit.
+  fs::last_write_time(files[2], now);
+  EXPECT_FALSE(engine::cache_files::evict(dir.path(), ".kpack", unbounded, 1500, this_load, 0));
+  EXPECT_FALSE(fs::exists(files[1]));
+  EXPECT_TRUE(fs::exists(files[2]));
+  // Room enough: nothing goes.
+  EXPECT_TRUE(engine::cache_files::evict(dir.path(), ".kpack", unbounded, 1500, this_load, 2000));
+  EXPECT_TRUE(fs::exists(files[2]));
+}

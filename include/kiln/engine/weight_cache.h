@@ -97,7 +97,7 @@ class WeightCache {
   uint64_t max_bytes_;
   std::shared_ptr<Logger> logger_;
   std::filesystem::file_time_type created_;  // entries used since are this object's loads'
-  mutable std::atomic<bool> unwritable_{false}, full_{false};
+  mutable std::atomic<bool> unwritable_{false}, full_{false}, disk_short_{false};
   mutable std::atomic<int64_t> hits_{0}, stores_{0};
 };
 
