@@ -1344,9 +1344,6 @@ class HfBpeTokenizer final : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };
 
-}  // namespace
-
-namespace {
 std::unique_ptr<Tokenizer> load(const json& root, const JsonReader& in, const TokenizerConfig& config,
                                 std::optional<BpeTables> tables, BpeTablesReader* streamed) {
   if (!root.is_object()) in.fail(fmt::format("the file holds {}, expected a JSON object", root.type_name()));
@@ -1356,6 +1353,7 @@ std::unique_ptr<Tokenizer> load(const json& root, const JsonReader& in, const To
     in.fail(fmt::format("malformed: {}", e.what()));
   }
 }
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::filesystem::path& file, const TokenizerConfig& config) {

@@ -153,10 +153,9 @@ class DomBuilder {
       }
     }
     Tree& tree = current();
+    if (&tree == &dom_)  // the key of the member it is, when it is one
+      dom_path_.push_back(!dom_.stack.empty() && dom_.stack.back()->is_object() ? std::move(dom_key_) : std::string());
     tree.stack.push_back(place(tree, type));
-    if (&tree == &dom_) dom_path_.push_back(dom_.stack.size() > 1 && dom_.stack[dom_.stack.size() - 2]->is_object()
-                                                ? std::move(dom_key_)
-                                                : std::string());
     return true;
   }
   bool close() {
@@ -186,8 +185,8 @@ class DomBuilder {
   // One element of the streamed member is complete: to its handler, then dropped.
   bool hand_over() {
     if constexpr (std::is_same_v<Json, nlohmann::json>) {
-      const bool member = stream_is_object_;
-      if (!stream_->element(member ? &element_key_ : nullptr, element_.root)) duplicate_key(element_key_, element_key_read_);
+      if (!stream_->element(stream_is_object_ ? &element_key_ : nullptr, element_.root))
+        duplicate_key(element_key_, element_key_read_);
     }
     element_.root = Json();
     return true;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace kiln {
 
@@ -26,14 +27,20 @@ inline void* allocate_aligned(size_t bytes) {
   return p;
 }
 
+// The whole pages inside [data, data + bytes), as [lo, hi) (empty when lo >= hi), so that advice given
+// to them leaves a neighbour's partial page alone.
+inline std::pair<uintptr_t, uintptr_t> whole_pages(const void* data, size_t bytes) {
+  const auto first = reinterpret_cast<uintptr_t>(data);
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  return {(first + page - 1) / page * page, (first + bytes) / page * page};
+}
+
 // Takes back allocate_aligned's huge-page advice for memory that is touched a little at a time over
 // a long life, such as the KV cache, whose blocks a sequence fills as it grows: the system zeroes
 // each page at its first touch, and a short request would otherwise fault in (and zero) a 2 MiB page
 // per layer for K and for V. Call before the first touch; a hint, so failure is harmless.
 inline void advise_small_pages(void* p, size_t bytes) {
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  const auto [lo, hi] = whole_pages(p, bytes);
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_NOHUGEPAGE);
 }
 
@@ -102,9 +109,7 @@ inline size_t drop_file_pages(const std::shared_ptr<void>& keep_alive, const voi
   else if (const DerivedBytes* derived = std::get_deleter<DerivedBytes>(keep_alive); derived && derived->owner)
     base = derived->base, size = derived->size;
   if (!base || !offset_within(base, size, data, bytes)) return 0;
-  const auto first = reinterpret_cast<uintptr_t>(data);
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = (first + page - 1) / page * page, hi = (first + bytes) / page * page;
+  const auto [lo, hi] = whole_pages(data, bytes);
   if (hi <= lo) return 0;
   // MAP_PRIVATE: a page the process had written (copy-on-write) would go back to the file's bytes.
   // Weights are never written, so each page is the file's already. MAP_SHARED (an entry just made):
