@@ -76,5 +76,5 @@ def test_ctrl_c_interrupts_a_long_generation(tmp_path):
     waited = time.perf_counter() - sent
     rest, _ = child.communicate(timeout=60)
     assert first == "interrupted", first + rest
-    assert waited < 3, waited                # soon after the signal, not after the 30 s of work
+    assert waited < 10, waited               # soon after the signal (3.3 s once under a loaded ctest), not after the 30 s of work
     assert rest.split() == ["running=0", "waiting=0"], rest

@@ -137,7 +137,13 @@ inline constexpr int64_t kBf16DotMinRows = kSmallM;
 inline constexpr int64_t kNarrowSmallMMax = 32;
 // A GEMV is cut into up to this many parts per thread, claimed by whichever thread is free: it is
 // bound by memory, and a thread slowed by its neighbours then does not hold the others up at the end.
-inline constexpr int64_t kGemvPartsPerThread = 4;
+// Each part is a new stream for the hardware prefetchers to ramp up: 2 rather than 4 took llama-1B
+// Q8_0 decode from 26.7-28.6 to 30.9-32.9 tok/s in the memory's fast phases (Zen 4, 2 threads,
+// session 26, docs/performance.md).
+inline constexpr int64_t kGemvPartsPerThread = 2;
+// Products above kSmallM rows (prefill), bound by arithmetic, keep the 4 parts per thread they were
+// measured with.
+inline constexpr int64_t kGemmPartsPerThread = 4;
 
 const IsaKernels* avx2_kernels();         // nullptr when not compiled for x86-64
 const IsaKernels* avx512_kernels();
