@@ -324,8 +324,6 @@ TEST(WeightCache, UnwritableDirectoryWarnsOnceAndStoresNothing) {
   EXPECT_NE(logger->warnings[0].find((dir.path() / "file").string()), std::string::npos) << logger->warnings[0];
 }
 
-}  // namespace
-
 // The disk bounds the entries as the size bound does: with `disk_room` bytes left to give them, least
 // recently used entries of older loads go until the new one fits, never this load's.
 TEST(WeightCache, OlderEntriesMakeRoomWhenTheDiskIsShort) {
@@ -353,3 +351,5 @@ TEST(WeightCache, OlderEntriesMakeRoomWhenTheDiskIsShort) {
   EXPECT_TRUE(engine::cache_files::evict(dir.path(), ".kpack", unbounded, 1500, this_load, 2000));
   EXPECT_TRUE(fs::exists(files[2]));
 }
+
+}  // namespace

@@ -144,6 +144,8 @@ inline constexpr int64_t kGemvPartsPerThread = 2;
 // Products above kSmallM rows (prefill), bound by arithmetic, keep the 4 parts per thread they were
 // measured with.
 inline constexpr int64_t kGemmPartsPerThread = 4;
+// The parts per thread of a product with an lhs of M rows, by the two rules above.
+constexpr int64_t parts_per_thread(int64_t M) { return M > kSmallM ? kGemmPartsPerThread : kGemvPartsPerThread; }
 
 const IsaKernels* avx2_kernels();         // nullptr when not compiled for x86-64
 const IsaKernels* avx512_kernels();

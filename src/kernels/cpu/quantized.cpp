@@ -244,7 +244,7 @@ void add_f32_sums(QuantizationEncoding e, Q8Activations& acts) {
 
 // The block GEMM (quantized.h) of Q4_0 and the K-quants, lhs [M, K] with M > gemm::kSmallM: the
 // activations quantized once, as for the GEMV, then the weight's panels cut into
-// gemm::kGemmPartsPerThread chunks per thread, each thread unpacking one panel at a time.
+// gemm::parts_per_thread(M) chunks per thread, each thread unpacking one panel at a time.
 void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorView& lhs, const uint8_t* w,
                 int64_t row_bytes, int64_t M, int64_t K, int64_t N, float* y) {
   const quantized::QBlockGemmFn fn = quantized::avx512_vnni_block_gemm(e);
@@ -252,7 +252,7 @@ void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorVi
   add_f32_sums(e, acts);
   const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
   const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
-  parallel_for(ctx, panels, std::max<int64_t>(1, panels / (gemm::kGemmPartsPerThread * threads)),
+  parallel_for(ctx, panels, std::max<int64_t>(1, panels / (gemm::parts_per_thread(M) * threads)),
                [&](int64_t begin, int64_t end) {
                  uint8_t* scratch = t_scratch.panel.get(static_cast<size_t>(quantized::block_gemm_panel_bytes(e, K)));
                  fn(acts, w, row_bytes, begin * quantized::kGemmRows, std::min(N, end * quantized::kGemmRows), y, N,
@@ -301,11 +301,11 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
   if (k_quant && M > kKPanelGemvRows) add_f32_sums(encoding, acts);
   const Q8_0GemmFn q8_0 = avx512_vnni_q8_0_gemm();
   const int64_t panel_bytes = k_quant ? k_panel_bytes(encoding, K) : gemm_panel_bytes(K);
-  // The panels cut as the GEMV's rows are (above gemm::kSmallM rows, the GEMM's parts): chunks claimed as
+  // The panels cut into gemm::parts_per_thread(M) chunks per thread, claimed as
   // threads come free (a core slowed by another job hands its share on), each at least 32 KiB of
   // weights times rows of x. Each row's sum is the same however the panels are cut.
   const int64_t threads = ctx.parallel ? ctx.parallel->num_threads() : 1;
-  const int64_t parts = (M > gemm::kSmallM ? gemm::kGemmPartsPerThread : gemm::kGemvPartsPerThread) * threads;
+  const int64_t parts = gemm::parts_per_thread(M) * threads;
   parallel_for(ctx, panels, std::max<int64_t>({1, 32768 / (panel_bytes * M), panels / parts}),
                [&](int64_t begin, int64_t end) {
                  uint8_t* scratch = k_quant && M > kKPanelGemvRows
