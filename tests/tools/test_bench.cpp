@@ -127,6 +127,21 @@ TEST(BenchBandwidth, MeasuresTheWholeBufferOfEveryThread) {
   EXPECT_EQ(measure_read_bandwidth(1, 1000, 1).buffer_bytes, 512);
 }
 
+// The probe the paired roofline reads after each decode step: the same buffer every time, each read
+// timing the whole of it, in any of the stream patterns.
+TEST(BenchBandwidth, AProbeReadsItsWholeBufferAsOftenAsAsked) {
+  BandwidthProbe probe(2, (8 << 20) + 100);
+  EXPECT_EQ(probe.bytes(), 8 << 20);  // rounded down to 2 threads x 8 streams of whole vectors
+  for (int streams : {1, 2, 4, 8, 1}) {
+    const double rate = probe.read(streams);
+    EXPECT_GT(rate, 1e8) << streams << " streams";
+    EXPECT_LT(rate, 1e13) << streams << " streams";
+  }
+  expect_error<ValueError>([&] { probe.read(3); }, "3 streams per thread; 1, 2, 4 or 8");
+  expect_error<ValueError>([] { BandwidthProbe(0, 1 << 20); }, "threads must be >= 1, got 0");
+  expect_error<ValueError>([] { BandwidthProbe(2, 1000); }, "too small for 2 threads (at least 1024)");
+}
+
 TEST(BenchBandwidth, RejectsBadArguments) {
   expect_error<ValueError>([] { measure_read_bandwidth(0, 1 << 20, 1); }, "threads must be >= 1, got 0");
   expect_error<ValueError>([] { measure_read_bandwidth(1, 1 << 20, 0); }, "passes must be >= 1, got 0");
@@ -179,6 +194,28 @@ TEST(BenchModel, ReportsSpeedsAndTheirRooflineFraction) {
   EXPECT_GT(r.decode_tokens_per_s, 0);
   EXPECT_DOUBLE_EQ(r.roofline_tokens_per_s, 30e9 / 60768000.0);
   EXPECT_DOUBLE_EQ(r.roofline_fraction, r.decode_tokens_per_s / r.roofline_tokens_per_s);
+}
+
+// --paired-roofline: every decode step paired with a read after it, the first token (prefill's) not;
+// each step's fraction is its weight bytes per second over its read's rate, and it is a fraction.
+TEST(BenchModel, PairedRooflineRatesEveryDecodeStepAgainstTheReadAfterIt) {
+  const ModelBenchResult plain = bench_model(
+      {.model = "stories15M", .threads = 1, .prompt_tokens = 4, .gen_tokens = 5, .repetitions = 1}, BandwidthResult{});
+  EXPECT_FALSE(plain.paired.has_value()) << "only when asked";
+  BandwidthResult bandwidth;
+  bandwidth.streams_per_thread = 4;
+  const ModelBenchResult r = bench_model({.model = "stories15M", .threads = 2, .prompt_tokens = 4, .gen_tokens = 5,
+                                          .repetitions = 1, .paired_roofline = true},
+                                         bandwidth);
+  ASSERT_TRUE(r.paired.has_value());
+  EXPECT_EQ(r.paired->steps, 5);
+  EXPECT_GT(r.paired->read_bytes_per_s_median, 1e8);
+  EXPECT_LT(r.paired->read_bytes_per_s_median, 1e13);
+  EXPECT_GT(r.paired->fraction_p10, 0);
+  EXPECT_LE(r.paired->fraction_p10, r.paired->fraction_median);
+  EXPECT_LE(r.paired->fraction_median, r.paired->fraction_p90);
+  // A step cannot read its 60.8 MB faster than many times a plain read (each read is 512 MiB, from memory).
+  EXPECT_LT(r.paired->fraction_p90, 20);
 }
 
 // Every repetition (and the warm-up) runs the same prompt; none may take it from the prefix cache,
@@ -479,6 +516,25 @@ TEST(BenchCommand, ModelJsonCarriesTheFiguresTheIssueAsksFor) {
               j["decode_tokens_per_s"].get<double>() * 60768000.0 / (j["read_gb_per_s"].get<double>() * 1e9),
               1e-9);
   EXPECT_FALSE(j.contains("decode_profile")) << "only with --profile";
+  EXPECT_FALSE(j.contains("paired_roofline")) << "only with --paired-roofline";
+}
+
+TEST(BenchCommand, PairedRooflineJsonAndTable) {
+  auto lines = json_lines(run_bench({"--model", "stories15M", "--threads", "1", "--prompt-tokens", "4",
+                                     "--gen-tokens", "3", "--repetitions", "1", "--paired-roofline", "--json"}));
+  ASSERT_EQ(lines.size(), 1u);
+  const nlohmann::json& paired = lines[0]["paired_roofline"];
+  EXPECT_EQ(paired["steps"], 3);
+  for (const char* key : {"read_gb_per_s_median", "fraction_median", "fraction_p10", "fraction_p90"})
+    EXPECT_GT(paired[key].get<double>(), 0) << key;
+  ModelBenchResult r;
+  r.paired = PairedRoofline{.steps = 64, .read_bytes_per_s_median = 55.04e9, .fraction_median = 0.8123,
+                            .fraction_p10 = 0.7512, .fraction_p90 = 0.8834};
+  const std::string row = table_row(r);
+  for (const char* part : {"81.2% of its bandwidth", "75.1-88.3%", "64 steps", "55.0 GB/s"})
+    EXPECT_NE(row.find(part), std::string::npos) << "row: " << row << "\nmissing: " << part;
+  expect_error<ValueError>([] { run_bench({"--model", "stories15M", "--paired-roofline", "--concurrency", "2"}); },
+                           "--paired-roofline pairs single-stream decode steps; leave out --concurrency");
 }
 
 TEST(BenchCommand, ProfileJsonListsEachOpsShare) {

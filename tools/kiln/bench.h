@@ -10,8 +10,11 @@
 // docs/bench.md says what each figure means.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -59,6 +62,29 @@ struct BandwidthResult {
   std::vector<std::pair<int, double>> read_bytes_per_s_by_streams;  // (streams per thread, its best pass)
 };
 
+// A buffer each of `threads` threads reads its own slice of (first touched by that thread, huge pages
+// advised), as many times as asked: the reads of measure_read_bandwidth, and the read paired with
+// each decode step by ModelBenchOptions::paired_roofline. ValueError for threads < 1 or a buffer too
+// small to split into 8 streams of whole 64-byte vectors per thread.
+class BandwidthProbe {
+ public:
+  BandwidthProbe(int threads, int64_t buffer_bytes);
+  ~BandwidthProbe();
+  BandwidthProbe(const BandwidthProbe&) = delete;
+  BandwidthProbe& operator=(const BandwidthProbe&) = delete;
+  int64_t bytes() const;  // buffer_bytes rounded down to whole streams
+  // One pass over the whole buffer, every thread its slice as 1, 2, 4 or 8 interleaved streams (else
+  // ValueError); bytes per second from the first thread starting to the last one done.
+  double read(int streams_per_thread);
+
+ private:
+  struct Buffer;
+  void on_each_thread(const std::function<void(int, std::byte*)>& fn);
+  int threads_;
+  int64_t slice_bytes_ = 0;
+  std::unique_ptr<Buffer> buffer_;
+};
+
 // Each thread sums its own slice of a buffer (first touched by that thread, huge pages advised),
 // reading it as 1, 2, 4 and 8 interleaved streams with vector loads in turn; each pattern's best of
 // `passes` timed passes, all threads together, and the fastest pattern's figure as the result.
@@ -78,6 +104,22 @@ struct ModelBenchOptions {
   int repetitions = 3;
   uint64_t seed = 0;
   bool profile = false;  // after the timed runs, one more generation with its decode profiled
+  // After the timed runs, one more generation with a read of the machine's memory after every decode
+  // step (ModelBenchResult::paired): the step's speed against the bandwidth of the same second.
+  bool paired_roofline = false;
+};
+
+// Decode steps each paired with a read of at least the weights' bytes right after it (one stream
+// pattern: the one the bandwidth measured before the model read fastest with). Where the memory's
+// speed drifts within a run, each step's fraction is of the bandwidth of its own moment. The read
+// evicts the caches, so a model small enough to stay partly in them reads less than it would.
+struct PairedRoofline {
+  int64_t steps = 0;
+  double read_bytes_per_s_median = 0;  // of the paired reads
+  // Each step's weight bytes per second over its paired read's rate: median, 10th and 90th percentiles.
+  double fraction_median = 0;
+  double fraction_p10 = 0;
+  double fraction_p90 = 0;
 };
 
 // One line of a decode profile: an op's kernel launches (or another part of a decode step) per token.
@@ -104,6 +146,7 @@ struct ModelBenchResult {
   double roofline_tokens_per_s = 0;
   double roofline_fraction = 0;  // decode_tokens_per_s / roofline_tokens_per_s
   std::vector<DecodeProfileEntry> decode_profile;  // with ModelBenchOptions::profile, slowest first
+  std::optional<PairedRoofline> paired;            // with ModelBenchOptions::paired_roofline
   // Prompt tokens the engine took from its prefix cache over the runs: 0, since the bench turns the
   // cache off (every repetition repeats the prompt, and a hit would skip the prefill it times).
   int64_t cached_prompt_tokens = 0;
@@ -296,6 +339,7 @@ class BenchCommand {
   int rounds_ = 1;
   uint64_t seed_ = 0;
   bool profile_ = false;
+  bool paired_roofline_ = false;
   std::vector<int64_t> concurrency_;
   std::string compare_llama_cpp_;  // llama-bench's path
   std::string llama_cpp_model_;    // the GGUF it runs, when --model is not one

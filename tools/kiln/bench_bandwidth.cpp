@@ -9,6 +9,7 @@
 #include <barrier>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <thread>
 #include <utility>
@@ -85,75 +86,82 @@ uint64_t sum_streams(const std::byte* const* s, int streams, int64_t bytes) {
   return kernel(s, streams, bytes);
 }
 
-struct AlignedBuffer {
-  explicit AlignedBuffer(size_t bytes) : bytes(bytes) {
+}  // namespace
+
+struct BandwidthProbe::Buffer {
+  explicit Buffer(size_t bytes) : bytes(bytes) {
     constexpr size_t kHugePage = size_t{2} << 20;  // aligned to a huge page so THP can back it
     data = std::aligned_alloc(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
     if (!data) throw Error(fmt::format("kiln bench: cannot allocate {} bytes", bytes));
     madvise(data, bytes, MADV_HUGEPAGE);  // advice only: failure just means small pages
   }
-  ~AlignedBuffer() { std::free(data); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~Buffer() { std::free(data); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
   void* data;
   size_t bytes;
 };
 
-}  // namespace
-
-BandwidthResult measure_read_bandwidth(int threads, int64_t buffer_bytes, int passes) {
+BandwidthProbe::BandwidthProbe(int threads, int64_t buffer_bytes) : threads_(threads) {
   if (threads < 1) throw ValueError(fmt::format("bandwidth: threads must be >= 1, got {}", threads));
-  if (passes < 1) throw ValueError(fmt::format("bandwidth: passes must be >= 1, got {}", passes));
   // Every thread's slice splits into up to kMaxStreams streams of whole vectors.
   const int64_t unit = int64_t{threads} * kMaxStreams * kVectorBytes;
   if (buffer_bytes < unit)
     throw ValueError(fmt::format("bandwidth: buffer of {} bytes is too small for {} threads (at least {})",
                                  buffer_bytes, threads, unit));
-  const int64_t slice_bytes = buffer_bytes / unit * kMaxStreams * kVectorBytes;  // one thread's
-  const int64_t used_bytes = slice_bytes * threads;
-  AlignedBuffer buffer(static_cast<size_t>(used_bytes));
-  auto* bytes = static_cast<std::byte*>(buffer.data);
+  slice_bytes_ = buffer_bytes / unit * kMaxStreams * kVectorBytes;
+  buffer_ = std::make_unique<Buffer>(static_cast<size_t>(slice_bytes_ * threads));
+  // First touch by the thread that reads the slice, so its pages live near it. Non-zero so no page
+  // can stay a shared zero page.
+  on_each_thread([&](int t, std::byte* slice) { std::memset(slice, t + 1, static_cast<size_t>(slice_bytes_)); });
+}
 
-  // pass_seconds[pattern][pass], the pass timed by thread 0 between two barriers.
-  std::vector<std::vector<double>> pass_seconds(std::size(kStreamCounts), std::vector<double>(static_cast<size_t>(passes)));
-  std::atomic<uint64_t> sink{0};
-  std::barrier sync(threads);
-  auto worker = [&](int t) {
-    std::byte* mine = bytes + t * slice_bytes;
-    // First touch: the pages live near this thread. Non-zero so no page can stay a shared zero page.
-    std::memset(mine, t + 1, static_cast<size_t>(slice_bytes));
-    uint64_t local = 0;
-    for (size_t pattern = 0; pattern < std::size(kStreamCounts); ++pattern) {
-      const int streams = kStreamCounts[pattern];
-      const int64_t stream_bytes = slice_bytes / streams;
-      const std::byte* starts[kMaxStreams];
-      for (int s = 0; s < streams; ++s) starts[s] = mine + s * stream_bytes;
-      for (int p = 0; p < passes; ++p) {
-        sync.arrive_and_wait();
-        const auto start = Clock::now();
-        local += sum_streams(starts, streams, stream_bytes);
-        sync.arrive_and_wait();  // the pass ends when the slowest thread is done
-        if (t == 0) pass_seconds[pattern][static_cast<size_t>(p)] = seconds_since(start);
-      }
-    }
-    sink += local;  // keeps the sums, so the reads cannot be dropped
-  };
+BandwidthProbe::~BandwidthProbe() = default;
+
+int64_t BandwidthProbe::bytes() const { return slice_bytes_ * threads_; }
+
+void BandwidthProbe::on_each_thread(const std::function<void(int, std::byte*)>& fn) {
+  auto* bytes = static_cast<std::byte*>(buffer_->data);
   std::vector<std::thread> workers;
-  for (int t = 1; t < threads; ++t) workers.emplace_back(worker, t);
-  worker(0);
+  for (int t = 1; t < threads_; ++t) workers.emplace_back(fn, t, bytes + t * slice_bytes_);
+  fn(0, bytes);
   for (auto& w : workers) w.join();
+}
 
+double BandwidthProbe::read(int streams_per_thread) {
+  if (std::find(std::begin(kStreamCounts), std::end(kStreamCounts), streams_per_thread) == std::end(kStreamCounts))
+    throw ValueError(fmt::format("bandwidth: {} streams per thread; 1, 2, 4 or 8", streams_per_thread));
+  const int64_t stream_bytes = slice_bytes_ / streams_per_thread;
+  std::atomic<uint64_t> sink{0};
+  std::barrier sync(threads_);
+  double seconds = 0;
+  on_each_thread([&](int t, std::byte* slice) {
+    const std::byte* starts[kMaxStreams];
+    for (int s = 0; s < streams_per_thread; ++s) starts[s] = slice + s * stream_bytes;
+    sync.arrive_and_wait();  // the threads' starts take different times
+    const auto start = Clock::now();
+    const uint64_t sum = sum_streams(starts, streams_per_thread, stream_bytes);
+    sync.arrive_and_wait();  // the pass ends when the slowest thread is done
+    if (t == 0) seconds = seconds_since(start);
+    sink += sum;  // keeps the sums, so the reads cannot be dropped
+  });
+  return static_cast<double>(bytes()) / seconds;
+}
+
+BandwidthResult measure_read_bandwidth(int threads, int64_t buffer_bytes, int passes) {
+  if (passes < 1) throw ValueError(fmt::format("bandwidth: passes must be >= 1, got {}", passes));
+  BandwidthProbe probe(threads, buffer_bytes);
   BandwidthResult result;
   result.threads = threads;
-  result.buffer_bytes = used_bytes;
+  result.buffer_bytes = probe.bytes();
   result.passes = passes;
-  for (size_t pattern = 0; pattern < std::size(kStreamCounts); ++pattern) {
-    const double best = *std::min_element(pass_seconds[pattern].begin(), pass_seconds[pattern].end());
-    const double rate = static_cast<double>(used_bytes) / best;
-    result.read_bytes_per_s_by_streams.emplace_back(kStreamCounts[pattern], rate);
+  for (const int streams : kStreamCounts) {
+    double rate = 0;
+    for (int p = 0; p < passes; ++p) rate = std::max(rate, probe.read(streams));
+    result.read_bytes_per_s_by_streams.emplace_back(streams, rate);
     if (rate > result.read_bytes_per_s) {
       result.read_bytes_per_s = rate;
-      result.streams_per_thread = kStreamCounts[pattern];
+      result.streams_per_thread = streams;
     }
   }
   return result;

@@ -75,6 +75,9 @@ BenchCommand::BenchCommand(CLI::App& app) {
   bench_->add_option("--llama-cpp-model", llama_cpp_model_,
                      "the GGUF file llama-bench runs when --model is a named shape or a directory")
       ->check(CLI::ExistingFile);
+  bench_->add_flag("--paired-roofline", paired_roofline_,
+                   "after the timed runs, one more generation with a read of the memory after every decode step: "
+                   "each step's speed against the bandwidth of its own moment");
   bench_->add_flag("--profile", profile_,
                    "after the timed runs, profile one more generation's decode: each op's time per token");
 
@@ -167,6 +170,8 @@ int BenchCommand::run() const {
   if (rounds_ < 1) throw ValueError(fmt::format("kiln bench: --rounds must be >= 1, got {}", rounds_));
   if (rounds_ > 1 && !concurrency_.empty())
     throw ValueError("kiln bench: --rounds repeats the single-stream runs; leave out --concurrency");
+  if (paired_roofline_ && !concurrency_.empty())
+    throw ValueError("kiln bench: --paired-roofline pairs single-stream decode steps; leave out --concurrency");
   if (!llama_cpp_model_.empty() && compare_llama_cpp_.empty())
     throw ValueError("kiln bench: --llama-cpp-model is the file --compare-llama-cpp runs; give both");
   // The GGUF llama-bench runs for a --model: that very file, or --llama-cpp-model's.
@@ -193,7 +198,8 @@ int BenchCommand::run() const {
                              .gen_tokens = gen_tokens_,
                              .repetitions = repetitions_,
                              .seed = seed_,
-                             .profile = profile_};
+                             .profile = profile_,
+                             .paired_roofline = paired_roofline_};
   };
   if (!concurrency_.empty()) {
     if (!json_) std::cout << concurrency_table_header(prompt_tokens_, gen_tokens_) << "\n";

@@ -154,6 +154,14 @@ void set_bandwidth(ModelBenchResult& r, double read_bytes_per_s) {
 
 namespace {
 
+// Nearest-rank percentile of unsorted values (0 when empty).
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(values.size())));
+  return values[std::clamp<size_t>(rank, 1, values.size()) - 1];
+}
+
 // What the profiled graphs spent over `steps` steps of `wall_seconds`: each op's launches and time
 // per step, each graph's work outside its kernels ("(run)"), and the rest ("(pipeline)": the
 // engine's own work between graphs), slowest first.
@@ -204,6 +212,35 @@ std::vector<DecodeProfileEntry> profile_decode(pipelines::TextGenerationPipeline
   return collect_profile(models, decode_seconds, static_cast<double>(tokens - 1));
 }
 
+// One more generation, a read of the memory after every token (PairedRoofline).
+PairedRoofline paired_roofline(pipelines::TextGenerationPipeline& pipe, const std::vector<int64_t>& prompt,
+                               const pipelines::GenerationOptions& gen, double weight_bytes_per_token,
+                               int threads, int streams_per_thread) {
+  // At least the weights' bytes, so that the read comes from memory too, not from the caches; at most
+  // 2 GiB, which reads no slower per byte than more.
+  constexpr double kMiB = 1 << 20;
+  BandwidthProbe probe(threads, static_cast<int64_t>(std::clamp(weight_bytes_per_token, 512 * kMiB, 2048 * kMiB)));
+  std::vector<double> fractions, reads;
+  bool decoding = false;  // the first token is prefill's
+  Clock::time_point step_start;
+  pipe.generate_ids(prompt, gen, [&](int64_t) {
+    // Every step follows a read, the first too: each finds the caches and the pool's threads alike.
+    const double step_seconds = seconds_since(step_start);
+    const double read = probe.read(streams_per_thread);
+    if (decoding) {
+      reads.push_back(read);
+      fractions.push_back(weight_bytes_per_token / step_seconds / read);
+    }
+    decoding = true;
+    step_start = Clock::now();
+  });
+  return {.steps = static_cast<int64_t>(fractions.size()),
+          .read_bytes_per_s_median = percentile(reads, 50),
+          .fraction_median = percentile(fractions, 50),
+          .fraction_p10 = percentile(fractions, 10),
+          .fraction_p90 = percentile(fractions, 90)};
+}
+
 }  // namespace
 
 ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& bandwidth) {
@@ -244,12 +281,16 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
     r.decode_tokens_per_s = std::max(r.decode_tokens_per_s, s.decode_tokens_per_s);
   }
   if (o.profile) r.decode_profile = profile_decode(pipe, prompt, gen);
+  const double weight_bytes_per_token = decode_weight_bytes(config, format);
+  if (o.paired_roofline)
+    r.paired = paired_roofline(pipe, prompt, gen, weight_bytes_per_token, o.threads,
+                               std::max(1, bandwidth.streams_per_thread));
   r.cached_prompt_tokens = pipe.engine().stats().cached_prompt_tokens;
   r.model = o.model;
   r.dtype = formats_label(format, config.weight_formats);
   r.threads = o.threads;
   r.parameters = parameter_count(config);
-  r.weight_bytes_per_token = decode_weight_bytes(config, format);
+  r.weight_bytes_per_token = weight_bytes_per_token;
   r.prompt_tokens = o.prompt_tokens;
   r.gen_tokens = o.gen_tokens;
   r.repetitions = o.repetitions;
@@ -259,17 +300,6 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
 
 // ==== many requests at once ================================================================================
 
-namespace {
-
-// Nearest-rank percentile of unsorted values (0 when empty).
-double percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(values.size())));
-  return values[std::clamp<size_t>(rank, 1, values.size()) - 1];
-}
-
-}  // namespace
 
 std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o, const std::vector<int64_t>& levels) {
   check_model_options(o);

@@ -30,6 +30,12 @@ nlohmann::json to_json(const ModelBenchResult& r) {
                          {"fraction", e.fraction}});
     json["decode_profile"] = std::move(profile);
   }
+  if (r.paired)
+    json["paired_roofline"] = {{"steps", r.paired->steps},
+                               {"read_gb_per_s_median", r.paired->read_bytes_per_s_median * 1e-9},
+                               {"fraction_median", r.paired->fraction_median},
+                               {"fraction_p10", r.paired->fraction_p10},
+                               {"fraction_p90", r.paired->fraction_p90}};
   return json;
 }
 
@@ -78,11 +84,17 @@ std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
 }
 
 std::string table_row(const ModelBenchResult& r) {
-  return fmt::format(
+  std::string row = fmt::format(
       "{:<14} {:<9} {:>7} {:>8.1f}M {:>12.1f} {:>12.1f} {:>12.1f} {:>10.1f} {:>14.1f} {:>8.1f}%", r.model,
       r.dtype, r.threads, static_cast<double>(r.parameters) * 1e-6,
       r.weight_bytes_per_token * 1e-6, r.prefill_tokens_per_s, r.decode_tokens_per_s,
       r.read_bytes_per_s * 1e-9, r.roofline_tokens_per_s, 100.0 * r.roofline_fraction);
+  if (r.paired)
+    row += fmt::format("\n  each decode step against a read right after it: {:.1f}% of its bandwidth (p10-p90 "
+                       "{:.1f}-{:.1f}%, {} steps; the reads {:.1f} GB/s median)",
+                       100.0 * r.paired->fraction_median, 100.0 * r.paired->fraction_p10,
+                       100.0 * r.paired->fraction_p90, r.paired->steps, r.paired->read_bytes_per_s_median * 1e-9);
+  return row;
 }
 
 nlohmann::json to_json(const LlamaCppComparison& c) {
