@@ -371,17 +371,12 @@ inline int64_t row_block(int64_t rows) {
   return (tiles + blocks - 1) / blocks * kMR;
 }
 
-// gemm_f32 for one row tile (m1 - m0 <= kMR: decode, small batches) on B packed ahead: each B
-// micro-panel is read over its whole depth before the next, and the panels lie one after another,
-// so the weight is one forward stream that the hardware prefetcher follows with no help (the depth
-// blocks of gemm_f32's order jump between micro-panels every kc rows). A's tile is packed over the
-// whole depth (kMR x K, the workspace's size for one tile). Each sum takes its depth blocks in the
-// same order as there, so a row's bits are the same.
 // One row of A (decode) times B packed ahead (f32 panels, or 16-bit ones widened as loaded), columns
 // [n0, n1) of c: micro_rows<1>'s steps and sums (each depth block's from zero, added to the blocks'
 // before it, as store_tile adds them to C) with every panel in one pass, its sums in registers, in a
-// small loop of its own. From DRAM that streams the panels faster than the tile machinery does: on
-// Zen 4, stories110M f32 decode 84 -> 90% of the same second's read bandwidth (docs/performance.md).
+// loop of its own. From DRAM that streams the panels faster than the tile machinery does: on Zen 4,
+// stories110M f32 decode steps went from 84% to 89-90% of the same second's read bandwidth (medians,
+// slow phase; docs/performance.md, session 27).
 template <class BT>
 void one_row_on_panels(const float* a, int64_t K, const BT* panels, int64_t panel_stride, int64_t n0, int64_t n1,
                        float* c) {
@@ -407,6 +402,12 @@ void one_row_on_panels(const float* a, int64_t K, const BT* panels, int64_t pane
   }
 }
 
+// gemm_f32 for one row tile (m1 - m0 <= kMR: decode, small batches) on B packed ahead: each B
+// micro-panel is read over its whole depth before the next, and the panels lie one after another,
+// so the weight is one forward stream that the hardware prefetcher follows with no help (the depth
+// blocks of gemm_f32's order jump between micro-panels every kc rows). A's tile is packed over the
+// whole depth (kMR x K, the workspace's size for one tile). Each sum takes its depth blocks in the
+// same order as there, so a row's bits are the same.
 template <class T, class TB>
 void gemm_one_tile(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, const Workspace& ws) {
   constexpr bool kF32 = std::is_same_v<T, float>;
@@ -414,7 +415,10 @@ void gemm_one_tile(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t
   pack_a_f32<T>(p, m0, mr, 0, p.K, ws.packed_a);
   auto stream = [&]<class BT>(const BT* panels, int64_t panel_stride) {
     if constexpr (kF32)
-      if (mr == 1) return one_row_on_panels(ws.packed_a, p.K, panels, panel_stride, n0, n1, static_cast<float*>(p.c) + m0 * p.ldc);
+      if (mr == 1) {
+        float* c = static_cast<float*>(p.c) + m0 * p.ldc;
+        return one_row_on_panels(ws.packed_a, p.K, panels, panel_stride, n0, n1, c);
+      }
     for (int64_t jc = n0; jc < n1; jc += kNC) {
       const int64_t nc = lo(kNC, n1 - jc);
       for (int64_t jr = 0; jr < nc; jr += kNR) {

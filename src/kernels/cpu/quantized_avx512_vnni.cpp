@@ -404,10 +404,11 @@ void pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* pa
 }
 
 // One row of x (decode) on packed panels: gemm_tile<1>'s operations in its order (so its bits), but
-// each panel's blocks in one pass, the sums kept in registers, in a small loop of its own. Read from
-// DRAM the panels stream 3-7% faster this way than through gemm's passes and tiles (Zen 4, a harness
-// alternating the two over 1 GiB of panels: medians of 1.03x on one core, 1.06-1.08x on two;
-// llama-1B Q8_0 decode 87 -> 89% of the same second's read bandwidth, docs/performance.md).
+// each panel's blocks in one pass, the sums kept in registers, in a loop of its own. From DRAM the
+// panels stream faster this way than through gemm's passes and tile dispatch (Zen 4: a harness
+// alternating the two over 1 GiB of panels, medians 1.03x on one core, 1.06-1.08x on two; llama-1B
+// Q8_0 decode steps 89% -> 94% of the same second's read bandwidth in the memory's slow phase,
+// 72-78% -> 88% at 47-55 GB/s; docs/performance.md, session 27).
 void gemv_packed(const Q8Activations& x, const uint8_t* packed, int64_t n0, int64_t n1, float* y) {
   const int64_t blocks = x.K / kBlock;
   for (int64_t n = n0; n < n1; n += kGemmRows) {
