@@ -89,7 +89,7 @@ uint64_t sum_streams(const std::byte* const* s, int streams, int64_t bytes) {
 }  // namespace
 
 struct BandwidthProbe::Buffer {
-  explicit Buffer(size_t bytes) : bytes(bytes) {
+  explicit Buffer(size_t bytes) {
     constexpr size_t kHugePage = size_t{2} << 20;  // aligned to a huge page so THP can back it
     data = std::aligned_alloc(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
     if (!data) throw Error(fmt::format("kiln bench: cannot allocate {} bytes", bytes));
@@ -99,7 +99,6 @@ struct BandwidthProbe::Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   void* data;
-  size_t bytes;
 };
 
 BandwidthProbe::BandwidthProbe(int threads, int64_t buffer_bytes) : threads_(threads) {

@@ -300,7 +300,6 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
 
 // ==== many requests at once ================================================================================
 
-
 std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o, const std::vector<int64_t>& levels) {
   check_model_options(o);
   if (levels.empty()) throw ValueError("kiln bench: --concurrency needs at least one level");
