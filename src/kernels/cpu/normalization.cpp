@@ -134,6 +134,22 @@ struct NormParams {
   explicit NormParams(const KernelInit& init) : epsilon(init.attr<double>("epsilon")) {}
 };
 
+// sum_t row[t]^2 in S, in 8 running sums (t mod 8) added at the end: one chain of dependent adds
+// waits 4 cycles per element; 8 chains the compiler keeps in vectors. llama-1B decode's 33 norms of
+// 2048 took 181 us per token before, 148-158 after (Zen 4, the rest is the launches' own cost).
+template <class S, class C>
+S sum_of_squares(const C* row, int64_t n) {
+  constexpr int kChains = 8;
+  S chains[kChains] = {};
+  int64_t t = 0;
+  for (; t + kChains <= n; t += kChains)
+    for (int c = 0; c < kChains; ++c) chains[c] += static_cast<S>(row[t + c] * row[t + c]);
+  for (; t < n; ++t) chains[t % kChains] += static_cast<S>(row[t] * row[t]);
+  S total = 0;
+  for (const S chain : chains) total += chain;
+  return total;
+}
+
 template <Op kOp>
 void norm_kernel(const KernelContext& ctx, const NormParams& params, std::span<const TensorView> inputs,
                  std::span<const TensorView> outputs) {
@@ -169,7 +185,10 @@ void norm_kernel(const KernelContext& ctx, const NormParams& params, std::span<c
       lines.for_each(ctx, [&](int64_t result, int64_t base) {
         thread_local std::vector<C> row;
         row.resize(static_cast<size_t>(dim));
-        for (int64_t t = 0; t < dim; ++t) row[t] = static_cast<C>(in[base + t * lines.stride]);
+        if (lines.stride == 1)  // the common case, in a loop the compiler vectorizes
+          for (int64_t t = 0; t < dim; ++t) row[t] = static_cast<C>(in[base + t]);
+        else
+          for (int64_t t = 0; t < dim; ++t) row[t] = static_cast<C>(in[base + t * lines.stride]);
         if constexpr (kLayer) {
           // Two passes (mean, then squared deviations) stay accurate when |mean| >> stddev.
           S total = 0;
@@ -183,12 +202,14 @@ void norm_kernel(const KernelContext& ctx, const NormParams& params, std::span<c
             y[result + t] = static_cast<T>((row[t] - mean) * inv_std * static_cast<C>(w[t * ws]) +
                                            static_cast<C>(b[t * bs]));
         } else {
-          S squares = 0;
-          for (int64_t t = 0; t < dim; ++t) squares += static_cast<S>(row[t] * row[t]);
+          const S squares = sum_of_squares<S>(row.data(), dim);
           const C inv_rms =
               static_cast<C>(S(1) / std::sqrt(squares / static_cast<S>(dim) + static_cast<S>(epsilon)));
-          for (int64_t t = 0; t < dim; ++t)
-            y[result + t] = static_cast<T>(row[t] * inv_rms * static_cast<C>(w[t * ws]));
+          if (ws == 1)
+            for (int64_t t = 0; t < dim; ++t) y[result + t] = static_cast<T>(row[t] * inv_rms * static_cast<C>(w[t]));
+          else
+            for (int64_t t = 0; t < dim; ++t)
+              y[result + t] = static_cast<T>(row[t] * inv_rms * static_cast<C>(w[t * ws]));
         }
       });
     } else {
