@@ -1,5 +1,6 @@
 // `kiln bench`: the roofline arithmetic, the weight bytes a decode step reads, the measurements on
 // small sizes, and the command's output (JSON parsed back, table rows, errors).
+#include <sched.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -140,6 +141,25 @@ TEST(BenchBandwidth, AProbeReadsItsWholeBufferAsOftenAsAsked) {
   expect_error<ValueError>([&] { probe.read(3); }, "3 streams per thread; 1, 2, 4 or 8");
   expect_error<ValueError>([] { BandwidthProbe(0, 1 << 20); }, "threads must be >= 1, got 0");
   expect_error<ValueError>([] { BandwidthProbe(2, 1000); }, "too small for 2 threads (at least 1024)");
+}
+
+// The handover of a line between two threads: a time a cache line's trip can take (a CPU moves one
+// core to core in tens to hundreds of ns; a busy host can add a time slice of milliseconds, never
+// 0.1 s), measured with the reads whenever there are two threads to measure between.
+TEST(BenchBandwidth, TimesALineRoundTripBetweenTwoCpus) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  const double round_trip = measure_core_round_trip(2000);
+  if (CPU_COUNT(&allowed) < 2) {
+    EXPECT_EQ(round_trip, 0);
+    GTEST_SKIP() << "this process may run on one CPU only: no round trip to time";
+  }
+  EXPECT_GT(round_trip, 1.0);
+  EXPECT_LT(round_trip, 1e8);
+  EXPECT_GT(measure_read_bandwidth(2, 1 << 20, 1).core_round_trip_ns, 0);
+  EXPECT_EQ(measure_read_bandwidth(1, 1 << 20, 1).core_round_trip_ns, 0);  // one thread: nothing to hand over
+  expect_error<ValueError>([] { measure_core_round_trip(0); }, "round_trips must be >= 1, got 0");
 }
 
 TEST(BenchBandwidth, RejectsBadArguments) {
@@ -351,6 +371,92 @@ TEST(BenchLlamaCpp, RunsLlamaBenchWithKilnsSettingsAndTakesItsBetterLoadMode) {
   EXPECT_NE(row.find("1.20x"), std::string::npos) << row;
 }
 
+namespace {
+BandwidthResult moment(double gb_per_s, double round_trip_ns) {
+  BandwidthResult r;
+  r.read_bytes_per_s = gb_per_s * 1e9;
+  r.core_round_trip_ns = round_trip_ns;
+  return r;
+}
+}  // namespace
+
+// Each round's reads and round trips place both runs on the host's memory: llama.cpp's decode against
+// the roofline of the read beside it, and whether the round saw one phase of the memory.
+TEST(BenchLlamaCpp, ARoundIsOnePhaseWhenItsReadsAndRoundTripsAgree) {
+  ModelBenchResult kiln_run;
+  kiln_run.prefill_tokens_per_s = 300;
+  kiln_run.decode_tokens_per_s = 600;
+  kiln_run.weight_bytes_per_token = 50e6;
+  kiln_run.read_bytes_per_s = 36e9;  // bench_model's: the better of the reads before and between
+  LlamaCppBenchResult llama;
+  llama.prefill_tokens_per_s = 200;
+  llama.decode_tokens_per_s = 400;
+
+  // One CCD throughout: reads 35, 36, 34 GB/s (36 / 34 < 1.2), round trips 55-60 ns.
+  LlamaCppComparison c = compare(kiln_run, llama, {moment(35, 55), moment(36, 60), moment(34, 58)});
+  EXPECT_TRUE(c.same_phase);
+  EXPECT_DOUBLE_EQ(c.decode_ratio, 1.5);
+  EXPECT_DOUBLE_EQ(c.llama_cpp_read_bytes_per_s, 36e9);  // the better of between and after
+  EXPECT_DOUBLE_EQ(c.llama_cpp_roofline_fraction, 400 / (36e9 / 50e6));  // 400 of 720 tok/s
+  nlohmann::json json = to_json(c);
+  EXPECT_EQ(json.at("same_phase"), true);
+  EXPECT_DOUBLE_EQ(json.at("read_gb_per_s").get<double>(), 36);
+  EXPECT_DOUBLE_EQ(json.at("round_trips_ns").at(2).get<double>(), 58);
+  std::string row = table_row(c);
+  EXPECT_NE(row.find("55.6%"), std::string::npos) << row;  // llama.cpp's roofline fraction
+  EXPECT_NE(row.find("720.0"), std::string::npos) << row;  // its roofline tok/s
+  EXPECT_NE(row.find("one phase: reads 35.0, 36.0, 34.0 GB/s; threads' round trips 55, 60, 58 ns"),
+            std::string::npos)
+      << row;
+
+  // The reads of a round that crossed phases: 35 then 60 GB/s.
+  c = compare(kiln_run, llama, {moment(35, 55), moment(60, 56), moment(59, 57)});
+  EXPECT_FALSE(c.same_phase);
+  EXPECT_NE(table_row(c).find("phases differ"), std::string::npos);
+  // Reads alike but the threads moved from one CCD to two (55 -> 330 ns).
+  EXPECT_FALSE(compare(kiln_run, llama, {moment(40, 55), moment(42, 330), moment(41, 320)}).same_phase);
+  // One thread: no round trips, the reads alone decide.
+  EXPECT_TRUE(compare(kiln_run, llama, {moment(40, 0), moment(42, 0), moment(41, 0)}).same_phase);
+  // Nothing measured: no phase and no fraction, and the rows say nothing of either.
+  c = compare(kiln_run, llama);
+  EXPECT_FALSE(c.same_phase);
+  EXPECT_EQ(c.llama_cpp_roofline_fraction, 0);
+  EXPECT_EQ(table_row(c).find("phase"), std::string::npos);
+}
+
+// The range over the rounds of one phase beside the range over all of them.
+TEST(BenchLlamaCpp, RoundsOfOnePhaseGetTheirOwnRange) {
+  ModelBenchResult kiln_run;
+  kiln_run.weight_bytes_per_token = 1e6;
+  kiln_run.read_bytes_per_s = 35e9;
+  LlamaCppBenchResult llama;
+  llama.prefill_tokens_per_s = 100;
+  llama.decode_tokens_per_s = 100;
+  auto round = [&](double prefill, double decode, bool one_phase) {
+    kiln_run.prefill_tokens_per_s = prefill;
+    kiln_run.decode_tokens_per_s = decode;
+    return compare(kiln_run, llama,
+                   {moment(35, 55), moment(35, 55), one_phase ? moment(35, 55) : moment(60, 330)});
+  };
+  LlamaCppRounds r = summarize({round(200, 110, true), round(300, 170, false), round(250, 90, true)});
+  EXPECT_EQ(r.rounds, 3);
+  EXPECT_DOUBLE_EQ(r.decode_ratio_min, 0.9);
+  EXPECT_DOUBLE_EQ(r.decode_ratio_max, 1.7);
+  EXPECT_EQ(r.same_phase_rounds, 2);
+  EXPECT_DOUBLE_EQ(r.same_phase_decode_ratio_min, 0.9);
+  EXPECT_DOUBLE_EQ(r.same_phase_decode_ratio_max, 1.1);
+  EXPECT_DOUBLE_EQ(r.same_phase_prefill_ratio_min, 2.0);
+  EXPECT_DOUBLE_EQ(r.same_phase_prefill_ratio_max, 2.5);
+  EXPECT_NE(table_row(r).find("over 2 of one phase"), std::string::npos) << table_row(r);
+  EXPECT_NE(table_row(r).find("0.90-1.10x"), std::string::npos) << table_row(r);
+  EXPECT_EQ(to_json(r).at("same_phase_rounds"), 2);
+  // No round of one phase: no such row, zeros in the JSON.
+  r = summarize({round(200, 110, false), round(300, 170, false)});
+  EXPECT_EQ(r.same_phase_rounds, 0);
+  EXPECT_EQ(r.same_phase_decode_ratio_max, 0);
+  EXPECT_EQ(table_row(r).find("of one phase"), std::string::npos) << table_row(r);
+}
+
 // Counts, thread counts and speeds are checked before they are converted (a float far outside an
 // int's range would be undefined behaviour to convert): each refusal names the test and the key.
 TEST(BenchLlamaCpp, FiguresOutOfRangeAreRefusedNamingTheTestAndKey) {
@@ -494,6 +600,7 @@ TEST(BenchCommand, BandwidthJsonAndTable) {
   EXPECT_EQ(by_streams[best].get<double>(), lines[0]["read_gb_per_s"].get<double>());
   for (const char* streams : {"1", "2", "4", "8"})
     EXPECT_LE(by_streams[streams].get<double>(), lines[0]["read_gb_per_s"].get<double>()) << streams;
+  EXPECT_EQ(lines[0]["core_round_trip_ns"].get<double>(), 0);  // one thread
 
   const std::string table = run_bench({"bandwidth", "--threads", "1", "--buffer-mib", "4", "--passes", "1"});
   EXPECT_NE(table.find("read GB/s"), std::string::npos) << table;

@@ -60,7 +60,15 @@ struct BandwidthResult {
   int passes = 0;              // per pattern
   double read_bytes_per_s = 0;  // the best pass of the fastest pattern
   std::vector<std::pair<int, double>> read_bytes_per_s_by_streams;  // (streams per thread, its best pass)
+  double core_round_trip_ns = 0;  // measure_core_round_trip() right after the reads (threads >= 2; else 0)
 };
+
+// Nanoseconds for a cache line to go from one thread to another and back, the two threads pinned to
+// the first two CPUs this process may run on; 0 when it may run on fewer than 2. On a VM whose host
+// moves its vCPUs, it tells whether they share a last-level cache, and with it the path to memory:
+// on the 2-vCPU Zen 4 hosts ~55 ns on one CCD, where two threads read ~35 GB/s together, about what
+// one reads alone, and ~335 ns on two CCDs, each with its own link (~61 GB/s together).
+double measure_core_round_trip(int round_trips = 20000);
 
 // A buffer each of `threads` threads reads its own slice of (first touched by that thread, huge pages
 // advised), as many times as asked: the reads of measure_read_bandwidth, and the read paired with
@@ -222,14 +230,38 @@ LlamaCppBenchResult run_llama_bench(const LlamaCppBenchOptions& options);
 // The figures of llama-bench's JSON output; `source` names it in errors.
 LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::string& source);
 
+// Two runs saw the same memory when their reads are within this factor of each other: a shared
+// host's bandwidth moves between phases (on the 2-vCPU Zen 4 hosts about 31-37 GB/s and 50-67 GB/s),
+// and within a phase by less than this.
+inline constexpr double kSamePhaseReadRatio = 1.2;
+// ... and their threads' round trips within this factor (measure_core_round_trip: ~6x apart between
+// one CCD and two on Zen 4).
+inline constexpr double kSamePhaseRoundTripRatio = 2.0;
+
 // kiln's figures over llama.cpp's, both from the same run.
 struct LlamaCppComparison {
   ModelBenchResult kiln;
   LlamaCppBenchResult llama_cpp;
   double prefill_ratio = 0;  // kiln / llama.cpp
   double decode_ratio = 0;
+  // The round's reads and round trips (RoundReads; 0: not measured); the read bandwidth beside
+  // llama-bench's run (the better of the reads just before and just after it, as kiln's), llama.cpp's
+  // decode against the roofline it gives (kiln's weight bytes per token), and whether the whole round
+  // saw one phase of the memory (its three reads within kSamePhaseReadRatio, its round trips within
+  // kSamePhaseRoundTripRatio): a ratio across two phases says more about the host than about either.
+  double reads[3] = {0, 0, 0};
+  double round_trips_ns[3] = {0, 0, 0};
+  double llama_cpp_read_bytes_per_s = 0;
+  double llama_cpp_roofline_fraction = 0;
+  bool same_phase = false;
 };
-LlamaCppComparison compare(const ModelBenchResult& kiln, const LlamaCppBenchResult& llama_cpp);
+// A round's measures of the memory (BandwidthResult's read and round trip): just before kiln's run,
+// between kiln's and llama-bench's, and just after llama-bench's.
+struct RoundReads {
+  BandwidthResult before, between, after;
+};
+LlamaCppComparison compare(const ModelBenchResult& kiln, const LlamaCppBenchResult& llama_cpp,
+                           const RoundReads& reads = {});
 
 // The ratios of several rounds of one model, kiln and llama-bench alternated (--rounds): on a shared
 // machine whose bandwidth drifts from minute to minute, a range over rounds says what one pair cannot.
@@ -239,6 +271,11 @@ struct LlamaCppRounds {
   int rounds = 0;
   double prefill_ratio_min = 0, prefill_ratio_max = 0;
   double decode_ratio_min = 0, decode_ratio_max = 0;
+  // The same over the rounds whose two runs saw the same memory (LlamaCppComparison::same_phase);
+  // 0 when none did.
+  int same_phase_rounds = 0;
+  double same_phase_prefill_ratio_min = 0, same_phase_prefill_ratio_max = 0;
+  double same_phase_decode_ratio_min = 0, same_phase_decode_ratio_max = 0;
 };
 // ValueError for no rounds.
 LlamaCppRounds summarize(const std::vector<LlamaCppComparison>& rounds);

@@ -2,6 +2,8 @@
 // bandwidth, each thread summing its own slice of a buffer with the widest vector loads, as 1, 2, 4
 // and 8 interleaved streams; the fastest counts.
 #include <fmt/format.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -163,7 +165,62 @@ BandwidthResult measure_read_bandwidth(int threads, int64_t buffer_bytes, int pa
       result.streams_per_thread = streams;
     }
   }
+  if (threads >= 2) result.core_round_trip_ns = measure_core_round_trip();
   return result;
+}
+
+double measure_core_round_trip(int round_trips) {
+  if (round_trips < 1) throw ValueError(fmt::format("round trip: round_trips must be >= 1, got {}", round_trips));
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 0;
+  int cpus[2], found = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE && found < 2; ++cpu)
+    if (CPU_ISSET(cpu, &allowed)) cpus[found++] = cpu;
+  if (found < 2) return 0;
+  // One line, written in turn: the ping thread writes odd counts, the pong thread the next even one
+  // (-1 until pong is on its CPU, kStop when ping is done). Plain spins, so the round trip is the
+  // line's, not a pause's. At most kBudget of them: on a host whose CPUs are busy with other work
+  // each handover can wait for a time slice.
+  constexpr int64_t kStop = -2;
+  constexpr double kBudget = 0.05;  // seconds
+  alignas(64) std::atomic<int64_t> line{-1};
+  double seconds = 0;
+  int64_t done = 0;
+  auto pin_self = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);  // advice: unpinned threads still measure
+  };
+  std::thread pong([&] {
+    pin_self(cpus[1]);
+    line.store(0, std::memory_order_release);
+    for (int64_t n = 1;; n += 2) {
+      int64_t seen;
+      while ((seen = line.load(std::memory_order_acquire)) != n && seen != kStop) {
+      }
+      if (seen == kStop) return;
+      line.store(n + 1, std::memory_order_release);
+    }
+  });
+  std::thread ping([&] {
+    pin_self(cpus[0]);
+    while (line.load(std::memory_order_acquire) != 0) {
+    }
+    const auto start = Clock::now();
+    for (int64_t n = 1; done < round_trips; n += 2) {
+      line.store(n, std::memory_order_release);
+      while (line.load(std::memory_order_acquire) != n + 1) {
+      }
+      if (++done % 64 == 0 && seconds_since(start) > kBudget) break;
+    }
+    seconds = seconds_since(start);
+    line.store(kStop, std::memory_order_release);
+  });
+  ping.join();
+  pong.join();
+  return seconds / static_cast<double>(done) * 1e9;
 }
 
 }  // namespace kiln::bench

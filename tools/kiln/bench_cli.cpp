@@ -234,7 +234,7 @@ int BenchCommand::run() const {
                                                          .prompt_tokens = prompt_tokens_,
                                                          .gen_tokens = gen_tokens_,
                                                          .repetitions = repetitions_});
-          comparisons.push_back(compare(r, l));
+          comparisons.push_back(compare(r, l, {.before = before, .between = after, .after = measure_read_bandwidth(t)}));
           emit(to_json(comparisons.back()), table_row(comparisons.back()));
         }
         if (comparisons.size() > 1) {

@@ -155,11 +155,25 @@ LlamaCppBenchResult run_llama_bench(const LlamaCppBenchOptions& o) {
   return r;
 }
 
-LlamaCppComparison compare(const ModelBenchResult& kiln, const LlamaCppBenchResult& llama_cpp) {
-  return {.kiln = kiln,
-          .llama_cpp = llama_cpp,
-          .prefill_ratio = kiln.prefill_tokens_per_s / llama_cpp.prefill_tokens_per_s,
-          .decode_ratio = kiln.decode_tokens_per_s / llama_cpp.decode_tokens_per_s};
+LlamaCppComparison compare(const ModelBenchResult& kiln, const LlamaCppBenchResult& llama_cpp,
+                           const RoundReads& reads) {
+  LlamaCppComparison c{.kiln = kiln,
+                       .llama_cpp = llama_cpp,
+                       .prefill_ratio = kiln.prefill_tokens_per_s / llama_cpp.prefill_tokens_per_s,
+                       .decode_ratio = kiln.decode_tokens_per_s / llama_cpp.decode_tokens_per_s,
+                       .reads = {reads.before.read_bytes_per_s, reads.between.read_bytes_per_s,
+                                 reads.after.read_bytes_per_s},
+                       .round_trips_ns = {reads.before.core_round_trip_ns, reads.between.core_round_trip_ns,
+                                          reads.after.core_round_trip_ns}};
+  const auto [low, high] = std::minmax({c.reads[0], c.reads[1], c.reads[2]});
+  if (low <= 0) return c;
+  c.llama_cpp_read_bytes_per_s = std::max(c.reads[1], c.reads[2]);
+  c.llama_cpp_roofline_fraction = llama_cpp.decode_tokens_per_s /
+                                  roofline_tokens_per_s(kiln.weight_bytes_per_token, c.llama_cpp_read_bytes_per_s);
+  const auto [fastest, slowest] = std::minmax({c.round_trips_ns[0], c.round_trips_ns[1], c.round_trips_ns[2]});
+  const bool one_topology = slowest <= 0 || (fastest > 0 && slowest <= kSamePhaseRoundTripRatio * fastest);
+  c.same_phase = high <= kSamePhaseReadRatio * low && one_topology;
+  return c;
 }
 
 LlamaCppRounds summarize(const std::vector<LlamaCppComparison>& rounds) {
@@ -178,6 +192,14 @@ LlamaCppRounds summarize(const std::vector<LlamaCppComparison>& rounds) {
     r.prefill_ratio_max = std::max(r.prefill_ratio_max, c.prefill_ratio);
     r.decode_ratio_min = std::min(r.decode_ratio_min, c.decode_ratio);
     r.decode_ratio_max = std::max(r.decode_ratio_max, c.decode_ratio);
+    if (!c.same_phase) continue;
+    const bool first_matched = r.same_phase_rounds++ == 0;
+    auto widen = [&](double& low, double& high, double ratio) {
+      low = first_matched ? ratio : std::min(low, ratio);
+      high = first_matched ? ratio : std::max(high, ratio);
+    };
+    widen(r.same_phase_prefill_ratio_min, r.same_phase_prefill_ratio_max, c.prefill_ratio);
+    widen(r.same_phase_decode_ratio_min, r.same_phase_decode_ratio_max, c.decode_ratio);
   }
   return r;
 }

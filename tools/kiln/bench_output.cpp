@@ -74,7 +74,8 @@ nlohmann::json to_json(const BandwidthResult& r) {
           {"streams_per_thread", r.streams_per_thread},
           {"passes", r.passes},
           {"read_gb_per_s", r.read_bytes_per_s * 1e-9},
-          {"read_gb_per_s_by_streams", by_streams}};
+          {"read_gb_per_s_by_streams", by_streams},
+          {"core_round_trip_ns", r.core_round_trip_ns}};
 }
 
 std::string model_table_header(int64_t prompt_tokens, int64_t gen_tokens) {
@@ -113,16 +114,31 @@ nlohmann::json to_json(const LlamaCppComparison& c) {
           {"kiln_prefill_tokens_per_s", c.kiln.prefill_tokens_per_s},
           {"kiln_decode_tokens_per_s", c.kiln.decode_tokens_per_s},
           {"prefill_ratio", c.prefill_ratio},
-          {"decode_ratio", c.decode_ratio}};
+          {"decode_ratio", c.decode_ratio},
+          {"read_gb_per_s", c.llama_cpp_read_bytes_per_s * 1e-9},
+          {"roofline_fraction", c.llama_cpp_roofline_fraction},
+          {"kiln_read_gb_per_s", c.kiln.read_bytes_per_s * 1e-9},
+          {"round_reads_gb_per_s", {c.reads[0] * 1e-9, c.reads[1] * 1e-9, c.reads[2] * 1e-9}},
+          {"round_trips_ns", {c.round_trips_ns[0], c.round_trips_ns[1], c.round_trips_ns[2]}},
+          {"same_phase", c.same_phase}};
 }
 
 // Under the model table's columns: llama.cpp's pp and tg figures, then kiln's over them.
 std::string table_row(const LlamaCppComparison& c) {
   const LlamaCppBenchResult& l = c.llama_cpp;
   const std::string build = l.build_commit.empty() ? "" : " " + l.build_commit;
-  return fmt::format("{:<24} {:>7} {:>9} {:>12} {:>12.1f} {:>12.1f}\n{:<24} {:>7} {:>9} {:>12} {:>11.2f}x {:>11.2f}x",
-                     "  llama.cpp" + build, l.threads, "", "", l.prefill_tokens_per_s, l.decode_tokens_per_s,
-                     "  kiln / llama.cpp", l.threads, "", "", c.prefill_ratio, c.decode_ratio);
+  std::string row = fmt::format("{:<24} {:>7} {:>9} {:>12} {:>12.1f} {:>12.1f}", "  llama.cpp" + build, l.threads, "",
+                                "", l.prefill_tokens_per_s, l.decode_tokens_per_s);
+  if (c.llama_cpp_read_bytes_per_s > 0)
+    row += fmt::format(" {:>10.1f} {:>14.1f} {:>8.1f}%", c.llama_cpp_read_bytes_per_s * 1e-9,
+                       l.decode_tokens_per_s / c.llama_cpp_roofline_fraction, 100.0 * c.llama_cpp_roofline_fraction);
+  row += fmt::format("\n{:<24} {:>7} {:>9} {:>12} {:>11.2f}x {:>11.2f}x", "  kiln / llama.cpp", l.threads, "", "",
+                     c.prefill_ratio, c.decode_ratio);
+  if (c.llama_cpp_read_bytes_per_s > 0)
+    row += fmt::format("  ({}: reads {:.1f}, {:.1f}, {:.1f} GB/s; threads' round trips {:.0f}, {:.0f}, {:.0f} ns)",
+                       c.same_phase ? "one phase" : "phases differ", c.reads[0] * 1e-9, c.reads[1] * 1e-9,
+                       c.reads[2] * 1e-9, c.round_trips_ns[0], c.round_trips_ns[1], c.round_trips_ns[2]);
+  return row;
 }
 
 nlohmann::json to_json(const LlamaCppRounds& r) {
@@ -134,13 +150,25 @@ nlohmann::json to_json(const LlamaCppRounds& r) {
           {"prefill_ratio_min", r.prefill_ratio_min},
           {"prefill_ratio_max", r.prefill_ratio_max},
           {"decode_ratio_min", r.decode_ratio_min},
-          {"decode_ratio_max", r.decode_ratio_max}};
+          {"decode_ratio_max", r.decode_ratio_max},
+          {"same_phase_rounds", r.same_phase_rounds},
+          {"same_phase_prefill_ratio_min", r.same_phase_prefill_ratio_min},
+          {"same_phase_prefill_ratio_max", r.same_phase_prefill_ratio_max},
+          {"same_phase_decode_ratio_min", r.same_phase_decode_ratio_min},
+          {"same_phase_decode_ratio_max", r.same_phase_decode_ratio_max}};
 }
 
 std::string table_row(const LlamaCppRounds& r) {
-  return fmt::format("{:<24} {:>7} {:>9} {:>12} {:>12} {:>12}", fmt::format("  over {} rounds", r.rounds), r.threads,
-                     "", "", fmt::format("{:.2f}-{:.2f}x", r.prefill_ratio_min, r.prefill_ratio_max),
-                     fmt::format("{:.2f}-{:.2f}x", r.decode_ratio_min, r.decode_ratio_max));
+  std::string row =
+      fmt::format("{:<24} {:>7} {:>9} {:>12} {:>12} {:>12}", fmt::format("  over {} rounds", r.rounds), r.threads, "",
+                  "", fmt::format("{:.2f}-{:.2f}x", r.prefill_ratio_min, r.prefill_ratio_max),
+                  fmt::format("{:.2f}-{:.2f}x", r.decode_ratio_min, r.decode_ratio_max));
+  if (r.same_phase_rounds > 0)
+    row += fmt::format("\n{:<24} {:>7} {:>9} {:>12} {:>12} {:>12}",
+                       fmt::format("  over {} of one phase", r.same_phase_rounds), r.threads, "", "",
+                       fmt::format("{:.2f}-{:.2f}x", r.same_phase_prefill_ratio_min, r.same_phase_prefill_ratio_max),
+                       fmt::format("{:.2f}-{:.2f}x", r.same_phase_decode_ratio_min, r.same_phase_decode_ratio_max));
+  return row;
 }
 
 namespace {
@@ -201,16 +229,18 @@ std::string table_row(const GemmBenchResult& r) {
 }
 
 std::string bandwidth_table_header() {
-  return fmt::format("{:<9} {:>10} {:>7} {:>10} {:>16} {:>28}", "bandwidth", "buffer MiB", "passes", "read GB/s",
-                     "best streams/thread", "GB/s at 1 / 2 / 4 / 8 streams");
+  return fmt::format("{:<9} {:>10} {:>7} {:>10} {:>16} {:>28} {:>15}", "bandwidth", "buffer MiB", "passes",
+                     "read GB/s", "best streams/thread", "GB/s at 1 / 2 / 4 / 8 streams", "round trip ns");
 }
 
 std::string table_row(const BandwidthResult& r) {
   std::string by_streams;
   for (const auto& [streams, rate] : r.read_bytes_per_s_by_streams)
     by_streams += fmt::format("{}{:.1f}", by_streams.empty() ? "" : " / ", rate * 1e-9);
-  return fmt::format("{:<9} {:>10} {:>7} {:>10.1f} {:>16} {:>28}", fmt::format("{} thr", r.threads),
-                     r.buffer_bytes >> 20, r.passes, r.read_bytes_per_s * 1e-9, r.streams_per_thread, by_streams);
+  const std::string round_trip = r.core_round_trip_ns > 0 ? fmt::format("{:.0f}", r.core_round_trip_ns) : "-";
+  return fmt::format("{:<9} {:>10} {:>7} {:>10.1f} {:>16} {:>28} {:>15}", fmt::format("{} thr", r.threads),
+                     r.buffer_bytes >> 20, r.passes, r.read_bytes_per_s * 1e-9, r.streams_per_thread, by_streams,
+                     round_trip);
 }
 
 nlohmann::json to_json(const ConcurrencyBenchResult& r) {
