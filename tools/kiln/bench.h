@@ -66,8 +66,8 @@ struct BandwidthResult {
 // Nanoseconds for a cache line to go from one thread to another and back, the two threads pinned to
 // the first two CPUs this process may run on; 0 when it may run on fewer than 2. On a VM whose host
 // moves its vCPUs, it tells whether they share a last-level cache, and with it the path to memory:
-// on the 2-vCPU Zen 4 hosts ~55 ns on one CCD, where two threads read ~35 GB/s together, about what
-// one reads alone, and ~335 ns on two CCDs, each with its own link (~61 GB/s together).
+// on the 2-vCPU Zen 4 hosts 66-96 ns on one CCD, where two threads read 31-37 GB/s together, about
+// what one reads alone, and 305-341 ns on two CCDs, each with its own link (58-69 GB/s together).
 double measure_core_round_trip(int round_trips = 20000);
 
 // A buffer each of `threads` threads reads its own slice of (first touched by that thread, huge pages
@@ -231,7 +231,7 @@ LlamaCppBenchResult run_llama_bench(const LlamaCppBenchOptions& options);
 LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::string& source);
 
 // Two runs saw the same memory when their reads are within this factor of each other: a shared
-// host's bandwidth moves between phases (on the 2-vCPU Zen 4 hosts about 31-37 GB/s and 50-67 GB/s),
+// host's bandwidth moves between phases (on the 2-vCPU Zen 4 hosts about 31-37 GB/s and 58-69 GB/s),
 // and within a phase by less than this.
 inline constexpr double kSamePhaseReadRatio = 1.2;
 // ... and their threads' round trips within this factor (measure_core_round_trip: ~6x apart between
