@@ -327,32 +327,47 @@ std::filesystem::path write_script(const std::filesystem::path& dir, const std::
   return path;
 }
 
-// What llama-bench -o json prints, cut to the fields read: a pp and a tg test per load mode.
-constexpr const char* kLlamaBenchJson = R"([
-  {"build_commit": "3f545becc", "n_threads": 2, "load_mode": "none", "n_prompt": 5, "n_gen": 0, "avg_ts": 100.5},
-  {"build_commit": "3f545becc", "n_threads": 2, "load_mode": "none", "n_prompt": 0, "n_gen": 3, "avg_ts": 20.0},
-  {"build_commit": "3f545becc", "n_threads": 2, "load_mode": "mmap", "n_prompt": 5, "n_gen": 0, "avg_ts": 90.0},
-  {"build_commit": "3f545becc", "n_threads": 2, "load_mode": "mmap", "n_prompt": 0, "n_gen": 3, "avg_ts": 25.0}
-])";
+// A stand-in for llama-bench: what `-o json` prints, cut to the fields read, for the tests its
+// arguments ask for (-p, -n, -d, -ctk): a pp test or a tg test per load mode, the better load mode
+// "none" for pp (100.5 tok/s) and "mmap" for tg (25), each run's arguments appended to $ARGS_FILE.
+constexpr const char* kFakeLlamaBench = R"(p=0; n=0; d=0; k=f16; all="$*"
+while [ $# -gt 0 ]; do case "$1" in -p) p=$2;; -n) n=$2;; -d) d=$2;; -ctk) k=$2;; esac; shift; done
+[ -n "$ARGS_FILE" ] && echo "$all" >> "$ARGS_FILE"
+echo progress >&2
+c='"build_commit": "3f545becc", "n_threads": 2'
+if [ "$n" = 0 ]; then
+  echo "[{$c, \"load_mode\": \"none\", \"n_prompt\": $p, \"n_gen\": 0, \"n_depth\": $d, \"type_k\": \"$k\", \"avg_ts\": 100.5},"
+  echo " {$c, \"load_mode\": \"mmap\", \"n_prompt\": $p, \"n_gen\": 0, \"n_depth\": $d, \"type_k\": \"$k\", \"avg_ts\": 90.0}]"
+else
+  echo "[{$c, \"load_mode\": \"none\", \"n_prompt\": $p, \"n_gen\": $n, \"n_depth\": $d, \"type_k\": \"$k\", \"avg_ts\": 20.0},"
+  echo " {$c, \"load_mode\": \"mmap\", \"n_prompt\": $p, \"n_gen\": $n, \"n_depth\": $d, \"type_k\": \"$k\", \"avg_ts\": 25.0}]"
+fi
+)";
 
 TEST(BenchLlamaCpp, RunsLlamaBenchWithKilnsSettingsAndTakesItsBetterLoadMode) {
   kiln::testing::TempDir dir("llama_bench");
   const std::filesystem::path args = dir.path() / "args";
   const std::filesystem::path gguf = dir.path() / "model.gguf";
-  const std::filesystem::path fake = write_script(
-      dir.path(), "llama-bench",
-      fmt::format("echo \"$@\" > '{}'\necho progress >&2\ncat <<'EOF'\n{}\nEOF\n", args.string(), kLlamaBenchJson));
+  const std::filesystem::path fake =
+      write_script(dir.path(), "llama-bench", fmt::format("ARGS_FILE='{}'\n{}", args.string(), kFakeLlamaBench));
   std::ofstream(gguf) << "GGUF";
   const LlamaCppBenchResult r = run_llama_bench(
       {.llama_bench = fake, .gguf = gguf, .threads = 2, .prompt_tokens = 5, .gen_tokens = 3, .repetitions = 4});
+  // The prompt test from an empty context, the generation test after the prompt's 5 tokens, as kiln
+  // decodes; kiln's f32 KV cache is not a type llama-bench has, so it keeps its own.
   std::ifstream in(args);
-  std::string line;
-  std::getline(in, line);
-  EXPECT_EQ(line, fmt::format("-m {} -t 2 -p 5 -n 3 -r 4 -mmp 0,1 -o json", gguf.string()));
+  std::string prompt_run, generation_run, more;
+  std::getline(in, prompt_run);
+  std::getline(in, generation_run);
+  EXPECT_EQ(prompt_run, fmt::format("-m {} -t 2 -r 4 -mmp 0,1 -p 5 -n 0 -o json", gguf.string()));
+  EXPECT_EQ(generation_run, fmt::format("-m {} -t 2 -r 4 -mmp 0,1 -p 0 -n 3 -d 5 -o json", gguf.string()));
+  EXPECT_FALSE(std::getline(in, more)) << more;
   EXPECT_EQ(r.prefill_tokens_per_s, 100.5);  // the better load mode of each test
   EXPECT_EQ(r.decode_tokens_per_s, 25.0);
   EXPECT_EQ(r.prompt_tokens, 5);
   EXPECT_EQ(r.gen_tokens, 3);
+  EXPECT_EQ(r.decode_depth, 5);
+  EXPECT_EQ(r.kv_type, "f16");
   EXPECT_EQ(r.threads, 2);
   EXPECT_EQ(r.build_commit, "3f545becc");
 
@@ -365,10 +380,53 @@ TEST(BenchLlamaCpp, RunsLlamaBenchWithKilnsSettingsAndTakesItsBetterLoadMode) {
   const nlohmann::json json = to_json(c);
   EXPECT_EQ(json.at("kind"), "llama_cpp");
   EXPECT_DOUBLE_EQ(json.at("decode_ratio").get<double>(), 1.2);
+  EXPECT_EQ(json.at("decode_depth"), 5);
+  EXPECT_EQ(json.at("kv_type"), "f16");
+  EXPECT_EQ(json.at("kiln_kv_dtype"), "f32");
   const std::string row = table_row(c);
   EXPECT_NE(row.find("llama.cpp 3f545becc"), std::string::npos) << row;
   EXPECT_NE(row.find("2.00x"), std::string::npos) << row;
   EXPECT_NE(row.find("1.20x"), std::string::npos) << row;
+  EXPECT_NE(row.find("(tg after 5 tokens; KV f16, kiln's f32)"), std::string::npos) << row;
+
+  // A KV dtype llama-bench has goes to both its caches, in both runs.
+  std::filesystem::remove(args);
+  const LlamaCppBenchResult bf16 = run_llama_bench({.llama_bench = fake, .gguf = gguf, .threads = 1,
+                                                    .prompt_tokens = 7, .gen_tokens = 2, .repetitions = 1,
+                                                    .kv_dtype = DType::bf16});
+  EXPECT_EQ(bf16.kv_type, "bf16");
+  std::ifstream in_bf16(args);
+  for (const char* run : {"-p 7 -n 0 -o json", "-p 0 -n 2 -d 7 -o json"}) {
+    std::string line;
+    ASSERT_TRUE(std::getline(in_bf16, line)) << run;
+    EXPECT_EQ(line, fmt::format("-m {} -t 1 -r 1 -mmp 0,1 -ctk bf16 -ctv bf16 {}", gguf.string(), run));
+  }
+  EXPECT_EQ(llama_bench_runs({.llama_bench = fake, .gguf = gguf, .kv_dtype = DType::f16})[1][9], "-ctk");
+}
+
+// Only the tests that match kiln's runs are taken: a prompt test after a context is not kiln's
+// prefill, and generation tests after two different contexts cannot make one figure.
+TEST(BenchLlamaCpp, TakesThePromptTestFromNoContextAndOneGenerationDepth) {
+  auto parse = [](const std::string& text) { return parse_llama_bench_json(text, "llama-bench"); };
+  const LlamaCppBenchResult r = parse(R"([
+    {"n_prompt": 8, "n_gen": 0, "n_depth": 0, "avg_ts": 50},
+    {"n_prompt": 8, "n_gen": 0, "n_depth": 8, "avg_ts": 70},
+    {"n_prompt": 0, "n_gen": 4, "n_depth": 8, "type_k": "bf16", "avg_ts": 9}])");
+  EXPECT_EQ(r.prefill_tokens_per_s, 50);
+  EXPECT_EQ(r.decode_tokens_per_s, 9);
+  EXPECT_EQ(r.decode_depth, 8);
+  EXPECT_EQ(r.kv_type, "bf16");
+  // Before llama-bench had -d its tests had no n_depth: from an empty context.
+  EXPECT_EQ(parse(R"([{"n_prompt": 8, "n_gen": 0, "avg_ts": 5}, {"n_prompt": 0, "n_gen": 4, "avg_ts": 9}])").decode_depth, 0);
+  expect_error<ExecutionError>(
+      [&] {
+        parse(R"([{"n_prompt": 8, "n_gen": 0, "avg_ts": 5}, {"n_prompt": 0, "n_gen": 4, "n_depth": 0, "avg_ts": 9},
+                  {"n_prompt": 0, "n_gen": 4, "n_depth": 8, "avg_ts": 7}])");
+      },
+      "generation tests after contexts of 0 and 8 tokens");
+  expect_error<ExecutionError>(
+      [&] { parse(R"([{"n_prompt": 8, "n_gen": 0, "avg_ts": 5}, {"n_prompt": 0, "n_gen": 4, "n_depth": -1, "avg_ts": 9}])"); },
+      "test 1 has 'n_depth' -1");
 }
 
 namespace {
@@ -493,6 +551,11 @@ TEST(BenchLlamaCpp, FailuresNameTheProgramAndWhatWentWrong) {
   expect_error<ExecutionError>([&] { run_llama_bench(options(no_tg)); }, "no prompt (pp) and generation (tg) test");
   const auto no_speed = write_script(dir.path(), "no_speed", "echo '[{\"n_prompt\": 4, \"n_gen\": 0}]'\n");
   expect_error<ExecutionError>([&] { run_llama_bench(options(no_speed)); }, "test 0 has no number 'avg_ts'");
+  // A llama-bench that ignored -d (its tests say no depth) decoded from an empty context.
+  const auto no_depth = write_script(
+      dir.path(), "no_depth", "echo '[{\"n_prompt\": 4, \"n_gen\": 0, \"avg_ts\": 9}, {\"n_prompt\": 0, \"n_gen\": 2, \"avg_ts\": 3}]'\n");
+  expect_error<ExecutionError>([&] { run_llama_bench(options(no_depth)); },
+                               {no_depth.string(), "ran after 0 tokens of context, not the 4 asked"});
   expect_error<ValueError>([&] { run_llama_bench(options(gguf)); }, "is not an executable file");
   expect_error<ValueError>([&] { run_llama_bench(options(dir.path() / "absent")); }, "is not an executable file");
   LlamaCppBenchOptions no_model = options(chatty);
@@ -558,7 +621,7 @@ TEST(BenchCommand, GemmJsonIsOneObjectPerThreadCount) {
 TEST(BenchCommand, CompareLlamaCppPrintsLlamaBenchsFiguresAndTheRatios) {
   kiln::testing::TempDir dir("bench_compare");
   const std::filesystem::path gguf = dir.path() / "stories15M.gguf";
-  const auto fake = write_script(dir.path(), "llama-bench", fmt::format("cat <<'EOF'\n{}\nEOF\n", kLlamaBenchJson));
+  const auto fake = write_script(dir.path(), "llama-bench", kFakeLlamaBench);
   std::ofstream(gguf) << "GGUF";
   const std::vector<std::string> common = {"--model", "stories15M", "--threads", "1", "--prompt-tokens", "5",
                                            "--gen-tokens", "3", "--repetitions", "1"};
@@ -574,6 +637,17 @@ TEST(BenchCommand, CompareLlamaCppPrintsLlamaBenchsFiguresAndTheRatios) {
   EXPECT_EQ(lines[1]["gguf"], gguf.string());
   EXPECT_DOUBLE_EQ(lines[1]["decode_ratio"].get<double>(), lines[0]["decode_tokens_per_s"].get<double>() / 25.0);
   EXPECT_DOUBLE_EQ(lines[1]["prefill_ratio"].get<double>(), lines[0]["prefill_tokens_per_s"].get<double>() / 100.5);
+  EXPECT_EQ(lines[1]["decode_depth"], 5);  // after the prompt, as kiln's decode
+  EXPECT_EQ(lines[0]["kv_dtype"], "f32");
+  EXPECT_EQ(lines[1]["kv_type"], "f16");  // llama-bench's own: it has no f32 cache
+  // --kv-dtype sets kiln's cache and, being one llama-bench has, llama-bench's.
+  lines = json_lines(run_bench(
+      with({"--compare-llama-cpp", fake.string(), "--llama-cpp-model", gguf.string(), "--kv-dtype", "bf16", "--json"})));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["kv_dtype"], "bf16");
+  EXPECT_EQ(lines[1]["kv_type"], "bf16");
+  EXPECT_EQ(lines[1]["kiln_kv_dtype"], "bf16");
+  expect_error<ValueError>([&] { run_bench(with({"--kv-dtype", "q8_0"})); }, "--kv-dtype must be f32, bf16 or f16, got 'q8_0'");
   expect_error<ValueError>([&] { run_bench(with({"--compare-llama-cpp", fake.string()})); },
                            "--compare-llama-cpp needs a GGUF file: 'stories15M' is not one");
   expect_error<ValueError>([&] { run_bench(with({"--llama-cpp-model", gguf.string()})); },

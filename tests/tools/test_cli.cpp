@@ -365,11 +365,14 @@ TEST(Cli, BenchRoundsAlternateKilnAndLlamaBenchAndGiveTheRatiosRange) {
   kiln::testing::TempDir dir("bench_rounds");
   fs::create_directories(dir.path());
   const fs::path calls = dir.path() / "calls", fake = dir.path() / "llama-bench", gguf = dir.path() / "m.gguf";
-  // Call n (counted in `calls`) prints a decode of 10 n tok/s.
-  std::ofstream(fake) << "#!/bin/sh\necho call >> '" << calls.string() << "'\nn=$(wc -l < '" << calls.string()
-                      << "')\n"
-                      << R"(echo '[{"build_commit": "x", "n_threads": 1, "n_prompt": 4, "n_gen": 0, "avg_ts": 100},'
-echo " {\"build_commit\": \"x\", \"n_threads\": 1, \"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": $((10 * n))}]"
+  // Each round runs it twice: the prompt test (-n 0) prints a prefill of 100 tok/s; generation call n
+  // (counted in `calls`) a decode of 10 n tok/s after the prompt's 4 tokens.
+  std::ofstream(fake) << "#!/bin/sh\n"
+                      << R"(case " $* " in *" -n 0 "*)
+  echo '[{"build_commit": "x", "n_threads": 1, "n_prompt": 4, "n_gen": 0, "n_depth": 0, "avg_ts": 100}]'; exit 0;;
+esac
+)" << "echo call >> '" << calls.string() << "'\nn=$(wc -l < '" << calls.string() << "')\n"
+                      << R"(echo "[{\"build_commit\": \"x\", \"n_threads\": 1, \"n_prompt\": 0, \"n_gen\": 4, \"n_depth\": 4, \"avg_ts\": $((10 * n))}]"
 )";
   fs::permissions(fake, fs::perms::owner_all);
   std::ofstream(gguf) << "GGUF";

@@ -101,6 +101,10 @@ BandwidthResult measure_read_bandwidth(int threads, int64_t buffer_bytes = int64
 
 // ---- model benchmark ---------------------------------------------------------------------------------
 
+// --kv-dtype (kiln bench, generate, serve, chat): how the paged KV cache stores keys and values.
+// ValueError naming the flag for anything but f32, bf16, f16.
+DType parse_kv_dtype(const std::string& name);
+
 struct ModelBenchOptions {
   std::string model;  // a named shape (pipelines::named_config_names()), a model directory or a GGUF file
   // nullopt: as the checkpoint stores its weights (a GGUF file's formats, each matrix in its own;
@@ -111,6 +115,7 @@ struct ModelBenchOptions {
   int64_t gen_tokens = 64;
   int repetitions = 3;
   uint64_t seed = 0;
+  DType kv_dtype = DType::f32;  // the paged KV cache's (f32, bf16 or f16), as `kiln generate --kv-dtype`
   bool profile = false;  // after the timed runs, one more generation with its decode profiled
   // After the timed runs, one more generation with a read of the machine's memory after every decode
   // step (ModelBenchResult::paired): the step's speed against the bandwidth of the same second.
@@ -142,6 +147,7 @@ struct DecodeProfileEntry {
 struct ModelBenchResult {
   std::string model;
   std::string dtype;  // the weight format ("q4_k"), or a file's mix as stored ("q4_k+q6_k")
+  std::string kv_dtype = "f32";
   int threads = 1;
   int64_t parameters = 0;
   double weight_bytes_per_token = 0;
@@ -211,21 +217,34 @@ struct LlamaCppBenchOptions {
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 64;
   int repetitions = 3;
+  // kiln's KV cache dtype: llama-bench's cache is given the same where it has it (f16, bf16); for f32,
+  // which llama-bench's -ctk does not take, it keeps its default (f16: half kiln's KV bytes).
+  DType kv_dtype = DType::f32;
 };
 
 struct LlamaCppBenchResult {
   std::string llama_bench, gguf, build_commit;
   int threads = 0;
   int64_t prompt_tokens = 0, gen_tokens = 0;
+  // The context its generation test decoded after (llama-bench's n_depth): kiln decodes after its
+  // prompt, so llama-bench is asked for the same depth; a test from an empty context attends over
+  // fewer keys and reads less of its KV cache than kiln's steps do.
+  int64_t decode_depth = 0;
+  std::string kv_type;  // its K cache's type ("f16", "bf16"), as it reports it; empty if it did not
   // llama-bench's mean over its repetitions; the better of its two load modes (mmap, and weights
   // read into memory), as shared/anchors/README.md takes llama.cpp's figure.
   double prefill_tokens_per_s = 0;
   double decode_tokens_per_s = 0;
 };
 
-// Runs `llama-bench -m GGUF -t T -p P -n N -r R -mmp 0,1 -o json` (no shell) and reads its figures.
-// ValueError for a path that is not an executable or a GGUF file that is not there; ExecutionError
-// when it fails (its exit status and the tail of its stderr) or prints no pp and tg speeds.
+// llama-bench's arguments for the comparison: a prompt test (`-p P -n 0`) and a generation test after
+// a context of the prompt's length (`-p 0 -n N -d P`), each `-m GGUF -t T -r R -mmp 0,1 -o json`, with
+// `-ctk X -ctv X` where kiln's KV dtype is one llama-bench has. Two runs, since one run's depths apply
+// to all its tests and kiln's prefill starts from an empty context.
+std::vector<std::vector<std::string>> llama_bench_runs(const LlamaCppBenchOptions& options);
+// Runs llama_bench_runs (no shell) and reads their figures. ValueError for a path that is not an
+// executable or a GGUF file that is not there; ExecutionError when a run fails (its exit status and
+// the tail of its stderr), prints no pp and tg speeds, or decoded after another depth than asked.
 LlamaCppBenchResult run_llama_bench(const LlamaCppBenchOptions& options);
 // The figures of llama-bench's JSON output; `source` names it in errors.
 LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::string& source);
@@ -375,6 +394,7 @@ class BenchCommand {
   int repetitions_ = 3;
   int rounds_ = 1;
   uint64_t seed_ = 0;
+  std::string kv_dtype_ = "f32";
   bool profile_ = false;
   bool paired_roofline_ = false;
   std::vector<int64_t> concurrency_;

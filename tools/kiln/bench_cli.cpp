@@ -39,6 +39,13 @@ void print_preamble(bool json) {
 
 }  // namespace
 
+DType parse_kv_dtype(const std::string& name) {
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  throw ValueError(fmt::format("--kv-dtype must be f32, bf16 or f16, got '{}'", name));
+}
+
 BenchCommand::BenchCommand(CLI::App& app) {
   bench_ =
       app.add_subcommand("bench", "Benchmark models (tokens/s vs the bandwidth roofline), GEMM, bandwidth");
@@ -62,6 +69,11 @@ BenchCommand::BenchCommand(CLI::App& app) {
                    "is kiln then llama-bench, and a last line gives the range of the ratios")
       ->capture_default_str();
   bench_->add_option("--seed", seed_, "seed of the random weights and the prompt")->capture_default_str();
+  bench_
+      ->add_option("--kv-dtype", kv_dtype_,
+                   "KV cache dtype: f32, bf16 or f16 (with --compare-llama-cpp, llama-bench's too where it has "
+                   "it: bf16, f16)")
+      ->capture_default_str();
   bench_
       ->add_option("--concurrency", concurrency_,
                    "requests submitted together to the generation engine, comma-separated levels (e.g. "
@@ -172,6 +184,7 @@ int BenchCommand::run() const {
     throw ValueError("kiln bench: --rounds repeats the single-stream runs; leave out --concurrency");
   if (paired_roofline_ && !concurrency_.empty())
     throw ValueError("kiln bench: --paired-roofline pairs single-stream decode steps; leave out --concurrency");
+  const DType kv_dtype = parse_kv_dtype(kv_dtype_);
   if (!llama_cpp_model_.empty() && compare_llama_cpp_.empty())
     throw ValueError("kiln bench: --llama-cpp-model is the file --compare-llama-cpp runs; give both");
   // The GGUF llama-bench runs for a --model: that very file, or --llama-cpp-model's.
@@ -198,6 +211,7 @@ int BenchCommand::run() const {
                              .gen_tokens = gen_tokens_,
                              .repetitions = repetitions_,
                              .seed = seed_,
+                             .kv_dtype = kv_dtype,
                              .profile = profile_,
                              .paired_roofline = paired_roofline_};
   };
@@ -233,7 +247,8 @@ int BenchCommand::run() const {
                                                          .threads = t,
                                                          .prompt_tokens = prompt_tokens_,
                                                          .gen_tokens = gen_tokens_,
-                                                         .repetitions = repetitions_});
+                                                         .repetitions = repetitions_,
+                                                         .kv_dtype = kv_dtype});
           comparisons.push_back(compare(r, l, {.before = before, .between = after, .after = measure_read_bandwidth(t)}));
           emit(to_json(comparisons.back()), table_row(comparisons.back()));
         }

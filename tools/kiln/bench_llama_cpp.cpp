@@ -90,9 +90,8 @@ std::string run_capturing_stdout(const std::vector<std::string>& argv) {
   return out;
 }
 
-}  // namespace
-
-LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::string& source) {
+// One run's output (llama-bench -o json): its array of tests.
+nlohmann::json tests_of(const std::string& text, const std::string& source) {
   nlohmann::json tests;
   try {
     tests = nlohmann::json::parse(text);
@@ -101,6 +100,11 @@ LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::s
   }
   if (!tests.is_array() || tests.empty())
     throw ExecutionError(fmt::format("{}: expected a JSON array of tests (llama-bench -o json)", source));
+  return tests;
+}
+
+// The figures of runs' tests, together.
+LlamaCppBenchResult figures_of(const nlohmann::json& tests, const std::string& source) {
   LlamaCppBenchResult r;
   for (size_t i = 0; i < tests.size(); ++i) {
     const nlohmann::json& t = tests[i];
@@ -121,19 +125,48 @@ LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::s
       r.threads = static_cast<int>(number("n_threads", kMostThreads));
     if (t.contains("build_commit") && t.at("build_commit").is_string())
       r.build_commit = t.at("build_commit").get<std::string>();
+    // The context a test ran after (llama-bench before its -d option had none: 0).
+    const double n_depth = t.contains("n_depth") ? number("n_depth", kMostTokens) : 0;
     // llama-bench runs each test as a prompt-only (pp) or a generation-only (tg) test; the best
-    // over its load modes (mmap and not) is llama.cpp's figure.
-    if (n_prompt > 0 && n_gen == 0) {
+    // over its load modes (mmap and not) is llama.cpp's figure. A prompt test after a context is
+    // not kiln's prefill (which starts from none), so it is not taken.
+    if (n_prompt > 0 && n_gen == 0 && n_depth == 0) {
       r.prompt_tokens = static_cast<int64_t>(n_prompt);
       r.prefill_tokens_per_s = std::max(r.prefill_tokens_per_s, tokens_per_s);
     } else if (n_gen > 0 && n_prompt == 0) {
+      const auto depth = static_cast<int64_t>(n_depth);
+      if (r.decode_tokens_per_s > 0 && depth != r.decode_depth)
+        throw ExecutionError(fmt::format("{}: generation tests after contexts of {} and {} tokens; one figure needs one",
+                                         source, r.decode_depth, depth));
       r.gen_tokens = static_cast<int64_t>(n_gen);
+      r.decode_depth = depth;
       r.decode_tokens_per_s = std::max(r.decode_tokens_per_s, tokens_per_s);
+      if (t.contains("type_k") && t.at("type_k").is_string()) r.kv_type = t.at("type_k").get<std::string>();
     }
   }
   if (r.prefill_tokens_per_s <= 0 || r.decode_tokens_per_s <= 0)
     throw ExecutionError(fmt::format("{}: no prompt (pp) and generation (tg) test with a speed in its output", source));
   return r;
+}
+
+}  // namespace
+
+LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::string& source) {
+  return figures_of(tests_of(text, source), source);
+}
+
+std::vector<std::vector<std::string>> llama_bench_runs(const LlamaCppBenchOptions& o) {
+  std::vector<std::string> common = {o.llama_bench.string(), "-m", o.gguf.string(), "-t", std::to_string(o.threads),
+                                     "-r", std::to_string(o.repetitions), "-mmp", "0,1"};
+  if (o.kv_dtype == DType::f16 || o.kv_dtype == DType::bf16) {
+    const std::string type = o.kv_dtype == DType::f16 ? "f16" : "bf16";
+    common.insert(common.end(), {"-ctk", type, "-ctv", type});
+  }
+  std::vector<std::string> prompt = common, generation = common;
+  prompt.insert(prompt.end(), {"-p", std::to_string(o.prompt_tokens), "-n", "0", "-o", "json"});
+  generation.insert(generation.end(), {"-p", "0", "-n", std::to_string(o.gen_tokens), "-d",
+                                       std::to_string(o.prompt_tokens), "-o", "json"});
+  return {prompt, generation};
 }
 
 LlamaCppBenchResult run_llama_bench(const LlamaCppBenchOptions& o) {
@@ -145,10 +178,16 @@ LlamaCppBenchResult run_llama_bench(const LlamaCppBenchOptions& o) {
                                  o.llama_bench.string()));
   if (!fs::is_regular_file(o.gguf, ec))
     throw ValueError(fmt::format("kiln bench: --compare-llama-cpp: no GGUF file '{}'", o.gguf.string()));
-  const std::vector<std::string> argv = {o.llama_bench.string(), "-m", o.gguf.string(), "-t", std::to_string(o.threads),
-                                         "-p", std::to_string(o.prompt_tokens), "-n", std::to_string(o.gen_tokens),
-                                         "-r", std::to_string(o.repetitions), "-mmp", "0,1", "-o", "json"};
-  LlamaCppBenchResult r = parse_llama_bench_json(run_capturing_stdout(argv), o.llama_bench.string());
+  // Both runs' tests, read as one output.
+  nlohmann::json tests = nlohmann::json::array();
+  for (const std::vector<std::string>& argv : llama_bench_runs(o))
+    for (nlohmann::json& test : tests_of(run_capturing_stdout(argv), o.llama_bench.string()))
+      tests.push_back(std::move(test));
+  LlamaCppBenchResult r = figures_of(tests, o.llama_bench.string());
+  if (r.decode_depth != o.prompt_tokens)
+    throw ExecutionError(fmt::format("{}: its generation test ran after {} tokens of context, not the {} asked "
+                                     "(-d; llama-bench older than its depth option?)",
+                                     o.llama_bench.string(), r.decode_depth, o.prompt_tokens));
   r.llama_bench = o.llama_bench.string();
   r.gguf = o.gguf.string();
   if (r.threads == 0) r.threads = o.threads;

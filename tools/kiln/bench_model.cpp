@@ -257,6 +257,7 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
       .max_seq_len = std::max<int64_t>(needed, std::min<int64_t>(config.max_position_embeddings, 2048)),
       .num_threads = o.threads,
       .weight_format = o.format};
+  pipeline_options.kv_cache_dtype = o.kv_dtype;
   // Every repetition runs the same prompt: from the prefix cache it would skip its prefill.
   pipeline_options.enable_prefix_caching = false;
   auto pipe = pipelines::named_config(o.model)
@@ -288,6 +289,7 @@ ModelBenchResult bench_model(const ModelBenchOptions& o, const BandwidthResult& 
   r.cached_prompt_tokens = pipe.engine().stats().cached_prompt_tokens;
   r.model = o.model;
   r.dtype = formats_label(format, config.weight_formats);
+  r.kv_dtype = dtype_name(o.kv_dtype);
   r.threads = o.threads;
   r.parameters = parameter_count(config);
   r.weight_bytes_per_token = weight_bytes_per_token;
@@ -315,6 +317,7 @@ std::vector<ConcurrencyBenchResult> bench_concurrency(const ModelBenchOptions& o
   const int64_t top = *std::max_element(levels.begin(), levels.end());
   pipelines::EngineOptions engine_options{.max_seq_len = needed, .num_threads = o.threads, .weight_format = o.format};
   engine_options.max_num_seqs = top;
+  engine_options.kv_cache_dtype = o.kv_dtype;
   std::unique_ptr<pipelines::GenerationEngine> engine =
       pipelines::named_config(o.model)
           ? std::make_unique<pipelines::GenerationEngine>(

@@ -9,6 +9,7 @@ nlohmann::json to_json(const ModelBenchResult& r) {
   nlohmann::json json = {{"kind", "model"},
                          {"model", r.model},
                          {"dtype", r.dtype},
+                         {"kv_dtype", r.kv_dtype},
                          {"threads", r.threads},
                          {"params", r.parameters},
                          {"weight_bytes_per_token", r.weight_bytes_per_token},
@@ -109,6 +110,9 @@ nlohmann::json to_json(const LlamaCppComparison& c) {
           {"threads", l.threads},
           {"prompt_tokens", l.prompt_tokens},
           {"gen_tokens", l.gen_tokens},
+          {"decode_depth", l.decode_depth},
+          {"kv_type", l.kv_type},
+          {"kiln_kv_dtype", c.kiln.kv_dtype},
           {"prefill_tokens_per_s", l.prefill_tokens_per_s},
           {"decode_tokens_per_s", l.decode_tokens_per_s},
           {"kiln_prefill_tokens_per_s", c.kiln.prefill_tokens_per_s},
@@ -132,6 +136,9 @@ std::string table_row(const LlamaCppComparison& c) {
   if (c.llama_cpp_read_bytes_per_s > 0)
     row += fmt::format(" {:>10.1f} {:>14.1f} {:>8.1f}%", c.llama_cpp_read_bytes_per_s * 1e-9,
                        l.decode_tokens_per_s / c.llama_cpp_roofline_fraction, 100.0 * c.llama_cpp_roofline_fraction);
+  // What its generation test decoded after, and in which KV cache, beside kiln's.
+  row += fmt::format("  (tg after {} tokens; KV {}, kiln's {})", l.decode_depth, l.kv_type.empty() ? "?" : l.kv_type,
+                     c.kiln.kv_dtype);
   row += fmt::format("\n{:<24} {:>7} {:>9} {:>12} {:>11.2f}x {:>11.2f}x", "  kiln / llama.cpp", l.threads, "", "",
                      c.prefill_ratio, c.decode_ratio);
   if (c.llama_cpp_read_bytes_per_s > 0)

@@ -229,14 +229,6 @@ struct EngineArgs {
   std::string kv_dtype = "f32";
 };
 
-// --kv-dtype: how the paged KV cache stores keys and values.
-DType parse_kv_dtype(const std::string& name) {
-  if (name == "f32") return DType::f32;
-  if (name == "bf16") return DType::bf16;
-  if (name == "f16") return DType::f16;
-  throw ValueError(fmt::format("--kv-dtype must be f32, bf16 or f16, got '{}'", name));
-}
-
 // --kv-cache-gb: the KV cache's byte budget (0: the engine's default).
 int64_t kv_cache_bytes(double gb) {
   if (!(gb >= 0) || gb > 1e6) throw ValueError(fmt::format("--kv-cache-gb must be in [0, 1e6] GiB, got {}", gb));
@@ -261,7 +253,7 @@ pipelines::EngineOptions engine_options(const EngineArgs& a) {
   pipelines::EngineOptions options{.max_seq_len = a.max_seq_len,
                                    .num_threads = a.threads,
                                    .weight_format = weight_format_option(a.dtype)};
-  options.kv_cache_dtype = parse_kv_dtype(a.kv_dtype);
+  options.kv_cache_dtype = bench::parse_kv_dtype(a.kv_dtype);
   options.kv_cache_bytes = kv_cache_bytes(a.kv_cache_gb);
   return options;
 }
