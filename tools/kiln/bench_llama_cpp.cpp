@@ -106,6 +106,7 @@ nlohmann::json tests_of(const std::string& text, const std::string& source) {
 // The figures of runs' tests, together.
 LlamaCppBenchResult figures_of(const nlohmann::json& tests, const std::string& source) {
   LlamaCppBenchResult r;
+  bool generation_seen = false;
   for (size_t i = 0; i < tests.size(); ++i) {
     const nlohmann::json& t = tests[i];
     // Every figure checked before it is converted: a count or a speed out of range (or a float too
@@ -135,11 +136,12 @@ LlamaCppBenchResult figures_of(const nlohmann::json& tests, const std::string& s
       r.prefill_tokens_per_s = std::max(r.prefill_tokens_per_s, tokens_per_s);
     } else if (n_gen > 0 && n_prompt == 0) {
       const auto depth = static_cast<int64_t>(n_depth);
-      if (r.decode_tokens_per_s > 0 && depth != r.decode_depth)
+      if (generation_seen && depth != r.decode_depth)
         throw ExecutionError(fmt::format("{}: generation tests after contexts of {} and {} tokens; one figure needs one",
                                          source, r.decode_depth, depth));
       r.gen_tokens = static_cast<int64_t>(n_gen);
       r.decode_depth = depth;
+      generation_seen = true;
       r.decode_tokens_per_s = std::max(r.decode_tokens_per_s, tokens_per_s);
       if (t.contains("type_k") && t.at("type_k").is_string()) r.kv_type = t.at("type_k").get<std::string>();
     }
