@@ -160,8 +160,9 @@ LlamaCppBenchResult parse_llama_bench_json(const std::string& text, const std::s
 std::vector<std::vector<std::string>> llama_bench_runs(const LlamaCppBenchOptions& o) {
   std::vector<std::string> common = {o.llama_bench.string(), "-m", o.gguf.string(), "-t", std::to_string(o.threads),
                                      "-r", std::to_string(o.repetitions), "-mmp", "0,1"};
+  // kiln's names of these two dtypes are llama-bench's.
   if (o.kv_dtype == DType::f16 || o.kv_dtype == DType::bf16) {
-    const std::string type = o.kv_dtype == DType::f16 ? "f16" : "bf16";
+    const std::string type(dtype_name(o.kv_dtype));
     common.insert(common.end(), {"-ctk", type, "-ctv", type});
   }
   std::vector<std::string> prompt = common, generation = common;
