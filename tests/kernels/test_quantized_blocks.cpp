@@ -215,6 +215,26 @@ TEST(QMatmulBlocks, Avx512DecodeGemvGivesTheAvx2BitsExactly) {
     }
 }
 
+// The AVX2 GEMV decodes and multiplies one activation row a block or sub-block pair at a time (in 4
+// streams of weight rows), several rows a group at a time: the same sums in the same order, so one
+// row gives the bits of that row computed with others, whole groups and a row's partial last one
+// (K 288: 9 blocks), on any row count N (the 4-stream split and its remainder).
+TEST(QMatmulBlocks, Avx2OneRowGivesTheBitsOfThatRowAmongOthers) {
+  if (!gemm::isa_supported(Isa::avx2)) GTEST_SKIP() << "this CPU has no AVX2: the AVX2 GEMV was not run";
+  ForcedIsa forced(Isa::avx2);
+  for (QuantizationEncoding e : {QuantizationEncoding::q8_0, QuantizationEncoding::q4_0, QuantizationEncoding::q4_k,
+                                 QuantizationEncoding::q5_k, QuantizationEncoding::q6_k})
+    for (const auto& [K, N] : {std::pair<int64_t, int64_t>{288, 5}, {512, 1}, {512, 7}, {4352, 37}, {2048, 130}}) {
+      if (K % graph::block_size(e) != 0) continue;
+      const std::vector<float> x = random_floats(3 * K, static_cast<uint32_t>(K + N));
+      const std::vector<float> x0(x.begin(), x.begin() + K);
+      const HostTensor w = quantized_weights(e, N, K, static_cast<uint32_t>(N));
+      const HostTensor one_row = qmatmul(e, x0, w, 1, K), three_rows = qmatmul(e, x, w, 3, K);
+      const std::vector<uint8_t> first_row(three_rows.bytes.begin(), three_rows.bytes.begin() + N * 4);
+      EXPECT_EQ(one_row.bytes, first_row) << name(e) << " K " << K << " N " << N;
+    }
+}
+
 TEST(QMatmulBlocks, Avx2KernelsRanOnThisCpu) {
   if (!gemm::isa_supported(Isa::avx2)) GTEST_SKIP() << "this CPU has no AVX2: only the portable kernels were tested";
   SUCCEED() << "the tests above ran the AVX2 kernels (and the portable ones, forced)";

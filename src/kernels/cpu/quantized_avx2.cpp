@@ -255,7 +255,7 @@ struct Q6K {
 struct Q40 {
   static constexpr int64_t kBytes = 8 * graph::kQ4_0BlockBytes;
   static constexpr bool kPartialGroups = true;
-  static constexpr bool kFused = false;
+  static constexpr bool kFused = true;
   using Acc = RowAcc;
   __m256i w[8];
   __m256 dw;
@@ -306,6 +306,33 @@ struct Q40 {
     const __m256i dot = _mm256_sub_epi32(sum_lanes8(dots), _mm256_slli_epi32(sums, 3));
     acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(dot), acc.v);
   }
+
+  // decode then update for one activation row, a block at a time (as Q80::fused): the same bits.
+  static void fused(Acc& acc, const uint8_t* group, const Q8Activations& x, int64_t m, int64_t g) {
+    const int64_t blocks_per_row = x.K / 32, first = m * blocks_per_row + 8 * g;
+    if (blocks_per_row - 8 * g < 8) {
+      Q40 f;
+      f.blocks = static_cast<int>(blocks_per_row - 8 * g);
+      f.decode(group);
+      f.update(acc, x, m, g);
+      return;
+    }
+    const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + g * 256;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    alignas(16) uint16_t d[8];
+    __m256i dots[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* b = group + j * graph::kQ4_0BlockBytes;
+      std::memcpy(&d[j], b, 2);
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+      const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+      dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w, load256(xq + 32 * j)), _mm256_set1_epi16(1));
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
+    const __m256i dot = _mm256_sub_epi32(sum_lanes8(dots), _mm256_slli_epi32(load256(x.sum + first), 3));
+    acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(x.d + first)), _mm256_cvtepi32_ps(dot), acc.v);
+  }
 };
 
 // Q8_0 (activations not offset: the VNNI kernels' q_x + 128 would overflow vpmaddubsw's int16 pair
@@ -314,7 +341,7 @@ struct Q40 {
 struct Q80 {
   static constexpr int64_t kBytes = 8 * graph::kQ8_0BlockBytes;
   static constexpr bool kPartialGroups = true;
-  static constexpr bool kFused = false;
+  static constexpr bool kFused = true;
   using Acc = RowAcc;
   __m256i w[8];      // the quants as signed bytes (their signs)
   __m256i abs_w[8];  // and their magnitudes
@@ -360,6 +387,34 @@ struct Q80 {
       }
       dx = _mm256_load_ps(d);
     }
+    acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sum_lanes8(dots)), acc.v);
+  }
+
+  // decode then update for one activation row, a block at a time: 8 dot vectors live instead of
+  // decode's 16 quant vectors, so nothing spills. The same int32 sums and f32 operations, so the
+  // same bits. A row's last, partial group goes through decode and update.
+  static void fused(Acc& acc, const uint8_t* group, const Q8Activations& x, int64_t m, int64_t g) {
+    const int64_t blocks_per_row = x.K / 32;
+    if (blocks_per_row - 8 * g < 8) {
+      Q80 f;
+      f.blocks = static_cast<int>(blocks_per_row - 8 * g);
+      f.decode(group);
+      f.update(acc, x, m, g);
+      return;
+    }
+    const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + g * 256;
+    alignas(16) uint16_t d[8];
+    __m256i dots[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* b = group + j * graph::kQ8_0BlockBytes;
+      std::memcpy(&d[j], b, 2);
+      const __m256i w = load256(b + 2);
+      const __m256i signed_x = _mm256_sign_epi8(load256(xq + 32 * j), w);
+      dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), signed_x), _mm256_set1_epi16(1));
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
+    const __m256 dx = _mm256_loadu_ps(x.d + m * blocks_per_row + 8 * g);
     acc.v = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sum_lanes8(dots)), acc.v);
   }
 };
