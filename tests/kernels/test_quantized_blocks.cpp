@@ -12,6 +12,7 @@
 // integers (the scales 1, every sum below 2^24).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -233,6 +234,49 @@ TEST(QMatmulBlocks, Avx2OneRowGivesTheBitsOfThatRowAmongOthers) {
       const std::vector<uint8_t> first_row(three_rows.bytes.begin(), three_rows.bytes.begin() + N * 4);
       EXPECT_EQ(one_row.bytes, first_row) << name(e) << " K " << K << " N " << N;
     }
+}
+
+// The K-quants' activation quantizers of each ISA level give the portable one's bits: ordinary
+// blocks, an all-zero one, halves to round to even (max 127: the scale is 1), a NaN and an infinity.
+TEST(QuantizeRows256, SimdQuantizersGiveThePortableBits) {
+  constexpr int64_t M = 2, K = 1024;
+  std::vector<float> x = random_floats(M * K, 77, 3.0f);
+  std::fill(x.begin() + 256, x.begin() + 512, 0.0f);
+  for (int i = 0; i < 256; ++i) x[512 + i] = static_cast<float>(i % 2 ? -(i % 9) : i % 7) + 0.5f;
+  x[512] = 127.0f;
+  x[1024 + 3] = std::nanf("");
+  x[1536 + 200] = -INFINITY;
+  struct Out {
+    std::vector<uint8_t> q = std::vector<uint8_t>(M * K);
+    std::vector<float> d = std::vector<float>(M * K / 256);
+    std::vector<int32_t> sum = std::vector<int32_t>(M * K / 32);
+    std::vector<int16_t> sum16 = std::vector<int16_t>(M * K / 16);
+  };
+  const auto run = [&](quantized::QuantizeRows256Fn fn) {
+    Out o;
+    fn(x.data(), M, K, o.q.data(), o.d.data(), o.sum.data(), o.sum16.data());
+    return o;
+  };
+  const Out want = run(quantized::portable_quantize_rows_256);
+  const auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * 4);
+    return b;
+  };
+  int ran = 0;
+  for (const auto& [name, fn] : {std::pair{"avx2", gemm::isa_supported(Isa::avx2) ? quantized::avx2_quantize_rows_256() : nullptr},
+                                 std::pair{"avx512", __builtin_cpu_supports("avx512vnni") && gemm::isa_supported(Isa::avx512)
+                                                         ? quantized::avx512_quantize_rows_256()
+                                                         : nullptr}}) {
+    if (!fn) continue;
+    ++ran;
+    const Out got = run(fn);
+    EXPECT_EQ(got.q, want.q) << name;
+    EXPECT_EQ(bits(got.d), bits(want.d)) << name;
+    EXPECT_EQ(got.sum, want.sum) << name;
+    EXPECT_EQ(got.sum16, want.sum16) << name;
+  }
+  if (ran == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512 VNNI: only the portable quantizer exists";
 }
 
 TEST(QMatmulBlocks, Avx2KernelsRanOnThisCpu) {

@@ -167,10 +167,12 @@ void sums_of_16(const uint8_t* q, int64_t elements, int16_t* sum16) {
   }
 }
 
+}  // namespace
+
 // The K-quants' activations (ggml's q8_K): quantize_rows' rule over blocks of 256, with sums per 32.
 // |v| <= 127, so adding 1.5 * 2^23 rounds it half to even as vcvtps2dq does, without a library call.
-void portable_quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum,
-                                int16_t* sum16) {
+void quantized::portable_quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum,
+                                           int16_t* sum16) {
   for (int64_t b = 0; b < M * K / 256; ++b) {
     const float* src = x + b * 256;
     float amax = 0.0f;
@@ -193,10 +195,18 @@ void portable_quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q
   if (sum16) sums_of_16(q, M * K, sum16);
 }
 
+namespace {
+
+// The quantizer of the active ISA level, as gemv_for picks the GEMV (the same bits at every level).
 void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum, int16_t* sum16) {
-  static const quantized::QuantizeRows256Fn simd =
+  static const quantized::QuantizeRows256Fn avx512 =
       cpu_has_avx512_vnni() ? quantized::avx512_quantize_rows_256() : nullptr;
-  (use_vnni() && simd ? simd : portable_quantize_rows_256)(x, M, K, q, d, sum, sum16);
+  static const quantized::QuantizeRows256Fn avx2 =
+      gemm::isa_supported(gemm::Isa::avx2) ? quantized::avx2_quantize_rows_256() : nullptr;
+  const quantized::QuantizeRows256Fn fn = use_vnni() && avx512                                    ? avx512
+                                          : avx2 && gemm::active_isa() != gemm::Isa::generic ? avx2
+                                                                                              : quantized::portable_quantize_rows_256;
+  fn(x, M, K, q, d, sum, sum16);
 }
 
 // The GEMV of an encoding at the active ISA level, and whether it takes its activations offset

@@ -123,11 +123,14 @@ constexpr int64_t activation_block(graph::QuantizationEncoding e) {
 }
 QGemvFn portable_block_gemv(graph::QuantizationEncoding);  // q4_0, q4_k, q5_k, q6_k
 // The K-quants' activations: x [M][K] (K a multiple of 256) -> q [M][K], d [M][K / 256], sum
-// [M][K / 32] and, unless null, sum16 [M][K / 16]. The AVX-512 one gives the portable one's bits;
-// nullptr where not compiled for x86-64 (the caller checks the CPU).
+// [M][K / 32] and, unless null, sum16 [M][K / 16]. The AVX-512 and AVX2 ones give the portable
+// one's bits; nullptr where not compiled for x86-64 (the caller checks the CPU).
 using QuantizeRows256Fn = void (*)(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum,
                                    int16_t* sum16);
+void portable_quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum,
+                                int16_t* sum16);
 QuantizeRows256Fn avx512_quantize_rows_256();
+QuantizeRows256Fn avx2_quantize_rows_256();
 // The AVX2 kernels (maddubs: the unsigned quants times the signed activations); nullptr where not
 // compiled for x86-64. The caller checks the CPU (gemm::Isa::avx2). Also Q8_0's GEMV where there is
 // no AVX512-VNNI, with this section's activations (not offset): y = sum over blocks of

@@ -256,6 +256,15 @@ struct Q6K {
 
 // ---- Q4_0, Q8_0: activations and weights per 32 ---------------------------------------------------
 
+// A row's last group of fewer than 8 blocks, for the formats' fused steps: decode, then update.
+template <class Format>
+void partial_group(typename Format::Acc& acc, const uint8_t* group, const Q8Activations& x, int64_t m, int64_t g) {
+  Format f;
+  f.blocks = static_cast<int>(x.K / 32 - 8 * g);
+  f.decode(group);
+  f.update(acc, x, m, g);
+}
+
 // Q4_0: 8 blocks per group (fewer in a row's last); lane j accumulates (d_w,j * d_x,j) * (dot_j - 8 sum_j).
 struct Q40 {
   static constexpr int64_t kBytes = 8 * graph::kQ4_0BlockBytes;
@@ -317,13 +326,7 @@ struct Q40 {
   // decode then update for one activation row, a block at a time (as Q80::fused): the same bits.
   [[gnu::always_inline]] static void fused(Acc& acc, const uint8_t* group, const Q8Activations& x, int64_t m, int64_t g) {
     const int64_t blocks_per_row = x.K / 32, first = m * blocks_per_row + 8 * g;
-    if (blocks_per_row - 8 * g < 8) {
-      Q40 f;
-      f.blocks = static_cast<int>(blocks_per_row - 8 * g);
-      f.decode(group);
-      f.update(acc, x, m, g);
-      return;
-    }
+    if (blocks_per_row - 8 * g < 8) return partial_group<Q40>(acc, group, x, m, g);
     const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + g * 256;
     const __m128i low = _mm_set1_epi8(0x0F);
     alignas(16) uint16_t d[8];
@@ -404,13 +407,7 @@ struct Q80 {
   // same bits. A row's last, partial group goes through decode and update.
   [[gnu::always_inline]] static void fused(Acc& acc, const uint8_t* group, const Q8Activations& x, int64_t m, int64_t g) {
     const int64_t blocks_per_row = x.K / 32;
-    if (blocks_per_row - 8 * g < 8) {
-      Q80 f;
-      f.blocks = static_cast<int>(blocks_per_row - 8 * g);
-      f.decode(group);
-      f.update(acc, x, m, g);
-      return;
-    }
+    if (blocks_per_row - 8 * g < 8) return partial_group<Q80>(acc, group, x, m, g);
     const auto* xq = reinterpret_cast<const int8_t*>(x.x) + m * x.K + g * 256;
     alignas(16) uint16_t d[8];
     __m256i dots[8];
@@ -491,6 +488,46 @@ void gemv(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
   }
 }
 
+// The K-quants' activations (quantized.h's portable_quantize_rows_256) 8 floats at a time, as the
+// AVX-512 one 16 at a time: the same bits (NaN and infinities included: max and min return their
+// second operand on a NaN as std::fmax / std::fmin skip it, and vcvtps2dq rounds half to even).
+void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum, int16_t* sum16) {
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+  for (int64_t b = 0; b < M * K / 256; ++b) {
+    const float* src = x + b * 256;
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 256; i += 8) amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(src + i), sign), amax);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float max = _mm_cvtss_f32(m);
+    const float inv = max != 0.0f ? 127.0f / max : 0.0f;
+    d[b] = max / 127.0f;
+    const __m256 scale = _mm256_set1_ps(inv);
+    for (int g = 0; g < 16; ++g) {  // 16 values: one sum16, half of a sum
+      const float* v = src + 16 * g;
+      const __m256i lo = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(_mm256_loadu_ps(v), scale), top), bottom));
+      const __m256i hi =
+          _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 8), scale), top), bottom));
+      // |level| <= 127: both packs are exact. packs_epi32 interleaves the 128-bit halves; 0xD8 restores the order.
+      const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 256 + 16 * g),
+                       _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
+      const __m256i both = _mm256_add_epi32(lo, hi);
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+      const int total = _mm_cvtsi128_si32(t);
+      if (sum16) sum16[b * 16 + g] = static_cast<int16_t>(total);
+      if (g % 2 == 0)
+        sum[b * 8 + g / 2] = total;
+      else
+        sum[b * 8 + g / 2] += total;
+    }
+  }
+}
+
 // Instantiated here, under the target pragma.
 QGemvFn pick(QuantizationEncoding e) {
   switch (e) {
@@ -513,9 +550,11 @@ QGemvFn pick(QuantizationEncoding e) {
 
 namespace kiln::kernels::quantized {
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding e) { return pick(e); }
+QuantizeRows256Fn avx2_quantize_rows_256() { return quantize_rows_256; }
 }  // namespace kiln::kernels::quantized
 #else
 namespace kiln::kernels::quantized {
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding) { return nullptr; }
+QuantizeRows256Fn avx2_quantize_rows_256() { return nullptr; }
 }  // namespace kiln::kernels::quantized
 #endif
