@@ -508,6 +508,19 @@ struct Scratch {
 };
 thread_local Scratch t_scratch;
 
+// q . k in 8 partial sums (element d in sum d % 8), added pairwise at the end: 8 independent chains
+// of adds instead of one, which bounded the scalar path by the add's latency (the path of CPUs
+// without AVX-512: stories110M after 896 tokens, f32 cache, Zen 3, 2 threads: prefill 1.12-1.38x,
+// decode 1.03-1.11x). A fixed order, so a token's bits still depend on nothing else.
+float dot_in_8_lanes(const float* a, const float* b, int64_t n) {
+  float part[8] = {};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int j = 0; j < 8; ++j) part[j] += a[d + j] * b[d + j];
+  for (int j = 0; d < n; ++d, ++j) part[j] += a[d] * b[d];
+  return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+}
+
 // The scalar path's work on one block for every row of the unit: keys [lo, lo + visible) of the
 // block are row's (token i's) visible ones.
 void attend_block_scalar(const Geometry& g, float scale, float softcap, const float* k_rows, int64_t k_stride,
@@ -523,13 +536,7 @@ void attend_block_scalar(const Geometry& g, float scale, float softcap, const fl
       const int64_t row = i * g.group + gi;
       const float* q_row = u.q + row * hd;
       float* a = u.acc + row * hd;
-      // score[t] = q . k_t, summed in head_dim order.
-      for (int64_t t = 0; t < visible[i]; ++t) {
-        const float* k_row = k_lo + t * k_stride;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) dot += q_row[d] * k_row[d];
-        score[t] = dot * scale;
-      }
+      for (int64_t t = 0; t < visible[i]; ++t) score[t] = dot_in_8_lanes(q_row, k_lo + t * k_stride, hd) * scale;
       if (softcap > 0)
         for (int64_t t = 0; t < visible[i]; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
       float block_max = -std::numeric_limits<float>::infinity();
