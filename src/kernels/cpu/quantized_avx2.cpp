@@ -3,7 +3,7 @@
 // activations with vpmaddubsw (pairs summed to int16, exactly: at most 2 * 63 * 127), then vpmaddwd
 // to int32. Each weight row is read in place once per 8 activation rows; a group of 256 weights (a
 // super-block, or 8 blocks of 32) is decoded once and multiplied into each row's accumulator. One
-// activation row (decode) takes every format's `fused` step instead, on 4 weight rows at once.
+// activation row (decode) takes every format's `fused` step instead, on kStreams weight rows at once.
 // * K-quants (activations per 256): vpmaddwd applies the sub-block scales as it widens, so the whole
 //   super-block sums in int32 and one FMA scales it.
 // * Q4_0, Q8_0 (activations and weights per 32): the 8 block dots reduce to one vector whose lane j
