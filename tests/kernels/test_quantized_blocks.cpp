@@ -216,10 +216,10 @@ TEST(QMatmulBlocks, Avx512DecodeGemvGivesTheAvx2BitsExactly) {
     }
 }
 
-// The AVX2 GEMV decodes and multiplies one activation row a block or sub-block pair at a time (in 4
-// streams of weight rows), several rows a group at a time: the same sums in the same order, so one
-// row gives the bits of that row computed with others, whole groups and a row's partial last one
-// (K 288: 9 blocks), on any row count N (the 4-stream split and its remainder).
+// The AVX2 GEMV decodes and multiplies one activation row a block or sub-block pair at a time (in
+// each format's kStreams streams of weight rows), several rows a group at a time: the same sums in
+// the same order, so one row gives the bits of that row computed with others, whole groups and a
+// row's partial last one (K 288: 9 blocks), on any row count N (the streams' split and remainder).
 TEST(QMatmulBlocks, Avx2OneRowGivesTheBitsOfThatRowAmongOthers) {
   if (!gemm::isa_supported(Isa::avx2)) GTEST_SKIP() << "this CPU has no AVX2: the AVX2 GEMV was not run";
   ForcedIsa forced(Isa::avx2);

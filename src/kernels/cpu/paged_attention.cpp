@@ -525,6 +525,13 @@ bool has_f16c() { return false; }
 void widen_f16c(const f16_t*, int64_t, float*) {}
 #endif
 
+// A cache row of n elements `stride` apart as f32 (a tile row of the scalar path).
+template <class C> void widen_row(const C* src, int64_t stride, int64_t n, float* dst, bool f16c) {
+  if constexpr (std::is_same_v<C, f16_t>)
+    if (stride == 1 && f16c) return widen_f16c(src, n, dst);
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d * stride]);
+}
+
 // q . k in 8 partial sums (element d in sum d % 8), added pairwise at the end: 8 independent chains
 // of adds instead of one, which bounded the scalar path by the add's latency (the path of CPUs
 // without AVX-512: stories110M after 896 tokens, f32 cache, Zen 3, 2 threads: prefill 1.12-1.38x,
@@ -665,22 +672,11 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, co
       const UnitRows u = head_rows(kv);
       const C* k_block = k_data + cache_row(o.k, o.layer, block, 0, kv);
       const C* v_block = v_data + cache_row(o.v, o.layer, block, 0, kv);
-      if constexpr (std::is_same_v<C, f16_t>) {
-        if (!in_place && contiguous && f16c) {
-          for (int64_t r = 0; r < block_rows; ++r) {
-            widen_f16c(k_block + r * o.k.strides[2], hd, w.k_tile.data() + r * hd);
-            widen_f16c(v_block + r * o.v.strides[2], hd, w.v_tile.data() + r * hd);
-          }
-          attend_block_scalar(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, count, lo, visible, u, w);
-          continue;
-        }
-      }
       if (!in_place) {
-        for (int64_t r = 0; r < block_rows; ++r)
-          for (int64_t d = 0; d < hd; ++d) {
-            w.k_tile[static_cast<size_t>(r * hd + d)] = static_cast<float>(k_block[r * o.k.strides[2] + d * o.k.strides[4]]);
-            w.v_tile[static_cast<size_t>(r * hd + d)] = static_cast<float>(v_block[r * o.v.strides[2] + d * o.v.strides[4]]);
-          }
+        for (int64_t r = 0; r < block_rows; ++r) {
+          widen_row(k_block + r * o.k.strides[2], o.k.strides[4], hd, w.k_tile.data() + r * hd, f16c);
+          widen_row(v_block + r * o.v.strides[2], o.v.strides[4], hd, w.v_tile.data() + r * hd, f16c);
+        }
       }
 #if defined(__x86_64__)
       if (simd) {

@@ -49,6 +49,12 @@ bool use_vnni() {
   return vnni && (isa == gemm::Isa::avx512 || isa == gemm::Isa::avx512_bf16);
 }
 
+// The AVX2 kernels run: the CPU has AVX2 (+FMA, F16C) and the gemm ISA is not forced to generic.
+bool use_avx2() {
+  static const bool avx2 = gemm::isa_supported(gemm::Isa::avx2);
+  return avx2 && gemm::active_isa() != gemm::Isa::generic;
+}
+
 // The definition of the activation quantization (quantized.h); avx512_quantize_rows gives the same
 // bits. d = max|x| / 127, q = round-half-even(x * (127 / max|x|)), clamped to [-127, 127].
 void portable_quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d, int32_t* sum) {
@@ -201,11 +207,10 @@ namespace {
 void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum, int16_t* sum16) {
   static const quantized::QuantizeRows256Fn avx512 =
       cpu_has_avx512_vnni() ? quantized::avx512_quantize_rows_256() : nullptr;
-  static const quantized::QuantizeRows256Fn avx2 =
-      gemm::isa_supported(gemm::Isa::avx2) ? quantized::avx2_quantize_rows_256() : nullptr;
-  const quantized::QuantizeRows256Fn fn = use_vnni() && avx512                                    ? avx512
-                                          : avx2 && gemm::active_isa() != gemm::Isa::generic ? avx2
-                                                                                              : quantized::portable_quantize_rows_256;
+  const quantized::QuantizeRows256Fn avx2 = quantized::avx2_quantize_rows_256();
+  const quantized::QuantizeRows256Fn fn = use_vnni() && avx512 ? avx512
+                                          : use_avx2() && avx2 ? avx2
+                                                               : quantized::portable_quantize_rows_256;
   fn(x, M, K, q, d, sum, sum16);
 }
 
@@ -219,8 +224,7 @@ GemvChoice gemv_for(QuantizationEncoding e) {
   if (e == QuantizationEncoding::q8_0 && use_vnni()) return {quantized::avx512_vnni_q8_0_gemv(), true};
   if (use_vnni())
     if (const quantized::QGemvFn vnni = quantized::avx512_vnni_block_gemv(e)) return {vnni, false};
-  static const bool avx2 = gemm::isa_supported(gemm::Isa::avx2);
-  if (avx2 && gemm::active_isa() != gemm::Isa::generic)
+  if (use_avx2())
     if (const quantized::QGemvFn simd = quantized::avx2_block_gemv(e)) return {simd, false};
   if (e == QuantizationEncoding::q8_0) return {portable_gemv, true};
   return {quantized::portable_block_gemv(e), false};
