@@ -1,7 +1,7 @@
 // qmatmul and dequantize for Q4_0, Q4_K, Q5_K and Q6_K weights (quantized.h's last section), on every
 // ISA level this CPU supports (the portable kernels, the AVX2 ones where the CPU has AVX2, and the
-// K-quants' AVX-512 decode GEMV and every encoding's block GEMM above 8 rows where it has
-// AVX512_VNNI), against double-precision loops over the weights as
+// K-quants' AVX-512 decode GEMV where it has AVX512_VNNI, and every encoding's block GEMM above 8
+// rows where it has AVX2 or AVX512_VNNI), against double-precision loops over the weights as
 // graph::dequantize_row decodes them (itself checked bit for bit against the layouts in
 // tests/graph/test_quantization.cpp).
 //
@@ -130,50 +130,58 @@ TEST(QMatmulBlocks, MatchesDecodedWeightsWithinActivationRoundingOnEveryIsa) {
 // Weights whose every scale is a small integer (d = dmin = 1, 6-bit scales and mins below 8, Q6_K's
 // int8 scales in [-7, 7]) and integer activations with max |x| = 127 per block (d_x = 1): the result is
 // the exact integer product, whatever the path. A sign, offset (-8, -32, the mins) or scale slip shows.
+// `extreme`: every quant at its largest level and every activation +-127 (a row's sign), so each
+// product is the largest its format allows: a kernel summing them in too narrow an integer shows.
 TEST(QMatmulBlocks, IntegerBlocksGiveTheExactIntegerProductOnEveryIsa) {
   const int64_t K = 512, N = 19;
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> value(-127, 127);
   const auto put_one = [](uint8_t* p) { p[0] = 0x00, p[1] = 0x3C; };  // f16 1.0
-  for (QuantizationEncoding e : kEncodings) {
-    const int64_t row_bytes = graph::quantized_row_bytes(e, K), bytes = graph::block_bytes(e);
-    HostTensor w(DType::u8, {N, row_bytes});
-    for (uint8_t& b : w.bytes) b = static_cast<uint8_t>(rng());
-    for (int64_t off = 0; off < N * row_bytes; off += bytes) {
-      uint8_t* block = w.bytes.data() + off;
-      if (e == QuantizationEncoding::q6_k) {
-        put_one(block + 208);
-        for (int j = 0; j < 16; ++j) block[192 + j] = static_cast<uint8_t>(static_cast<int>(rng() % 15) - 7);
-      } else {
-        put_one(block);
-        if (e != QuantizationEncoding::q4_0) {
-          put_one(block + 2);
-          for (int j = 0; j < 8; ++j) block[4 + j] &= 0x07;     // 6-bit values < 8, high bits 0
-          for (int j = 8; j < 12; ++j) block[4 + j] &= 0x77;
+  for (bool extreme : {false, true})
+    for (QuantizationEncoding e : kEncodings) {
+      const int64_t row_bytes = graph::quantized_row_bytes(e, K), bytes = graph::block_bytes(e);
+      HostTensor w(DType::u8, {N, row_bytes});
+      for (uint8_t& b : w.bytes) b = extreme ? 0xFF : static_cast<uint8_t>(rng());
+      for (int64_t off = 0; off < N * row_bytes; off += bytes) {
+        uint8_t* block = w.bytes.data() + off;
+        if (e == QuantizationEncoding::q6_k) {
+          put_one(block + 208);
+          for (int j = 0; j < 16; ++j)
+            block[192 + j] = static_cast<uint8_t>(static_cast<int>(rng() % 15) - 7);
+        } else {
+          put_one(block);
+          if (e != QuantizationEncoding::q4_0) {
+            put_one(block + 2);
+            for (int j = 0; j < 8; ++j) block[4 + j] &= 0x07;  // 6-bit values < 8, high bits 0
+            for (int j = 8; j < 12; ++j) block[4 + j] &= 0x77;
+          }
         }
       }
-    }
-    for (int64_t M : {1, 5, 17}) {
-      std::vector<float> x(static_cast<size_t>(M * K));
-      for (float& v : x) v = static_cast<float>(value(rng));
-      for (int64_t i = 0; i < M * K; i += 32) x[static_cast<size_t>(i + rng() % 32)] = rng() % 2 ? 127.0f : -127.0f;
-      for (Isa isa : supported_isas()) {
-        ForcedIsa forced(isa);
-        const HostTensor y = qmatmul(e, x, w, M, K);
-        for (int64_t n = 0; n < N; ++n) {
-          const std::vector<float> wr = decoded(e, w, n, K);
-          for (int64_t m = 0; m < M; ++m) {
-            int64_t ref = 0;
-            for (int64_t k = 0; k < K; ++k)
-              ref += static_cast<int64_t>(x[m * K + k]) * static_cast<int64_t>(wr[static_cast<size_t>(k)]);
-            ASSERT_LT(std::abs(ref), int64_t{1} << 24);
-            ASSERT_EQ(y.at<float>(m * N + n), static_cast<float>(ref))
-                << name(e) << " " << gemm::isa_name(isa) << " M " << M << " m " << m << " n " << n;
+      for (int64_t M : {1, 5, 17}) {
+        std::vector<float> x(static_cast<size_t>(M * K));
+        for (float& v : x) v = static_cast<float>(value(rng));
+        for (int64_t i = 0; i < M * K; i += 32)
+          x[static_cast<size_t>(i + rng() % 32)] = rng() % 2 ? 127.0f : -127.0f;
+        if (extreme)
+          for (int64_t i = 0; i < M * K; ++i) x[static_cast<size_t>(i)] = i / K % 2 ? -127.0f : 127.0f;
+        for (Isa isa : supported_isas()) {
+          ForcedIsa forced(isa);
+          const HostTensor y = qmatmul(e, x, w, M, K);
+          for (int64_t n = 0; n < N; ++n) {
+            const std::vector<float> wr = decoded(e, w, n, K);
+            for (int64_t m = 0; m < M; ++m) {
+              int64_t ref = 0;
+              for (int64_t k = 0; k < K; ++k)
+                ref += static_cast<int64_t>(x[m * K + k]) * static_cast<int64_t>(wr[static_cast<size_t>(k)]);
+              ASSERT_LT(std::abs(ref), int64_t{1} << 24);
+              ASSERT_EQ(y.at<float>(m * N + n), static_cast<float>(ref))
+                  << name(e) << " " << gemm::isa_name(isa) << (extreme ? " extreme" : "") << " M " << M
+                  << " m " << m << " n " << n;
+            }
           }
         }
       }
     }
-  }
 }
 
 TEST(QMatmulBlocks, OneAndTwoThreadsGiveIdenticalBitsOnEveryIsa) {
@@ -233,6 +241,51 @@ TEST(QMatmulBlocks, Avx2OneRowGivesTheBitsOfThatRowAmongOthers) {
       const HostTensor one_row = qmatmul(e, x0, w, 1, K), three_rows = qmatmul(e, x, w, 3, K);
       const std::vector<uint8_t> first_row(three_rows.bytes.begin(), three_rows.bytes.begin() + N * 4);
       EXPECT_EQ(one_row.bytes, first_row) << name(e) << " K " << K << " N " << N;
+    }
+}
+
+// Above 8 rows the block GEMM runs (every ISA with one: AVX-512 VNNI, AVX2) in tiles of several
+// activation rows, passes of 16 chunks and column vectors of 8 or 16 weight rows; each output's
+// operations are its own, so a row's bits do not depend on how many rows share the call (9, 13: a
+// one-row last tile; 40), whole and partial passes (K 4352: 136 chunks), and a panel's partial last
+// column vector (N 70).
+TEST(QMatmulBlocks, BlockGemmRowsDoNotDependOnTheBatchOnEveryIsa) {
+  for (Isa isa : supported_isas()) {
+    ForcedIsa forced(isa);
+    for (QuantizationEncoding e : kEncodings)
+      for (const auto& [K, N] : {std::pair<int64_t, int64_t>{512, 70}, {4352, 37}}) {
+        const std::vector<float> x = random_floats(40 * K, static_cast<uint32_t>(K + 7));
+        const HostTensor w = quantized_weights(e, N, K, static_cast<uint32_t>(N + 1));
+        const HostTensor all = qmatmul(e, x, w, 40, K);
+        for (int64_t M : {9, 13}) {
+          const std::vector<float> first(x.begin(), x.begin() + M * K);
+          const std::vector<uint8_t> rows(all.bytes.begin(), all.bytes.begin() + M * N * 4);
+          EXPECT_EQ(qmatmul(e, first, w, M, K).bytes, rows)
+              << name(e) << " " << gemm::isa_name(isa) << " K " << K << " M " << M;
+        }
+      }
+  }
+}
+
+// The AVX2 block GEMM adds its int16 pair sums exactly and does the AVX-512 VNNI kernel's f32
+// operations in its order (quantized_block_unpack.h's BlockGemmRule), so it gives that kernel's bits.
+TEST(QMatmulBlocks, Avx2BlockGemmGivesTheAvx512BlockGemmBitsExactly) {
+  if (!gemm::isa_supported(Isa::avx512) || !__builtin_cpu_supports("avx512vnni"))
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI: the AVX2 block GEMM was not compared with it";
+  for (QuantizationEncoding e : kEncodings)
+    for (const auto& [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{9, 512, 70}, {40, 4352, 37}, {17, 256, 33}}) {
+      const std::vector<float> x = random_floats(M * K, static_cast<uint32_t>(M + K));
+      const HostTensor w = quantized_weights(e, N, K, static_cast<uint32_t>(N + 2));
+      HostTensor avx2, avx512;
+      {
+        ForcedIsa forced(Isa::avx2);
+        avx2 = qmatmul(e, x, w, M, K);
+      }
+      {
+        ForcedIsa forced(Isa::avx512);
+        avx512 = qmatmul(e, x, w, M, K);
+      }
+      EXPECT_EQ(avx2.bytes, avx512.bytes) << name(e) << " M " << M << " K " << K;
     }
 }
 

@@ -256,12 +256,19 @@ void add_f32_sums(QuantizationEncoding e, Q8Activations& acts) {
   acts.sum_f32 = sums;
 }
 
-// The block GEMM (quantized.h) of Q4_0 and the K-quants, lhs [M, K] with M > gemm::kSmallM: the
+// The block GEMM (quantized.h) of Q4_0 and the K-quants at the active ISA level (the same bits on
+// either), or nullptr (Q8_0, or a CPU without AVX2: the GEMV serves every M).
+quantized::QBlockGemmFn block_gemm_for(QuantizationEncoding e) {
+  if (use_vnni())
+    if (const quantized::QBlockGemmFn vnni = quantized::avx512_vnni_block_gemm(e)) return vnni;
+  return use_avx2() ? quantized::avx2_block_gemm(e) : nullptr;
+}
+
+// The block GEMM `fn` of Q4_0 and the K-quants, lhs [M, K] with M > gemm::kSmallM: the
 // activations quantized once, as for the GEMV, then the weight's panels cut into
 // gemm::parts_per_thread(M) chunks per thread, each thread unpacking one panel at a time.
-void block_gemm(const KernelContext& ctx, QuantizationEncoding e, const TensorView& lhs, const uint8_t* w,
-                int64_t row_bytes, int64_t M, int64_t K, int64_t N, float* y) {
-  const quantized::QBlockGemmFn fn = quantized::avx512_vnni_block_gemm(e);
+void block_gemm(const KernelContext& ctx, quantized::QBlockGemmFn fn, QuantizationEncoding e, const TensorView& lhs,
+                const uint8_t* w, int64_t row_bytes, int64_t M, int64_t K, int64_t N, float* y) {
   Q8Activations acts = quantize_lhs(ctx, e, lhs, M, K, /*offset=*/false);
   add_f32_sums(e, acts);
   const int64_t panels = (N + quantized::kGemmRows - 1) / quantized::kGemmRows;
@@ -476,10 +483,11 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
     quantized::packed_gemm_group(ctx, encoding_, a, std::span(&target, 1));
     return;
   }
-  if (M > gemm::kSmallM && use_vnni() && quantized::avx512_vnni_block_gemm(encoding_)) {
-    block_gemm(ctx, encoding_, a, wq, w_row, M, K, N, y);
-    return;
-  }
+  if (M > gemm::kSmallM)
+    if (const quantized::QBlockGemmFn fn = block_gemm_for(encoding_)) {
+      block_gemm(ctx, fn, encoding_, a, wq, w_row, M, K, N, y);
+      return;
+    }
   if (M <= gemm::kSmallM || encoding_ != QuantizationEncoding::q8_0) {
     const quantized::QGemvTarget target{wq, w_row, N, y};
     quantized::qmatmul_gemv_group(ctx, encoding_, a, std::span(&target, 1));

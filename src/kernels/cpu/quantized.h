@@ -117,7 +117,7 @@ void packed_gemm_group(const KernelContext& ctx, graph::QuantizationEncoding enc
 //   Q6_K (block s):        (d * d_x) * sum over its 16 sub-blocks i of sc_i * (dot_i(q, q_x) - 32 sum_i(q_x))
 // summed in f32 over the row (the order differs between the portable and the SIMD kernels). The
 // GEMV serves every M up to gemm::kSmallM, so a row's result does not depend on M there; above it
-// the block GEMM below (where VNNI is) sums the same products in its own order.
+// the block GEMM below (where AVX2 or VNNI is) sums the same products in its own order.
 constexpr int64_t activation_block(graph::QuantizationEncoding e) {
   return e == graph::QuantizationEncoding::q8_0 || e == graph::QuantizationEncoding::q4_0 ? 32 : 256;
 }
@@ -141,8 +141,8 @@ QGemvFn avx2_block_gemv(graph::QuantizationEncoding);
 // rows run the AVX2 kernel. The caller checks the CPU.
 QGemvFn avx512_vnni_block_gemv(graph::QuantizationEncoding);
 
-// The GEMM of these encodings (AVX-512 + AVX512_VNNI), for more than gemm::kSmallM rows (prefill,
-// large batched steps). Every weight is w = a * u - b per block of 32 (16 for Q6_K) with u an
+// The GEMM of these encodings (AVX-512 + AVX512_VNNI, or AVX2), for more than gemm::kSmallM rows
+// (prefill, large batched steps). Every weight is w = a * u - b per block of 32 (16 for Q6_K) with u an
 // unsigned integer and a, b exact f32 products of the block's scales:
 //   Q4_0  u = q (0..15),  a = d,         b = 8 d
 //   Q4_K  u = q (0..15),  a = d sc_j,    b = dmin m_j     (Q5_K: u = q (0..31))
@@ -160,8 +160,10 @@ QGemvFn avx512_vnni_block_gemv(graph::QuantizationEncoding);
 // `panel`: block_gemm_panel_bytes(e, K) bytes, 64-byte aligned, for this call's panels.
 using QBlockGemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                               float* y, int64_t ldy, uint8_t* panel);
-// nullptr for q8_0, or where not compiled for x86-64; the caller checks the CPU.
+// nullptr for q8_0, or where not compiled for x86-64; the caller checks the CPU. The AVX2 one
+// (vpmaddubsw, 8 weight rows per instruction, on the same panels) gives the AVX-512 one's bits.
 QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
+QBlockGemmFn avx2_block_gemm(graph::QuantizationEncoding);
 // ---- Q4_K and Q6_K packed at init (AVX-512 + AVX512_VNNI) -------------------------------------------
 // A fixed Q4_K or Q6_K weight (a model's) is repacked once into panels of kGemmRows rows that keep
 // its bits a weight, per super-block of 256, in the order decode reads them (one forward stream):

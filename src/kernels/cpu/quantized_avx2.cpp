@@ -11,6 +11,7 @@
 // Standard headers first, then the target pragma (see gemm.h for why).
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/quantized.h"
 
@@ -24,11 +25,10 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 #include "kernels/cpu/quantized_x86_helpers.h"
+#include "kernels/cpu/quantized_block_unpack.h"
 
 namespace kiln::kernels::quantized {
 namespace {
-
-using graph::QuantizationEncoding;
 
 constexpr int64_t kRowsPerPass = 8;  // activation rows sharing one decode of a weight group
 
@@ -529,6 +529,193 @@ void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* 
   }
 }
 
+// ---- the block GEMM of Q4_0, Q4_K, Q5_K and Q6_K (quantized.h), above gemm::kSmallM rows ----------
+// On the AVX-512 kernel's panels (quantized_block_unpack.h): a 256-bit vector of a chunk's dword j
+// holds 4 quants of 8 weight rows, so one broadcast activation dword feeds 8 rows. Without VNNI,
+// vpmaddubsw multiplies them into int16 pair sums, added in int16 over kInt16Dwords dwords and then
+// widened once with vpmaddwd: exact, as vpdpbusd's int32 dots are, and the f32 operations on them
+// are BlockGemmRule's in its order, so every row gets the AVX-512 kernel's bits.
+
+// Dwords whose pair sums add in int16 without overflow: kInt16Dwords * 2 * u_max * 127 < 2^15.
+template <QuantizationEncoding E>
+constexpr int kInt16Dwords = E == QuantizationEncoding::q5_k ? 4 : E == QuantizationEncoding::q6_k ? 2 : 8;
+static_assert(8 * 2 * 15 * 127 < 32768 && 4 * 2 * 31 * 127 < 32768 && 2 * 2 * 63 * 127 < 32768);
+
+// Activation rows per tile (a tile is them x 8 weight rows), and chunks of 32 quants per pass over
+// the activation rows (16 chunks of a panel, 16-24 KiB, stay in L1 meanwhile).
+constexpr int kBlockGemmMR = 4;
+constexpr int64_t kBlockGemmChunksPerPass = 16;
+
+// 32 quants of each of 8 rows (`stride` bytes apart) -> [8 dwords][8 rows][4], the dwords 64 bytes
+// apart (one 256-bit vector of the panel's 16-row layout): the AVX 8 x 8 float transpose on dwords.
+inline void transpose_8_rows(const uint8_t* first_row, int64_t stride, uint8_t* dst) {
+  __m256i z[8], t[8], s[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) z[r] = load256(first_row + r * stride);
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // 128-bit lane l: rows 2i, 2i + 1 of dwords 4l, 4l + 1 (lo) or 4l + 2, 4l + 3 (hi)
+    t[2 * i] = _mm256_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3 of dword j (lane 0) and j + 4 (lane 1) in s[4h + j]
+    s[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+    s[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+    s[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    s[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64 * j), _mm256_permute2x128_si256(s[j], s[j + 4], 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64 * (j + 4)), _mm256_permute2x128_si256(s[j], s[j + 4], 0x31));
+  }
+}
+
+// An empty asm that "changes" v: GCC otherwise reassociates a tile's chains of integer adds into
+// trees, computing every product of a block first and spilling most of them (3x slower, Zen 3).
+inline void opaque(__m256i& v) { asm("" : "+x"(v)); }
+
+// The byte offset of column vector v (weight rows 8v .. 8v + 7) in a chunk's quants.
+constexpr int64_t column_vector_at(int64_t v) { return 512 * (v / 2) + 32 * (v % 2); }
+
+// Weight rows [n0, n0 + rows) -> a panel, through `staged` (stage_rows); only the column vectors
+// holding rows are transposed (the tiles read no others).
+template <QuantizationEncoding E>
+void unpack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows, int64_t K, uint8_t* staged,
+                  uint8_t* panel) {
+  constexpr int kSub = Unpack<E>::kSub;
+  stage_rows<E>(w, row_bytes, n0, rows, K, staged, panel);
+  for (int64_t c = 0; c < K / 32; ++c)
+    for (int64_t v = 0; v < (rows + 7) / 8; ++v)
+      transpose_8_rows(staged + 8 * v * K + 32 * c, K, panel + c * kChunkBytes<kSub> + column_vector_at(v));
+}
+
+// Rows [m0, m0 + MR) of y (y: column vector v's first column, `mask`: which of its 8 columns exist),
+// chunks [c0, c1) of 32 quants (whole super-blocks for the K-quants); `first`: y holds nothing yet.
+// block_gemm_tile of quantized_avx512_vnni.cpp on 8 columns: the same operations per output.
+template <int MR, QuantizationEncoding E>
+void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t v, int64_t m0, int64_t c0, int64_t c1,
+                     float* y, int64_t ldy, __m256i mask, bool first) {
+  using Rule = BlockGemmRule<E>;
+  constexpr int kSub = Rule::kSub, kGroup = kInt16Dwords<E>;
+  const int64_t K = x.K, ablocks = K / activation_block(E), blocks = K / 32 * kSub;
+  const auto* xq = reinterpret_cast<const uint8_t*>(x.x) + m0 * K;
+  // Weight block t of chunk c: its int32 dots for the tile's rows, from -offset * sum(q_x).
+  const auto block_dots = [&](int64_t c, int t, __m256i (&dot)[MR]) {
+    const uint8_t* pc = panel + c * kChunkBytes<kSub> + column_vector_at(v);
+    const int64_t block = kSub * c + t;
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      if constexpr (Rule::kOffset != 0) {
+        const int32_t sum = kSub == 2 ? x.sum16[(m0 + m) * blocks + block] : x.sum[(m0 + m) * blocks + block];
+        dot[m] = _mm256_set1_epi32(-Rule::kOffset * sum);
+      } else {
+        dot[m] = _mm256_setzero_si256();
+      }
+    }
+#pragma GCC unroll 8
+    for (int g = Rule::kDwords * t; g < Rule::kDwords * (t + 1); g += kGroup) {
+      __m256i pairs[MR];
+#pragma GCC unroll 8
+      for (int j = g; j < g + kGroup; ++j) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pc + 64 * j));
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) {
+          const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(static_cast<int>(load_u32(xq + m * K + 32 * c + 4 * j))));
+          pairs[m] = j == g ? p : _mm256_add_epi16(pairs[m], p);
+          opaque(pairs[m]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(pairs[m], _mm256_set1_epi16(1)));
+    }
+  };
+  // Row i of chunk c's (a, b) table (a_t at i = t, b_t at i = kSub + t), this tile's 8 columns.
+  const auto ab_row = [&](int64_t c, int i) {
+    return _mm256_load_ps(reinterpret_cast<const float*>(panel + c * kChunkBytes<kSub> + 1024) + i * kGemmRows + 8 * v);
+  };
+  if constexpr (!Rule::kSuper) {  // Q4_0: y += (a d_x) dot per chunk
+    static_assert(kSub == 1 && Rule::kOffset != 0);
+    __m256 acc[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) acc[m] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + (m0 + m) * ldy, mask);
+    for (int64_t c = c0; c < c1; ++c) {
+      __m256i dot[MR];
+      block_dots(c, 0, dot);
+      const __m256 a = ab_row(c, 0);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const __m256 dx = _mm256_set1_ps(x.d[(m0 + m) * ablocks + c]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), _mm256_mul_ps(a, dx), acc[m]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) _mm256_maskstore_ps(y + (m0 + m) * ldy, mask, acc[m]);
+    return;
+  }
+  constexpr int kChunks = Rule::kChunksPerSuper;
+  for (int64_t s0 = c0; s0 < c1; s0 += kChunks) {
+    __m256 part[MR];  // this super-block's sums, unscaled by d_x
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) part[m] = _mm256_setzero_ps();
+    for (int64_t c = s0; c < s0 + kChunks; ++c) {
+#pragma GCC unroll 2
+      for (int t = 0; t < kSub; ++t) {
+        __m256i dot[MR];
+        block_dots(c, t, dot);
+        const __m256 a = ab_row(c, t);
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) part[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), a, part[m]);
+        if constexpr (Rule::kOffset == 0) {
+          const __m256 b = ab_row(c, kSub + t);
+#pragma GCC unroll 8
+          for (int m = 0; m < MR; ++m)
+            part[m] = _mm256_fnmadd_ps(b, _mm256_set1_ps(x.sum_f32[(m0 + m) * blocks + kSub * c + t]), part[m]);
+        }
+      }
+    }
+    const bool fresh = first && s0 == c0;
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      float* row = y + (m0 + m) * ldy;
+      const __m256 y0 = fresh ? _mm256_setzero_ps() : _mm256_maskload_ps(row, mask);
+      _mm256_maskstore_ps(row, mask, _mm256_fmadd_ps(part[m], _mm256_set1_ps(x.d[(m0 + m) * ablocks + s0 / kChunks]), y0));
+    }
+  }
+}
+
+// Every activation row of x against one unpacked panel of `rows` weight rows (y: its first column),
+// kBlockGemmChunksPerPass chunks at a time; each tile's activations serve the panel's column vectors
+// one after the other.
+template <QuantizationEncoding E>
+void block_gemm_panel(const Q8Activations& x, const uint8_t* panel, int64_t rows, float* y, int64_t ldy) {
+  static_assert(kBlockGemmChunksPerPass % BlockGemmRule<E>::kChunksPerSuper == 0);
+  const int64_t chunks = x.K / 32, vectors = (rows + 7) / 8;
+  for (int64_t c0 = 0; c0 < chunks; c0 += kBlockGemmChunksPerPass) {
+    const int64_t c1 = chunks < c0 + kBlockGemmChunksPerPass ? chunks : c0 + kBlockGemmChunksPerPass;
+    for (int64_t m = 0; m < x.M; m += kBlockGemmMR)
+      for (int64_t v = 0; v < vectors; ++v) {
+        const int64_t cols = rows - 8 * v < 8 ? rows - 8 * v : 8;
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        with_tile_rows<kBlockGemmMR>(x.M - m < kBlockGemmMR ? x.M - m : kBlockGemmMR, [&]<int R>() {
+          block_gemm_tile<R, E>(x, panel, v, m, c0, c1, y + 8 * v, ldy, mask, c0 == 0);
+        });
+      }
+  }
+}
+
+template <QuantizationEncoding E>
+void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
+                int64_t ldy, uint8_t* scratch) {
+  uint8_t* panel = scratch;
+  uint8_t* staged = scratch + x.K / 32 * kChunkBytes<Unpack<E>::kSub>;
+  for (int64_t n = n0; n < n1; n += kGemmRows) {
+    const int64_t rows = n1 - n < kGemmRows ? n1 - n : kGemmRows;
+    unpack_panel<E>(w, row_bytes, n, rows, x.K, staged, panel);
+    block_gemm_panel<E>(x, panel, rows, y + n, ldy);
+  }
+}
+
 // Instantiated here, under the target pragma.
 QGemvFn pick(QuantizationEncoding e) {
   switch (e) {
@@ -552,10 +739,20 @@ QGemvFn pick(QuantizationEncoding e) {
 namespace kiln::kernels::quantized {
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding e) { return pick(e); }
 QuantizeRows256Fn avx2_quantize_rows_256() { return quantize_rows_256; }
+QBlockGemmFn avx2_block_gemm(graph::QuantizationEncoding e) {
+  switch (e) {
+    case QuantizationEncoding::q4_0: return block_gemm<QuantizationEncoding::q4_0>;
+    case QuantizationEncoding::q4_k: return block_gemm<QuantizationEncoding::q4_k>;
+    case QuantizationEncoding::q5_k: return block_gemm<QuantizationEncoding::q5_k>;
+    case QuantizationEncoding::q6_k: return block_gemm<QuantizationEncoding::q6_k>;
+    default: return nullptr;
+  }
+}
 }  // namespace kiln::kernels::quantized
 #else
 namespace kiln::kernels::quantized {
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding) { return nullptr; }
 QuantizeRows256Fn avx2_quantize_rows_256() { return nullptr; }
+QBlockGemmFn avx2_block_gemm(graph::QuantizationEncoding) { return nullptr; }
 }  // namespace kiln::kernels::quantized
 #endif

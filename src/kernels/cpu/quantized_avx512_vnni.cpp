@@ -23,6 +23,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 #include "kernels/cpu/quantized_x86_helpers.h"
+#include "kernels/cpu/quantized_block_unpack.h"
 
 namespace kiln::kernels::quantized {
 namespace {
@@ -34,14 +35,6 @@ constexpr int64_t kBlock = 32, kBlockBytes = 34;
 // Not std::min: library templates instantiated under the target pragma could replace the baseline
 // copies at link time (gemm.h).
 inline int64_t lo(int64_t a, int64_t b) { return a < b ? a : b; }
-
-// f.template operator()<R>() with R = rows, 1..kMax: a tile runs the kernel of its own height
-// (gemm_x86-inl.h's with_rows, for the quantized kernels' tiles).
-template <int kMax, class F> void with_tile_rows(int64_t rows, F&& f) {
-  [&]<int... R>(std::integer_sequence<int, R...>) {
-    (void)((rows == R + 1 ? (f.template operator()<R + 1>(), true) : false) || ...);
-  }(std::make_integer_sequence<int, kMax>{});
-}
 
 // Lanes 0-7 take element 0 of a vector, lanes 8-15 element 1: one scale per block of a pair.
 inline __m512 spread_pair(__m128 two) {
@@ -481,109 +474,14 @@ void gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
 
 // ---- the GEMM of Q4_0, Q4_K, Q5_K and Q6_K (quantized.h) ------------------------------------------
 
-// A panel of kGemmRows weight rows per chunk of 32 quants: [2 halves][8 dwords][16 rows][4 u8] as
-// the Q8_0 panel's quants (no +128: u is unsigned already), then a [kSub][32 rows] and b [kSub][32
-// rows] in f32, kSub = 32 / B weight blocks per chunk (b read only for Q4_K and Q5_K: BlockGemmRule).
-template <int kSub> constexpr int64_t kChunkBytes = block_gemm_chunk_bytes(kSub);
-
-// One encoding's blocks -> u8 quants and each weight block's (a, b) (quantized.h's table).
-template <QuantizationEncoding E> struct Unpack;
-
-template <> struct Unpack<QuantizationEncoding::q4_0> {
-  static constexpr int kSub = 1, kBlockElems = 32;
-  static constexpr int64_t kBytes = graph::kQ4_0BlockBytes;
-  template <class Put> static void block(const uint8_t* b, uint8_t* u, Put&& put) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)), low = _mm_set1_epi8(0x0F);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(u), _mm_and_si128(q, low));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 16), _mm_and_si128(_mm_srli_epi16(q, 4), low));
-    const float d = load_f16(b);
-    put(0, d, 8.0f * d);
-  }
-};
-
-template <bool kFive> struct UnpackQ4KQ5K {
-  static constexpr int kSub = 1, kBlockElems = 256;
-  static constexpr int64_t kBytes = kFive ? graph::kQ5_KBlockBytes : graph::kQ4_KBlockBytes;
-  template <class Put> static void block(const uint8_t* b, uint8_t* u, Put&& put) {
-    const float d = load_f16(b), dmin = load_f16(b + 2);
-    uint8_t sc[8], mn[8];
-    graph::unpack_k_scales(b + 4, sc, mn);
-    for (int j = 0; j < 8; ++j) put(j, d * static_cast<float>(sc[j]), dmin * static_cast<float>(mn[j]));
-    const uint8_t* q = b + (kFive ? 48 : 16);
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    [[maybe_unused]] const __m256i qh = kFive ? load256(b + 16) : _mm256_setzero_si256();
-    [[maybe_unused]] const __m256i one = _mm256_set1_epi8(1);
-    for (int p = 0; p < 4; ++p) {  // the low nibbles of 32 bytes are sub-block 2p, the high ones 2p + 1
-      const __m256i raw = load256(q + 32 * p);
-      __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-      if constexpr (kFive) {  // qh bit 2p (2p + 1) of byte l is bit 4 of weight l of sub-block 2p (2p + 1)
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 64 * p), lo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 64 * p + 32), hi);
-    }
-  }
-};
-template <> struct Unpack<QuantizationEncoding::q4_k> : UnpackQ4KQ5K<false> {};
-template <> struct Unpack<QuantizationEncoding::q5_k> : UnpackQ4KQ5K<true> {};
-
-template <> struct Unpack<QuantizationEncoding::q6_k> {
-  static constexpr int kSub = 2, kBlockElems = 256;
-  static constexpr int64_t kBytes = graph::kQ6_KBlockBytes;
-  template <class Put> static void block(const uint8_t* b, uint8_t* u, Put&& put) {
-    const float d = load_f16(b + 208);
-    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-    for (int i = 0; i < 16; ++i) {
-      const float a = d * static_cast<float>(sc[i]);
-      put(i, a, 32.0f * a);
-    }
-    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
-    for (int half = 0; half < 2; ++half) {  // weight 128 half + l (+ 32, 64, 96): dequantize_q6_k's order
-      const __m256i ql0 = load256(b + 64 * half), ql1 = load256(b + 64 * half + 32);
-      const __m256i qh = load256(b + 128 + 32 * half);
-      uint8_t* out = u + 128 * half;
-      const __m256i u0 = _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two));
-      const __m256i u1 = _mm256_or_si256(_mm256_and_si256(ql1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two));
-      const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), _mm256_and_si256(qh, two));
-      const __m256i u3 =
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), _mm256_and_si256(_mm256_srli_epi16(qh, 2), two));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), u0);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), u1);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64), u2);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 96), u3);
-    }
-  }
-};
-
 // Weight rows [n0, n0 + rows) -> a panel (rows past them: u = 0, a = b = 0), through `staged`
-// ([kGemmRows][K] u8: the rows unpacked in order, then transposed 16 at a time).
+// (stage_rows), transposed 16 rows at a time.
 template <QuantizationEncoding E>
 void unpack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows, int64_t K, uint8_t* staged,
                   uint8_t* panel) {
-  using U = Unpack<E>;
-  constexpr int kSub = U::kSub;
-  constexpr int64_t kBlock = 32 / kSub;  // weight elements per (a, b)
-  const int64_t chunks = K / 32;
-  for (int64_t r = 0; r < kGemmRows; ++r) {
-    uint8_t* u = staged + r * K;
-    const auto put_row = [&](int64_t first, int j, float a, float b) {  // weight block `first + j` of row r
-      const int64_t block = first + j;
-      float* ab = reinterpret_cast<float*>(panel + block / kSub * kChunkBytes<kSub> + 1024);
-      ab[block % kSub * kGemmRows + r] = a;
-      ab[(kSub + block % kSub) * kGemmRows + r] = b;
-    };
-    if (r >= rows) {
-      std::memset(u, 0, static_cast<size_t>(K));
-      for (int64_t block = 0; block < K / kBlock; ++block) put_row(block, 0, 0.0f, 0.0f);
-      continue;
-    }
-    const uint8_t* src = w + (n0 + r) * row_bytes;
-    for (int64_t e = 0; e < K; e += U::kBlockElems)
-      U::block(src + e / U::kBlockElems * U::kBytes, u + e,
-               [&](int j, float a, float b) { put_row(e / kBlock, j, a, b); });
-  }
-  for (int64_t c = 0; c < chunks; ++c)
+  constexpr int kSub = Unpack<E>::kSub;
+  stage_rows<E>(w, row_bytes, n0, rows, K, staged, panel);
+  for (int64_t c = 0; c < K / 32; ++c)
     for (int64_t half = 0; half < 2; ++half)
       transpose_16_rows(staged + 16 * half * K + 32 * c, K, panel + c * kChunkBytes<kSub> + 512 * half,
                         _mm512_setzero_si512());
@@ -604,22 +502,6 @@ inline void add_scaled_tile(const __m512 (&part)[MR][2], const float* dx, int64_
     _mm512_mask_storeu_ps(row + 16, mask1, _mm512_fmadd_ps(part[m][1], d, y1));
   }
 }
-
-// How the block GEMM applies an encoding's (a, b) (quantized.h's table). Where b is a fixed multiple
-// of a (Q4_0: 8, Q6_K: 32) each weight block's integer dot starts from -offset * sum(q_x), exact, and b
-// costs nothing; Q4_K and Q5_K (b = dmin m_j) subtract b sum(q_x) in f32. Where the activations' scale
-// covers a super-block of 256 (the K-quants), its weight blocks' sums a_j dot_j - b_j sum_j gather in
-// f32 unscaled and d_x multiplies them once per super-block, not once per weight block: vpdpbusd
-// shares its two ports with every f32 multiply (Zen 4: each fma or mul beside 16 vpdpbusd costs a
-// cycle), so Q6_K's blocks of 16 went from 4 vpdpbusd + 3 f32 operations to 4 + 1.
-template <QuantizationEncoding E> struct BlockGemmRule {
-  static constexpr int kSub = Unpack<E>::kSub;           // weight blocks per chunk of 32 quants
-  static constexpr int kDwords = 8 / kSub;               // vpdpbusd per weight block and 16 rows
-  static constexpr bool kSuper = activation_block(E) == 256;
-  static constexpr int32_t kOffset = E == QuantizationEncoding::q4_0 ? 8 : E == QuantizationEncoding::q6_k ? 32 : 0;
-  static constexpr int kChunksPerSuper = kSuper ? 8 : 1;  // chunks per activation scale
-  static_assert(!kSuper || activation_block(E) == 8 * 32);
-};
 
 // Rows [m0, m0 + MR) of y, panel columns [n0, n0 + 32) (mask0/mask1 as gemm_tile's), chunks [c0, c1)
 // of 32 quants (whole super-blocks for the K-quants); `first`: y holds nothing yet. The K-quants'

@@ -1,4 +1,5 @@
-// Small helpers the x86 quantized kernels share (quantized_avx2.cpp, quantized_avx512_kquants.cpp).
+// Small helpers the x86 quantized kernels share (quantized_avx2.cpp, quantized_avx512_kquants.cpp,
+// quantized_avx512_vnni.cpp).
 // Include it after the file's target pragma (and the standard headers below before it, as gemm.h
 // says): the functions have internal linkage, so each file gets
 // its own copy compiled for its own ISA (an inline function with external linkage could be merged
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <immintrin.h>
+#include <utility>
 
 namespace kiln::kernels::quantized {
 namespace {  // NOLINT(google-build-namespaces): internal linkage per including file, on purpose
@@ -36,6 +38,14 @@ inline KScaleWords k_scale_words(const uint8_t* block) {
   const uint32_t w0 = load_u32(block + 4), w1 = load_u32(block + 8), w2 = load_u32(block + 12);
   return {w0 & 0x3f3f3f3fu, (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4, w1 & 0x3f3f3f3fu,
           ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4};
+}
+
+// f.template operator()<R>() with R = rows, 1..kMax: a tile runs the kernel of its own height
+// (gemm_x86-inl.h's with_rows, for the quantized kernels' tiles).
+template <int kMax, class F> void with_tile_rows(int64_t rows, F&& f) {
+  [&]<int... R>(std::integer_sequence<int, R...>) {
+    (void)((rows == R + 1 ? (f.template operator()<R + 1>(), true) : false) || ...);
+  }(std::make_integer_sequence<int, kMax>{});
 }
 
 inline float hsum(__m256 v) {
