@@ -77,6 +77,59 @@ TEST(VectorMath, ExpOfSpecialValues) {
   EXPECT_LE(ulps(y[9], static_cast<float>(std::exp(1.0))), 1);
 }
 
+#if defined(__x86_64__)
+bool has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+// vmath::exp_avx2 over x, 8 at a time (the last vector padded with zeros).
+__attribute__((target("avx2,fma"))) std::vector<float> exp_avx2_of(std::vector<float> x) {
+  const size_t n = x.size();
+  x.resize((n + 7) / 8 * 8, 0.0f);
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); i += 8) _mm256_storeu_ps(&y[i], vmath::exp_avx2(_mm256_loadu_ps(&x[i])));
+  y.resize(n);
+  return y;
+}
+
+// exp_avx2 (paged attention's AVX2 path) against the exact value, at the edges, and, where the CPU
+// has AVX-512, against exp_avx512 bit for bit (its power of two in two exact steps rounds once, as
+// vscalefps does).
+TEST(VectorMath, Avx2ExpIsWithinTwoUlpAndGivesTheAvx512Bits) {
+  if (!has_avx2_fma()) GTEST_SKIP() << "no AVX2 + FMA here: exp_avx2 was not run";
+  std::vector<float> x;
+  for (float v = -104.0f; v <= 89.0f; v += 0.00731f) x.push_back(v);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> small(-1.0f, 1.0f);
+  for (int i = 0; i < 20000; ++i) x.push_back(small(rng));
+  const std::vector<float> y = exp_avx2_of(x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = static_cast<float>(std::exp(static_cast<double>(x[i])));
+    if (want < std::numeric_limits<float>::min()) {
+      EXPECT_LE(std::fabs(y[i] - want), std::numeric_limits<float>::denorm_min()) << "exp(" << x[i] << ")";
+    } else if (std::isinf(want)) {
+      EXPECT_EQ(y[i], kInf) << "exp(" << x[i] << ")";
+    } else {
+      EXPECT_LE(ulps(y[i], want), 2) << "exp(" << x[i] << ") = " << y[i] << ", exact " << want;
+    }
+  }
+  const std::vector<float> special = exp_avx2_of({0.0f, -0.0f, -kInf, kInf, 88.8f, -110.0f, -1e30f, 1e30f,
+                                                  std::numeric_limits<float>::quiet_NaN(), -103.9f, -87.5f});
+  EXPECT_EQ(special[0], 1.0f);
+  EXPECT_EQ(special[1], 1.0f);
+  EXPECT_EQ(special[2], 0.0f);
+  EXPECT_EQ(special[3], kInf);
+  EXPECT_EQ(special[4], kInf);
+  EXPECT_EQ(special[5], 0.0f);
+  EXPECT_EQ(special[6], 0.0f);
+  EXPECT_EQ(special[7], kInf);
+  EXPECT_TRUE(std::isnan(special[8]));
+  EXPECT_LE(std::fabs(special[9] - static_cast<float>(std::exp(-103.9))), std::numeric_limits<float>::denorm_min());
+  EXPECT_LE(std::fabs(special[10] - static_cast<float>(std::exp(-87.5))), std::numeric_limits<float>::denorm_min());
+  if (!vmath::available()) return;  // no AVX-512 to compare with
+  x.insert(x.end(), {-103.9f, -87.5f, -100.0f, 88.7f});
+  EXPECT_EQ(exp_avx2_of(x), run_fn(vmath::Fn::exp, x));
+}
+#endif
+
 TEST(VectorMath, SigmoidAndSiluMatchDoubleReferences) {
   if (!vmath::available()) GTEST_SKIP() << "no AVX-512 here";
   std::vector<float> x;

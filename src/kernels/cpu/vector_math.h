@@ -61,6 +61,31 @@ KILN_VMATH_AVX512 inline __m512 exp_avx512(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// exp_avx512's steps on 8 lanes for CPUs without AVX-512 (paged attention's AVX2 path): vroundps for
+// the rounding, and 2^n as two powers of two 2^(n >> 1) * 2^(n - (n >> 1)), each a normal float
+// for n in [-150, 128], so y times the first is exact and only the second multiply rounds, as
+// vscalefps rounds once: the same bits as exp_avx512 lane for lane.
+#define KILN_VMATH_AVX2 __attribute__((target("avx2,fma")))
+KILN_VMATH_AVX2 inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1), rest = _mm256_sub_epi32(ni, half);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 second = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(y, first), second);
+}
+
 // r[j] <- column j of the 16 x 16 matrix whose rows are r[0..15] (unpack, then 128-bit shuffles):
 // the GEMM's packing of transposed operands and paged attention's key tiles.
 [[gnu::always_inline]] KILN_VMATH_AVX512 inline void transpose16_avx512(__m512* r) {
