@@ -265,8 +265,8 @@ struct UnitRows {
 };
 
 #if defined(__x86_64__)
-// The AVX-512 path, taken where vmath's exp is (vmath::available()). Keys are taken 16 at a time (a
-// chunk of one block), with the keys in the lanes: the chunk's K rows are transposed once into a tile
+// The AVX-512 path, taken where vmath's AVX-512 exp is (vmath::avx512_available()). Keys are taken
+// 16 at a time (a chunk of one block), with the keys in the lanes: the chunk's K rows are transposed once into a tile
 // [head_dim][16] that every query row of the unit then multiplies (one FMA per head dim gives 16
 // scores, no horizontal sums), and the softmax runs on those 16 lanes. The weighted sum over V keeps
 // 4 query rows x 4 vectors of head dims in registers while each V row is read once. A bf16 / f16
@@ -806,7 +806,7 @@ void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& par
     t += n;
   }
   const Operands o{inputs[0], inputs[1], inputs[2], inputs[3], seq_ids, positions, outputs[0], params.layer};
-  const bool simd = vmath::available();
+  const bool simd = vmath::avx512_available();
   // The AVX2 path where the AVX-512 one is not and the gemm level is avx2 (tests force generic to
   // reach the scalar one).
   const bool avx2 = !simd && gemm::active_isa() != gemm::Isa::generic && gemm::isa_supported(gemm::Isa::avx2);

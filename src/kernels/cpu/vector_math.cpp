@@ -66,15 +66,83 @@ template <bool kLargest> KILN_VMATH_AVX512 int64_t extreme_index_avx512(const fl
 
 #pragma GCC diagnostic pop
 
+// The AVX2 level (CPUs without AVX-512): eval's formulas on 8 lanes with exp_avx2, which gives
+// exp_avx512's bits, and IEEE division, so every element gets the AVX-512 loop's bits. A tail of
+// fewer than 8 goes through a padded vector.
+template <Fn kFn> KILN_VMATH_AVX2 inline __m256 eval_avx2(__m256 x) {
+  if constexpr (kFn == Fn::exp) {
+    return exp_avx2(x);
+  } else {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 denominator = _mm256_add_ps(one, exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x)));
+    return _mm256_div_ps(kFn == Fn::sigmoid ? one : x, denominator);
+  }
+}
+
+template <Fn kFn> KILN_VMATH_AVX2 void loop_avx2(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, eval_avx2<kFn>(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    alignas(32) float tail[8] = {};
+    for (int64_t j = i; j < n; ++j) tail[j - i] = x[j];
+    _mm256_store_ps(tail, eval_avx2<kFn>(_mm256_load_ps(tail)));
+    for (int64_t j = i; j < n; ++j) y[j] = tail[j - i];
+  }
+}
+
+// extreme_index_avx512's two passes on 8 lanes; the tail scanned as a scalar loop would.
+template <bool kLargest> KILN_VMATH_AVX2 int64_t extreme_index_avx2(const float* x, int64_t n) {
+  const float fill = kLargest ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+  __m256 best = _mm256_set1_ps(fill);
+  __m256 nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    best = kLargest ? _mm256_max_ps(best, v) : _mm256_min_ps(best, v);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, best);
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
+  float extreme = fill;
+  for (float lane : lanes) extreme = kLargest ? (lane > extreme ? lane : extreme) : (lane < extreme ? lane : extreme);
+  for (int64_t j = i; j < n; ++j) {
+    any_nan = any_nan || std::isnan(x[j]);
+    if (kLargest ? x[j] > extreme : x[j] < extreme) extreme = x[j];
+  }
+  if (any_nan) {
+    for (int64_t j = 0;; ++j)
+      if (std::isnan(x[j])) return j;
+  }
+  const __m256 target = _mm256_set1_ps(extreme);
+  for (i = 0; i + 8 <= n; i += 8)
+    if (const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), target, _CMP_EQ_OQ)))
+      return i + __builtin_ctz(static_cast<unsigned>(hit));
+  for (;; ++i)
+    if (x[i] == extreme) return i;  // the extreme is somewhere: if not before, then here
+}
+
 }  // namespace
 
-bool available() {
+bool avx512_available() {
   static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   const gemm::Isa isa = gemm::active_isa();
   return cpu && (isa == gemm::Isa::avx512 || isa == gemm::Isa::avx512_bf16);
 }
 
+bool available() {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return avx512_available() || (avx2 && gemm::active_isa() != gemm::Isa::generic);
+}
+
 void apply(Fn fn, const float* x, float* y, int64_t n) {
+  if (!avx512_available()) {
+    switch (fn) {
+      case Fn::exp: return loop_avx2<Fn::exp>(x, y, n);
+      case Fn::sigmoid: return loop_avx2<Fn::sigmoid>(x, y, n);
+      case Fn::silu: return loop_avx2<Fn::silu>(x, y, n);
+    }
+  }
   switch (fn) {
     case Fn::exp: return loop_avx512<Fn::exp>(x, y, n);
     case Fn::sigmoid: return loop_avx512<Fn::sigmoid>(x, y, n);
@@ -82,9 +150,11 @@ void apply(Fn fn, const float* x, float* y, int64_t n) {
   }
 }
 int64_t extreme_index(const float* x, int64_t n, bool largest) {
+  if (!avx512_available()) return largest ? extreme_index_avx2<true>(x, n) : extreme_index_avx2<false>(x, n);
   return largest ? extreme_index_avx512<true>(x, n) : extreme_index_avx512<false>(x, n);
 }
 #else
+bool avx512_available() { return false; }
 bool available() { return false; }
 void apply(Fn, const float*, float*, int64_t) {}
 int64_t extreme_index(const float*, int64_t, bool) { return 0; }

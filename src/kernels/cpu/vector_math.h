@@ -4,8 +4,9 @@
 //
 // exp is Cephes' single-precision polynomial (within 2 ulp of the exact value; 0, 1, inf and NaN
 // exact): libm's scalar expf, called once per element, costs more than the rest of a SiLU or a
-// sampler's softmax together. Where the AVX-512 loops do not run (no AVX-512, or a test forced a
-// lower gemm ISA level), the kernels loop over elementwise_functors.h's scalar functors (std::exp).
+// sampler's softmax together. AVX-512 loops, or AVX2 ones with the same bits on CPUs without
+// AVX-512; where neither runs (no AVX2, or a test forced the generic gemm ISA level), the kernels
+// loop over elementwise_functors.h's scalar functors (std::exp).
 #pragma once
 
 #include <cstdint>
@@ -18,9 +19,12 @@ namespace kiln::kernels::vmath {
 
 enum class Fn : uint8_t { exp, sigmoid, silu };
 
-// True when apply runs SIMD loops here: the CPU has AVX-512 F/DQ and the active gemm level is
-// avx512 or above (tests force lower levels to reach the scalar path).
+// True when apply and extreme_index run SIMD loops here: the CPU has AVX-512 F/DQ and the active
+// gemm level is avx512 or above, or it has AVX2 + FMA and the level is not generic (tests force
+// generic to reach the scalar path). Both levels give every element the same bits.
 bool available();
+// True when the AVX-512 loops run (the CPU and the level as above): paged attention's AVX-512 path.
+bool avx512_available();
 // y[i] = fn(x[i]) for i < n; y may equal x. Only when available().
 void apply(Fn fn, const float* x, float* y, int64_t n);
 // The index of the first largest (or smallest) of x[0, n), n >= 1, or of the first NaN if there is
