@@ -146,13 +146,16 @@ void BM_q5_k(benchmark::State& s) { gemv(s, "q5_k"); }
 void BM_q6_k(benchmark::State& s) { gemv(s, "q6_k"); }
 
 // Q8_0 on its packed GEMM panels, Q4_K and Q6_K on their nibble panels (what a fixed weight runs on where VNNI
-// is), every copy packed ahead; skipped without the kernels.
+// is; Q4_K's on AVX2 without it), every copy packed ahead; skipped without the kernels.
 void packed(benchmark::State& state, kiln::graph::QuantizationEncoding e) {
   namespace q = kiln::kernels::quantized;
   const bool k_quant = e != kiln::graph::QuantizationEncoding::q8_0;
-  const q::Q8_0PackFn pack = k_quant ? q::avx512_vnni_k_pack(e) : q::avx512_vnni_q8_0_pack();
-  if (!pack || !__builtin_cpu_supports("avx512vnni")) {
-    state.SkipWithError("no AVX512-VNNI");
+  const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+  const q::Q8_0PackFn pack = !vnni   ? (__builtin_cpu_supports("avx2") ? q::avx2_k_pack(e) : nullptr)
+                             : k_quant ? q::avx512_vnni_k_pack(e)
+                                       : q::avx512_vnni_q8_0_pack();
+  if (!pack) {
+    state.SkipWithError("no panels for this format on this CPU");
     return;
   }
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
@@ -397,13 +398,18 @@ TEST(BatchInvariance, BlockGemmGivesEveryRowTheSameBitsAtEveryMAboveEight) {
 // within a few roundings of the row GEMV on the file's rows); above 8 rows the block GEMM's
 // arithmetic (Q4_K up to 32 rows on the panels as stored, else on the panels unpacked), which gives
 // bitwise what it gives from the file's rows.
+// Without VNNI (AVX2), Q4_K's panels run the same way (its own kernels, the same contract).
 TEST(BatchInvariance, FixedKQuantWeightsRunTheirPanelsAtEveryM) {
-  if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
-    GTEST_SKIP() << "this CPU has no AVX512-VNNI: no K-quant panels to check";
-  ForcedIsa forced(Isa::avx512);
+  const bool vnni = __builtin_cpu_supports("avx512vnni") && gemm::isa_supported(Isa::avx512);
+  if (!vnni && !gemm::isa_supported(Isa::avx2))
+    GTEST_SKIP() << "this CPU has neither AVX512-VNNI nor AVX2: no K-quant panels to check";
   uint32_t seed = 160;
-  for (graph::QuantizationEncoding e : {graph::QuantizationEncoding::q4_k, graph::QuantizationEncoding::q6_k}) {
-    const std::string what = "fixed f32 x " + std::string(graph::encoding_name(e));
+  std::vector<std::pair<Isa, graph::QuantizationEncoding>> runs;
+  if (vnni) runs = {{Isa::avx512, graph::QuantizationEncoding::q4_k}, {Isa::avx512, graph::QuantizationEncoding::q6_k}};
+  if (gemm::isa_supported(Isa::avx2)) runs.emplace_back(Isa::avx2, graph::QuantizationEncoding::q4_k);
+  for (const auto& [isa, e] : runs) {
+    ForcedIsa forced(isa);
+    const std::string what = "fixed f32 x " + std::string(graph::encoding_name(e)) + " " + gemm::isa_name(isa);
     const int64_t K = 4352;  // 17 super-blocks
     const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {8, K}, kernel_test::pseudo_random(8 * K, seed++));
     std::vector<std::vector<double>> w;

@@ -15,9 +15,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../test_util.h"
@@ -356,12 +359,21 @@ TEST(DequantizeBlocks, DecodesGatheredRowsOfAnyLeadingShape) {
 // A fixed weight's panels packed at build on two threads (as a model's init does) give the launches
 // the bits of panels packed on one: Q8_0, Q4_K and Q6_K, several panels, the last one partial, at a
 // decode row, a few rows (Q4_K's panels as stored) and many (unpacked per call).
+// Where panels are packed at build (VNNI: Q8_0, Q4_K, Q6_K; AVX2 without VNNI: Q4_K), and only there.
 TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
-  if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
-    GTEST_SKIP() << "this CPU has no AVX512-VNNI: no panels are packed";
-  ForcedIsa forced(Isa::avx512);
+  const bool vnni = __builtin_cpu_supports("avx512vnni") && gemm::isa_supported(Isa::avx512);
+  if (!vnni && !gemm::isa_supported(Isa::avx2))
+    GTEST_SKIP() << "this CPU has neither AVX512-VNNI nor AVX2: no panels are packed";
+  std::vector<std::pair<Isa, QuantizationEncoding>> runs;
+  if (vnni)
+    for (QuantizationEncoding e : {QuantizationEncoding::q8_0, QuantizationEncoding::q4_k, QuantizationEncoding::q6_k})
+      runs.emplace_back(Isa::avx512, e);
+  if (gemm::isa_supported(Isa::avx2))
+    for (QuantizationEncoding e : {QuantizationEncoding::q8_0, QuantizationEncoding::q4_k, QuantizationEncoding::q6_k})
+      runs.emplace_back(Isa::avx2, e);
   const int64_t K = 512, N = 101;
-  for (QuantizationEncoding e : {QuantizationEncoding::q8_0, QuantizationEncoding::q4_k, QuantizationEncoding::q6_k}) {
+  for (const auto& [isa, e] : runs) {
+    ForcedIsa forced(isa);
     const HostTensor w = quantized_weights(e, N, K, 77);
     TensorView symbolic_lhs;
     symbolic_lhs.dtype = DType::f32;
@@ -369,15 +381,59 @@ TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
     ThreadedParallel two(2);
     const auto serial = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
     const auto threaded = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed, &two);
+    const bool packs = isa == Isa::avx512 || e == QuantizationEncoding::q4_k;
+    EXPECT_EQ(qmatmul_packed_panels(*serial), packs) << name(e) << " " << gemm::isa_name(isa);
+    if (!packs) continue;
     for (int64_t M : {1, 13, 40}) {
       const std::vector<float> x = random_floats(M * K, static_cast<uint32_t>(M));
       const HostTensor xt = kernel_test::tensor<float>({M, K}, x);
       HostTensor want(DType::f32, {M, N}), got(DType::f32, {M, N});
       kernel_test::run_built(*serial, {xt.view(), w.view()}, {want.view()});
       kernel_test::run_built(*threaded, {xt.view(), w.view()}, {got.view()});
-      EXPECT_EQ(got.bytes, want.bytes) << name(e) << " M " << M;
-      expect_close(e, x, w, got, M, K, name(e) + " packed on two threads, M " + std::to_string(M));
+      EXPECT_EQ(got.bytes, want.bytes) << name(e) << " " << gemm::isa_name(isa) << " M " << M;
+      expect_close(e, x, w, got, M, K,
+                   name(e) + " " + gemm::isa_name(isa) + " packed on two threads, M " + std::to_string(M));
     }
+  }
+}
+
+// Q4_K's panels are one layout: the AVX2 packer writes the AVX-512 one's bytes (N 101: a partial
+// last panel), and the AVX2 panels' decode gives the VNNI one's bits (the same integer sums and f32
+// steps) on them; above 8 rows both run the block GEMM's arithmetic, the same bits too.
+TEST(QMatmulBlocks, Avx2Q4KPanelsAreTheAvx512PanelsAndGiveTheirBits) {
+  if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: the AVX2 Q4_K panels were not compared with its";
+  const QuantizationEncoding e = QuantizationEncoding::q4_k;
+  const int64_t K = 4352, N = 101;
+  const HostTensor w = quantized_weights(e, N, K, 91);
+  const int64_t bytes = (N + quantized::kGemmRows - 1) / quantized::kGemmRows * quantized::k_panel_bytes(e, K);
+  struct Aligned {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  const auto panels = [&](quantized::Q8_0PackFn pack) {
+    std::unique_ptr<uint8_t, Aligned> p(static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes))));
+    pack(w.bytes.data(), w.shape[1], N, K, p.get());
+    return std::vector<uint8_t>(p.get(), p.get() + bytes);
+  };
+  EXPECT_EQ(panels(quantized::avx2_k_pack(e)), panels(quantized::avx512_vnni_k_pack(e)));
+  TensorView symbolic_lhs;
+  symbolic_lhs.dtype = DType::f32;
+  const bool fixed[] = {false, true};
+  for (int64_t M : {1, 3, 8, 13, 40}) {
+    const std::vector<float> x = random_floats(M * K, static_cast<uint32_t>(M + 5));
+    const HostTensor xt = kernel_test::tensor<float>({M, K}, x);
+    HostTensor avx2(DType::f32, {M, N}), avx512(DType::f32, {M, N});
+    {
+      ForcedIsa forced(Isa::avx2);
+      const auto kernel = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
+      kernel_test::run_built(*kernel, {xt.view(), w.view()}, {avx2.view()});
+    }
+    {
+      ForcedIsa forced(Isa::avx512);
+      const auto kernel = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
+      kernel_test::run_built(*kernel, {xt.view(), w.view()}, {avx512.view()});
+    }
+    EXPECT_EQ(avx2.bytes, avx512.bytes) << "M " << M;
   }
 }
 

@@ -317,7 +317,7 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
   int64_t panels = 0;  // of all targets, concatenated
   for (const PackedTarget& t : targets) panels += panels_of(t);
   if (M == 0 || panels == 0) return;
-  const KPanelsFn k_quant = avx512_vnni_k_panels(encoding);  // else Q8_0
+  const KPanelsFn k_quant = use_vnni() ? avx512_vnni_k_panels(encoding) : avx2_k_panels(encoding);  // else Q8_0
   Q8Activations acts = quantize_lhs(ctx, encoding, lhs, M, K, /*offset=*/false);
   if (k_quant && M > kKPanelGemvRows) add_f32_sums(encoding, acts);
   const Q8_0GemmFn q8_0 = avx512_vnni_q8_0_gemm();
@@ -397,13 +397,17 @@ class QmatmulKernel final : public Kernel {
            std::span<const TensorView> outputs) const override;
   bool packed() const { return panels_.has_value(); }
   QuantizationEncoding encoding() const { return encoding_; }
-  // The panels packed from w that a launch (lhs inner dim K) runs on, where the VNNI GEMM is
-  // active; else nullptr.
+  // The panels packed from w that a launch (lhs inner dim K) runs on, where a kernel for them is
+  // active (VNNI's, or AVX2's for Q4_K); else nullptr.
   const uint8_t* panels_for(const TensorView& w, int64_t K) const {
     if (!panels_ || panels_->source != w.data || panels_->N != w.shape[0] || panels_->K != K ||
-        panels_->row_stride != w.strides[0] || !use_vnni())
+        panels_->row_stride != w.strides[0] || !panels_run(encoding_))
       return nullptr;
     return panels_->panels.get();
+  }
+  // Whether this CPU (at the active level) has a kernel for the encoding's packed panels.
+  static bool panels_run(QuantizationEncoding e) {
+    return use_vnni() || (use_avx2() && quantized::avx2_k_panels(e) != nullptr);
   }
 
  private:
@@ -418,10 +422,12 @@ class QmatmulKernel final : public Kernel {
 // from their panels (quantized.h).
 QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(init)) {
   const bool k_quant = encoding_ == QuantizationEncoding::q4_k || encoding_ == QuantizationEncoding::q6_k;
-  const quantized::Q8_0PackFn pack = k_quant ? quantized::avx512_vnni_k_pack(encoding_)
-                                     : encoding_ == QuantizationEncoding::q8_0 ? quantized::avx512_vnni_q8_0_pack()
-                                                                               : nullptr;
-  if (init.inputs.size() != 2 || !init.is_fixed(1) || !pack || !use_vnni()) return;
+  const quantized::Q8_0PackFn pack =
+      !panels_run(encoding_) ? nullptr
+      : k_quant              ? (use_vnni() ? quantized::avx512_vnni_k_pack(encoding_) : quantized::avx2_k_pack(encoding_))
+      : encoding_ == QuantizationEncoding::q8_0 ? quantized::avx512_vnni_q8_0_pack()
+                                                : nullptr;
+  if (init.inputs.size() != 2 || !init.is_fixed(1) || !pack) return;
   const TensorView &a = init.inputs[0], &w = init.inputs[1];  // a's shape is empty when symbolic
   const int64_t block_bytes = graph::quantized_row_bytes(encoding_, graph::block_size(encoding_));
   const int64_t block_size = graph::block_size(encoding_);

@@ -196,6 +196,11 @@ using KPanelsFn = void (*)(const Q8Activations& x, const uint8_t* panels, int64_
 // nullptr for the other encodings, or where not compiled for x86-64.
 Q8_0PackFn avx512_vnni_k_pack(graph::QuantizationEncoding e);
 KPanelsFn avx512_vnni_k_panels(graph::QuantizationEncoding e);
+// The same for CPUs with AVX2 but not AVX512_VNNI, Q4_K only (nullptr for the others): the AVX-512
+// packer's bytes; decode 8 rows per vpmaddubsw with the VNNI kernel's integer sums and f32 steps
+// (so its bits), more rows through the AVX2 block GEMM (the bits it gives from the rows).
+Q8_0PackFn avx2_k_pack(graph::QuantizationEncoding e);
+KPanelsFn avx2_k_panels(graph::QuantizationEncoding e);
 
 int64_t block_gemm_panel_bytes(graph::QuantizationEncoding e, int64_t K);
 // One chunk of 32 quants of a block GEMM panel: the quants of kGemmRows rows, then their (a, b) per

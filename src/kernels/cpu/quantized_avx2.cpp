@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "kernels/cpu/quantized.h"
 
@@ -716,6 +717,185 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
   }
 }
 
+// ---- Q4_K packed at init: nibble panels (quantized.h), on CPUs without AVX512-VNNI ----------------
+
+// Weight rows [0, N) -> Q4_K panels, the AVX-512 packer's bytes (one layout, whichever CPU packed
+// them): each group of kGemmRows rows unpacked to u8 quants (Unpack), transposed 8 rows at a time,
+// each pair of dwords folded into one vector of nibbles; the scales copied as stored.
+void q4_k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
+  using U = Unpack<QuantizationEncoding::q4_k>;
+  const int64_t supers = K / 256, panel_bytes = k_panel_bytes(QuantizationEncoding::q4_k, K);
+  std::vector<uint8_t> staged(static_cast<size_t>(kGemmRows * K));
+  alignas(32) uint8_t dwords[8 * 64];  // one chunk of 32 quants of 8 rows: [8 dwords][8 rows][4], 64 apart
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
+    uint8_t* panel = panels + n0 / kGemmRows * panel_bytes;
+    std::memset(panel, 0, static_cast<size_t>(panel_bytes));  // rows past N: scales and d zero
+    for (int64_t r = 0; r < kGemmRows; ++r) {
+      uint8_t* u = staged.data() + r * K;
+      if (r >= N - n0) {
+        std::memset(u, 0, static_cast<size_t>(K));
+        continue;
+      }
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* b = w + (n0 + r) * row_bytes + s * U::kBytes;
+        U::block(b, u + 256 * s, [](int, float, float) {});
+        put_q4_k_scales(b, r, panel + s * kQ4KPanelSuperBytes);
+      }
+    }
+    for (int64_t c = 0; c < K / 32; ++c)
+      for (int64_t v = 0; v < 4; ++v) {
+        transpose_8_rows(staged.data() + 8 * v * K + 32 * c, K, dwords);
+        uint8_t* out = panel + c / 8 * kQ4KPanelSuperBytes + q4_k_quants_at(c % 8) + 256 * (v / 2) + 32 * (v % 2);
+        for (int i = 0; i < 4; ++i) {  // the low 4 bits of quants 8i + t and 8i + 4 + t in one byte
+          const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(dwords + 64 * (2 * i)));
+          const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(dwords + 64 * (2 * i + 1)));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * i),
+                             _mm256_or_si256(_mm256_and_si256(lo, nibble), _mm256_slli_epi16(_mm256_and_si256(hi, nibble), 4)));
+        }
+      }
+  }
+}
+
+// 8 bytes at p as the int16 pairs (b, b) of 8 int32 lanes: a row's sub-block scale for vpmaddwd.
+inline __m256i scale_pairs(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(b, _mm256_slli_epi32(b, 16));
+}
+
+// Super-block s of a Q4_K panel (its 32 rows' 4 vectors of 8) for activation row m, added to acc:
+// the AVX-512 q4_k_panel_row's integer sums on 8 rows per vector. Per sub-block j, the 8 vpmaddubsw
+// of a row's 32 quants add in int16 (at most 8 * 2 * 15 * 127) and one vpmaddwd applies sc_j, where
+// the row GEMV needs a vpmaddwd per vpmaddubsw (the multiplier is what bounds these kernels on Zen 3);
+// then sum_j m_j sum_j(q_x) and that kernel's f32 scaling, in its order, so its bits.
+[[gnu::always_inline]] inline void q4_k_panel_super(const Q8Activations& x, const uint8_t* panel, int64_t m, int64_t s,
+                                                    __m256 (&acc)[4]) {
+  const int64_t K = x.K, supers = K / 256;
+  const uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
+  const uint8_t* xs = x.x + m * K + s * 256;
+  const int32_t* xsums = x.sum + m * (K / 32) + s * 8;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256 dx = _mm256_set1_ps(x.d[m * supers + s]);
+  for (int64_t half = 0; half < 2; ++half) {
+    __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* pj = ps + q4_k_quants_at(j) + 256 * half;
+      __m256i pairs[2];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m256i xa = _mm256_set1_epi32(static_cast<int>(load_u32(xs + 32 * j + 8 * i)));
+        const __m256i xb = _mm256_set1_epi32(static_cast<int>(load_u32(xs + 32 * j + 8 * i + 4)));
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; ++k) {
+          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pj + 64 * i + 32 * k));
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, low), xa),
+                                             _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), xb));
+          pairs[k] = i == 0 ? p : _mm256_add_epi16(pairs[k], p);
+          opaque(pairs[k]);
+        }
+      }
+#pragma GCC unroll 2
+      for (int k = 0; k < 2; ++k)
+        isum[k] = _mm256_add_epi32(isum[k], _mm256_madd_epi16(pairs[k], scale_pairs(ps + q4_k_scales_at(j) + 16 * half + 8 * k)));
+    }
+    __m256i msum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int j = 0; j < 8; ++j) {  // m_j (low int16 of each lane, the high one 0) times sum_j(q_x)
+      const __m256i xsum = _mm256_set1_epi32(xsums[j]);
+#pragma GCC unroll 2
+      for (int k = 0; k < 2; ++k) {
+        const __m256i mn =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ps + q4_k_mins_at(j) + 16 * half + 8 * k)));
+        msum[k] = _mm256_add_epi32(msum[k], _mm256_madd_epi16(mn, xsum));
+      }
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kQ4KDAt + 32 * half + 16 * k)));
+      const __m256 dmin =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kQ4KDminAt + 32 * half + 16 * k)));
+      __m256& a = acc[2 * half + k];
+      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_mul_ps(d, dx), a);
+      a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[k]), _mm256_mul_ps(dmin, dx), a);
+    }
+  }
+}
+
+// One activation row m of x against `count` (at most kPanelStreams) consecutive Q4_K panels, their
+// super-blocks interleaved: y[0, rows), `rows` of the panels' weight rows existing. Each panel is a
+// forward stream; several at once keep the DRAM busy as the row GEMV's 4 row streams do (one panel
+// at a time, a Zen 3 core read them slower than the row GEMV reads its rows).
+constexpr int64_t kPanelStreams = 4;
+void q4_k_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t count, int64_t m, float* y, int64_t rows) {
+  const int64_t supers = x.K / 256, panel_bytes = supers * kQ4KPanelSuperBytes;
+  __m256 acc[kPanelStreams][4];
+  for (auto& a : acc)
+    for (__m256& v : a) v = _mm256_setzero_ps();
+  for (int64_t s = 0; s < supers; ++s)
+    for (int64_t p = 0; p < count; ++p) q4_k_panel_super(x, panels + p * panel_bytes, m, s, acc[p]);
+  for (int64_t v = 0; v < 4 * count; ++v) {
+    const int64_t cols = rows - 8 * v;
+    if (cols >= 8)
+      _mm256_storeu_ps(y + 8 * v, acc[v / 4][v % 4]);
+    else if (cols > 0)
+      _mm256_maskstore_ps(y + 8 * v,
+                          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                          acc[v / 4][v % 4]);
+  }
+}
+
+// A Q4_K panel -> the block GEMM's panel: its quants and (a, b) = (d sc_j, dmin m_j) as unpack_panel
+// makes them from the rows (the same f32 products), so the GEMM gives the same bits from either.
+void q4_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_panel) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t s = 0; s < K / 256; ++s) {
+    const uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t* chunk = gemm_panel + (s * 8 + j) * kChunkBytes<1>;
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 4; ++i)
+          for (int k = 0; k < 2; ++k) {
+            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(ps + q4_k_quants_at(j) + 256 * h + 64 * i + 32 * k));
+            _mm256_store_si256(reinterpret_cast<__m256i*>(chunk + 512 * h + 64 * (2 * i) + 32 * k), _mm256_and_si256(v, low));
+            _mm256_store_si256(reinterpret_cast<__m256i*>(chunk + 512 * h + 64 * (2 * i + 1) + 32 * k),
+                               _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+          }
+      auto* ab = reinterpret_cast<float*>(chunk + 1024);
+      for (int v = 0; v < 4; ++v) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kQ4KDAt + 16 * v)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kQ4KDminAt + 16 * v)));
+        const __m256 sc = _mm256_cvtepi32_ps(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ps + q4_k_scales_at(j) + 8 * v))));
+        const __m256 mn = _mm256_cvtepi32_ps(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ps + q4_k_mins_at(j) + 8 * v))));
+        _mm256_store_ps(ab + 8 * v, _mm256_mul_ps(d, sc));
+        _mm256_store_ps(ab + kGemmRows + 8 * v, _mm256_mul_ps(dmin, mn));
+      }
+    }
+  }
+}
+
+// Any M on Q4_K panels: up to kKPanelGemvRows rows the panels' GEMV, row by row, kPanelStreams panels
+// at a time (they stay in L2 for the rows after the first); more rows unpack each panel into the block GEMM's in `scratch`
+// and run its tiles, as block_gemm does from the rows.
+void q4_k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                 uint8_t* scratch) {
+  const int64_t K = x.K;
+  for (int64_t n = n0; n < n1; n += kGemmRows) {
+    const uint8_t* panel = panels + n / kGemmRows * k_panel_bytes(QuantizationEncoding::q4_k, K);
+    const int64_t rows = n1 - n < kGemmRows ? n1 - n : kGemmRows;
+    if (x.M <= kKPanelGemvRows) {
+      const int64_t count = (n1 - n + kGemmRows - 1) / kGemmRows < kPanelStreams ? (n1 - n + kGemmRows - 1) / kGemmRows
+                                                                                : kPanelStreams;
+      const int64_t stream_rows = n1 - n < count * kGemmRows ? n1 - n : count * kGemmRows;
+      for (int64_t m = 0; m < x.M; ++m) q4_k_panel_rows(x, panel, count, m, y + m * ldy + n, stream_rows);
+      n += (count - 1) * kGemmRows;
+      continue;
+    }
+    q4_k_panel_to_gemm_panel(panel, K, scratch);
+    block_gemm_panel<QuantizationEncoding::q4_k>(x, scratch, rows, y + n, ldy);
+  }
+}
+
 // Instantiated here, under the target pragma.
 QGemvFn pick(QuantizationEncoding e) {
   switch (e) {
@@ -739,6 +919,8 @@ QGemvFn pick(QuantizationEncoding e) {
 namespace kiln::kernels::quantized {
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding e) { return pick(e); }
 QuantizeRows256Fn avx2_quantize_rows_256() { return quantize_rows_256; }
+Q8_0PackFn avx2_k_pack(graph::QuantizationEncoding e) { return e == QuantizationEncoding::q4_k ? q4_k_pack : nullptr; }
+KPanelsFn avx2_k_panels(graph::QuantizationEncoding e) { return e == QuantizationEncoding::q4_k ? q4_k_panels : nullptr; }
 QBlockGemmFn avx2_block_gemm(graph::QuantizationEncoding e) {
   switch (e) {
     case QuantizationEncoding::q4_0: return block_gemm<QuantizationEncoding::q4_0>;
@@ -754,5 +936,7 @@ namespace kiln::kernels::quantized {
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding) { return nullptr; }
 QuantizeRows256Fn avx2_quantize_rows_256() { return nullptr; }
 QBlockGemmFn avx2_block_gemm(graph::QuantizationEncoding) { return nullptr; }
+Q8_0PackFn avx2_k_pack(graph::QuantizationEncoding) { return nullptr; }
+KPanelsFn avx2_k_panels(graph::QuantizationEncoding) { return nullptr; }
 }  // namespace kiln::kernels::quantized
 #endif

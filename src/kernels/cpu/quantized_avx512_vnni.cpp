@@ -618,17 +618,6 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
 
 // ---- Q4_K packed at init: nibble panels (quantized.h) ---------------------------------------------
 
-// Offsets within one super-block of a Q4_K panel (kGemmRows rows x 256 weights), in the order decode
-// reads them (quantized.h): d and dmin, then per sub-block j its scales and mins, then its quants.
-// A row's pass over the panels is then one forward stream, which the hardware prefetcher follows
-// with nothing else: with the scales after the quants (a second stream, 4 KiB ahead) and a software
-// prefetch, a Zen 4 core read 17-19 GB/s from DRAM; in this order, without prefetch, 25-28.
-constexpr int64_t kQ4KDAt = 0, kQ4KDminAt = 64, kQ4KSubBytes = 64 + 512;
-constexpr int64_t q4_k_scales_at(int64_t j) { return 128 + j * kQ4KSubBytes; }
-constexpr int64_t q4_k_mins_at(int64_t j) { return 128 + j * kQ4KSubBytes + 32; }
-constexpr int64_t q4_k_quants_at(int64_t j) { return 128 + j * kQ4KSubBytes + 64; }
-static_assert(q4_k_quants_at(7) + 512 == kQ4KPanelSuperBytes);
-
 // One activation row m of x against a Q4_K panel (32 weight rows, `mask0`/`mask1`: which exist):
 // y[m, n0 .. n0 + 32). Per super-block and 16 rows, sub-block j's dot is 8 vpdpbusd (the low nibbles
 // of a vector are 4 quants of the row, its high nibbles the next 4), then the integer sums
@@ -925,14 +914,7 @@ void k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* 
           for (int i = 0; i < 16; ++i) ps[q6_k_scales_at(i / 2) + i % 2 * kGemmRows + r] = b[192 + i];
           std::memcpy(ps + kQ6KDAt + 2 * r, b + 208, 2);
         } else {
-          uint8_t sc[8], mn[8];
-          graph::unpack_k_scales(b + 4, sc, mn);
-          for (int j = 0; j < 8; ++j) {
-            ps[q4_k_scales_at(j) + r] = sc[j];
-            ps[q4_k_mins_at(j) + r] = mn[j];
-          }
-          std::memcpy(ps + kQ4KDAt + 2 * r, b, 2);
-          std::memcpy(ps + kQ4KDminAt + 2 * r, b + 2, 2);
+          put_q4_k_scales(b, r, ps);
         }
       }
     }
