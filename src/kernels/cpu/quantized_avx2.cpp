@@ -591,115 +591,151 @@ void unpack_panel(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t rows,
       transpose_8_rows(staged + 8 * v * K + 32 * c, K, panel + c * kChunkBytes<kSub> + column_vector_at(v));
 }
 
-// Rows [m0, m0 + MR) of y (y: column vector v's first column, `mask`: which of its 8 columns exist),
-// chunks [c0, c1) of 32 quants (whole super-blocks for the K-quants); `first`: y holds nothing yet.
-// block_gemm_tile of quantized_avx512_vnni.cpp on 8 columns: the same operations per output.
-template <int MR, QuantizationEncoding E>
-void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t v, int64_t m0, int64_t c0, int64_t c1,
-                     float* y, int64_t ldy, __m256i mask, bool first) {
+// Rows [m0, m0 + MR) of y (y: column vector v0's first column; `mask[i]`: which of vector v0 + i's
+// 8 columns exist), chunks [c0, c1) of 32 quants (whole super-blocks for the K-quants); `first`: y
+// holds nothing yet. block_gemm_tile of quantized_avx512_vnni.cpp on NV x 8 columns: the same
+// operations per output. Each broadcast activation dword feeds NV vectors: one a vpmaddubsw bounded
+// Zen 3 by its broadcasts (2.2-2.4 G vpmaddubsw/s a core, 4.3-4.8 G with two per broadcast).
+template <int MR, int NV, QuantizationEncoding E>
+void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t v0, int64_t m0, int64_t c0, int64_t c1,
+                     float* y, int64_t ldy, const __m256i (&mask)[NV], bool first) {
   using Rule = BlockGemmRule<E>;
   constexpr int kSub = Rule::kSub, kGroup = kInt16Dwords<E>;
   const int64_t K = x.K, ablocks = K / activation_block(E), blocks = K / 32 * kSub;
   const auto* xq = reinterpret_cast<const uint8_t*>(x.x) + m0 * K;
   // Weight block t of chunk c: its int32 dots for the tile's rows, from -offset * sum(q_x).
-  const auto block_dots = [&](int64_t c, int t, __m256i (&dot)[MR]) {
-    const uint8_t* pc = panel + c * kChunkBytes<kSub> + column_vector_at(v);
+  const auto block_dots = [&](int64_t c, int t, __m256i (&dot)[MR][NV]) {
+    const uint8_t* pc = panel + c * kChunkBytes<kSub>;
     const int64_t block = kSub * c + t;
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
+      __m256i init = _mm256_setzero_si256();
       if constexpr (Rule::kOffset != 0) {
         const int32_t sum = kSub == 2 ? x.sum16[(m0 + m) * blocks + block] : x.sum[(m0 + m) * blocks + block];
-        dot[m] = _mm256_set1_epi32(-Rule::kOffset * sum);
-      } else {
-        dot[m] = _mm256_setzero_si256();
+        init = _mm256_set1_epi32(-Rule::kOffset * sum);
       }
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) dot[m][n] = init;
     }
 #pragma GCC unroll 8
     for (int g = Rule::kDwords * t; g < Rule::kDwords * (t + 1); g += kGroup) {
-      __m256i pairs[MR];
+      __m256i pairs[MR][NV];
 #pragma GCC unroll 8
       for (int j = g; j < g + kGroup; ++j) {
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pc + 64 * j));
+        __m256i w[NV];
+#pragma GCC unroll 4
+        for (int n = 0; n < NV; ++n)
+          w[n] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pc + column_vector_at(v0 + n) + 64 * j));
 #pragma GCC unroll 8
         for (int m = 0; m < MR; ++m) {
-          const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(static_cast<int>(load_u32(xq + m * K + 32 * c + 4 * j))));
-          pairs[m] = j == g ? p : _mm256_add_epi16(pairs[m], p);
-          opaque(pairs[m]);
+          const __m256i xb = _mm256_set1_epi32(static_cast<int>(load_u32(xq + m * K + 32 * c + 4 * j)));
+#pragma GCC unroll 4
+          for (int n = 0; n < NV; ++n) {
+            const __m256i p = _mm256_maddubs_epi16(w[n], xb);
+            pairs[m][n] = j == g ? p : _mm256_add_epi16(pairs[m][n], p);
+            opaque(pairs[m][n]);
+          }
         }
       }
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(pairs[m], _mm256_set1_epi16(1)));
+      for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+        for (int n = 0; n < NV; ++n)
+          dot[m][n] = _mm256_add_epi32(dot[m][n], _mm256_madd_epi16(pairs[m][n], _mm256_set1_epi16(1)));
     }
   };
-  // Row i of chunk c's (a, b) table (a_t at i = t, b_t at i = kSub + t), this tile's 8 columns.
-  const auto ab_row = [&](int64_t c, int i) {
-    return _mm256_load_ps(reinterpret_cast<const float*>(panel + c * kChunkBytes<kSub> + 1024) + i * kGemmRows + 8 * v);
+  // Row i of chunk c's (a, b) table (a_t at i = t, b_t at i = kSub + t), vector v0 + n's 8 columns.
+  const auto ab_row = [&](int64_t c, int i, int n) {
+    return _mm256_load_ps(reinterpret_cast<const float*>(panel + c * kChunkBytes<kSub> + 1024) + i * kGemmRows +
+                          8 * (v0 + n));
   };
   if constexpr (!Rule::kSuper) {  // Q4_0: y += (a d_x) dot per chunk
     static_assert(kSub == 1 && Rule::kOffset != 0);
-    __m256 acc[MR];
+    __m256 acc[MR][NV];
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) acc[m] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + (m0 + m) * ldy, mask);
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n)
+        acc[m][n] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + (m0 + m) * ldy + 8 * n, mask[n]);
     for (int64_t c = c0; c < c1; ++c) {
-      __m256i dot[MR];
+      __m256i dot[MR][NV];
       block_dots(c, 0, dot);
-      const __m256 a = ab_row(c, 0);
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) {
+        const __m256 a = ab_row(c, 0, n);
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const __m256 dx = _mm256_set1_ps(x.d[(m0 + m) * ablocks + c]);
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), _mm256_mul_ps(a, dx), acc[m]);
+        for (int m = 0; m < MR; ++m) {
+          const __m256 dx = _mm256_set1_ps(x.d[(m0 + m) * ablocks + c]);
+          acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][n]), _mm256_mul_ps(a, dx), acc[m][n]);
+        }
       }
     }
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) _mm256_maskstore_ps(y + (m0 + m) * ldy, mask, acc[m]);
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) _mm256_maskstore_ps(y + (m0 + m) * ldy + 8 * n, mask[n], acc[m][n]);
     return;
   }
   constexpr int kChunks = Rule::kChunksPerSuper;
   for (int64_t s0 = c0; s0 < c1; s0 += kChunks) {
-    __m256 part[MR];  // this super-block's sums, unscaled by d_x
+    __m256 part[MR][NV];  // this super-block's sums, unscaled by d_x
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) part[m] = _mm256_setzero_ps();
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) part[m][n] = _mm256_setzero_ps();
     for (int64_t c = s0; c < s0 + kChunks; ++c) {
 #pragma GCC unroll 2
       for (int t = 0; t < kSub; ++t) {
-        __m256i dot[MR];
+        __m256i dot[MR][NV];
         block_dots(c, t, dot);
-        const __m256 a = ab_row(c, t);
+#pragma GCC unroll 4
+        for (int n = 0; n < NV; ++n) {
+          const __m256 a = ab_row(c, t, n);
 #pragma GCC unroll 8
-        for (int m = 0; m < MR; ++m) part[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), a, part[m]);
-        if constexpr (Rule::kOffset == 0) {
-          const __m256 b = ab_row(c, kSub + t);
+          for (int m = 0; m < MR; ++m) part[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][n]), a, part[m][n]);
+          if constexpr (Rule::kOffset == 0) {
+            const __m256 b = ab_row(c, kSub + t, n);
 #pragma GCC unroll 8
-          for (int m = 0; m < MR; ++m)
-            part[m] = _mm256_fnmadd_ps(b, _mm256_set1_ps(x.sum_f32[(m0 + m) * blocks + kSub * c + t]), part[m]);
+            for (int m = 0; m < MR; ++m)
+              part[m][n] = _mm256_fnmadd_ps(b, _mm256_set1_ps(x.sum_f32[(m0 + m) * blocks + kSub * c + t]), part[m][n]);
+          }
         }
       }
     }
     const bool fresh = first && s0 == c0;
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
-      float* row = y + (m0 + m) * ldy;
-      const __m256 y0 = fresh ? _mm256_setzero_ps() : _mm256_maskload_ps(row, mask);
-      _mm256_maskstore_ps(row, mask, _mm256_fmadd_ps(part[m], _mm256_set1_ps(x.d[(m0 + m) * ablocks + s0 / kChunks]), y0));
+      const __m256 dx = _mm256_set1_ps(x.d[(m0 + m) * ablocks + s0 / kChunks]);
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) {
+        float* row = y + (m0 + m) * ldy + 8 * n;
+        const __m256 y0 = fresh ? _mm256_setzero_ps() : _mm256_maskload_ps(row, mask[n]);
+        _mm256_maskstore_ps(row, mask[n], _mm256_fmadd_ps(part[m][n], dx, y0));
+      }
     }
   }
 }
 
 // Every activation row of x against one unpacked panel of `rows` weight rows (y: its first column),
-// kBlockGemmChunksPerPass chunks at a time; each tile's activations serve the panel's column vectors
+// kBlockGemmChunksPerPass chunks at a time; each tile's activations serve the panel's 16-row halves
 // one after the other.
 template <QuantizationEncoding E>
 void block_gemm_panel(const Q8Activations& x, const uint8_t* panel, int64_t rows, float* y, int64_t ldy) {
   static_assert(kBlockGemmChunksPerPass % BlockGemmRule<E>::kChunksPerSuper == 0);
-  const int64_t chunks = x.K / 32, vectors = (rows + 7) / 8;
+  constexpr int kVectors = 2;
+  const int64_t chunks = x.K / 32, tiles = (rows + 8 * kVectors - 1) / (8 * kVectors);
   for (int64_t c0 = 0; c0 < chunks; c0 += kBlockGemmChunksPerPass) {
     const int64_t c1 = chunks < c0 + kBlockGemmChunksPerPass ? chunks : c0 + kBlockGemmChunksPerPass;
     for (int64_t m = 0; m < x.M; m += kBlockGemmMR)
-      for (int64_t v = 0; v < vectors; ++v) {
-        const int64_t cols = rows - 8 * v < 8 ? rows - 8 * v : 8;
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      for (int64_t t = 0; t < tiles; ++t) {
+        __m256i mask[kVectors];
+        for (int n = 0; n < kVectors; ++n) {
+          const int64_t cols = rows - 8 * (kVectors * t + n);
+          mask[n] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols < 0 ? 0 : cols > 8 ? 8 : cols)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        }
         with_tile_rows<kBlockGemmMR>(x.M - m < kBlockGemmMR ? x.M - m : kBlockGemmMR, [&]<int R>() {
-          block_gemm_tile<R, E>(x, panel, v, m, c0, c1, y + 8 * v, ldy, mask, c0 == 0);
+          block_gemm_tile<R, kVectors, E>(x, panel, kVectors * t, m, c0, c1, y + 8 * kVectors * t, ldy, mask, c0 == 0);
         });
       }
   }
