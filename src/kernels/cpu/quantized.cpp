@@ -257,10 +257,10 @@ void add_f32_sums(QuantizationEncoding e, Q8Activations& acts) {
 }
 
 // The block GEMM (quantized.h) of Q4_0 and the K-quants at the active ISA level (the same bits on
-// either), or nullptr (Q8_0, or a CPU without AVX2: the GEMV serves every M).
+// either), and of Q8_0 on AVX2 without VNNI; else nullptr (Q8_0 with VNNI runs its own GEMM; without
+// AVX2 the GEMV serves every M, and Q8_0 the f32 GEMM).
 quantized::QBlockGemmFn block_gemm_for(QuantizationEncoding e) {
-  if (use_vnni())
-    if (const quantized::QBlockGemmFn vnni = quantized::avx512_vnni_block_gemm(e)) return vnni;
+  if (use_vnni()) return quantized::avx512_vnni_block_gemm(e);  // Q8_0: VNNI's own GEMM
   return use_avx2() ? quantized::avx2_block_gemm(e) : nullptr;
 }
 
@@ -518,7 +518,7 @@ void QmatmulKernel::run(const KernelContext& ctx, std::span<const TensorView> in
     });
     return;
   }
-  // Without VNNI: the f32 GEMM on the quantized activations' values d_x * q_x.
+  // Without AVX2 (or VNNI): the f32 GEMM on the quantized activations' values d_x * q_x.
   float* xhat = grow(t_scratch.lhs, M * K);
   for (int64_t i = 0; i < M * K; ++i) xhat[i] = xd[i / 32] * static_cast<float>(static_cast<int8_t>(xq[i]));
   const gemm::Problem p{DType::f32, xhat, K, 1, wq, 0, w_row, y, N, M, N, K, gemm::BStorage::q8_0};

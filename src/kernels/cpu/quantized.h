@@ -160,8 +160,10 @@ QGemvFn avx512_vnni_block_gemv(graph::QuantizationEncoding);
 // `panel`: block_gemm_panel_bytes(e, K) bytes, 64-byte aligned, for this call's panels.
 using QBlockGemmFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                               float* y, int64_t ldy, uint8_t* panel);
-// nullptr for q8_0, or where not compiled for x86-64; the caller checks the CPU. The AVX2 one
-// (vpmaddubsw, 8 weight rows per instruction, on the same panels) gives the AVX-512 one's bits.
+// nullptr where not compiled for x86-64, and VNNI's for q8_0 (its own GEMM above); the caller checks
+// the CPU. The AVX2 one (vpmaddubsw, 8 weight rows per instruction, on the same panels) gives the
+// AVX-512 one's bits; its Q8_0 (u = q signed, a = d, b = 0: |q| times q_x with q's sign, pairs at most
+// 2 * 128 * 127) replaces the f32 GEMM on dequantized weights where there is no VNNI.
 QBlockGemmFn avx512_vnni_block_gemm(graph::QuantizationEncoding);
 QBlockGemmFn avx2_block_gemm(graph::QuantizationEncoding);
 // ---- Q4_K and Q6_K packed at init (AVX-512 + AVX512_VNNI) -------------------------------------------

@@ -538,8 +538,12 @@ void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* 
 // are BlockGemmRule's in its order, so every row gets the AVX-512 kernel's bits.
 
 // Dwords whose pair sums add in int16 without overflow: kInt16Dwords * 2 * u_max * 127 < 2^15.
+// Q8_0's |q| * q_x pairs (at most 2 * 127 * 127) take the whole int16: one dword each.
 template <QuantizationEncoding E>
-constexpr int kInt16Dwords = E == QuantizationEncoding::q5_k ? 4 : E == QuantizationEncoding::q6_k ? 2 : 8;
+constexpr int kInt16Dwords = E == QuantizationEncoding::q8_0   ? 1
+                             : E == QuantizationEncoding::q5_k ? 4
+                             : E == QuantizationEncoding::q6_k ? 2
+                                                               : 8;
 static_assert(8 * 2 * 15 * 127 < 32768 && 4 * 2 * 31 * 127 < 32768 && 2 * 2 * 63 * 127 < 32768);
 
 // Activation rows per tile (a tile is them x 8 weight rows), and chunks of 32 quants per pass over
@@ -601,6 +605,7 @@ void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t v0, i
                      float* y, int64_t ldy, const __m256i (&mask)[NV], bool first) {
   using Rule = BlockGemmRule<E>;
   constexpr int kSub = Rule::kSub, kGroup = kInt16Dwords<E>;
+  constexpr bool kSignedQuants = E == QuantizationEncoding::q8_0;  // |q| times q_x with q's sign
   const int64_t K = x.K, ablocks = K / activation_block(E), blocks = K / 32 * kSub;
   const auto* xq = reinterpret_cast<const uint8_t*>(x.x) + m0 * K;
   // Weight block t of chunk c: its int32 dots for the tile's rows, from -offset * sum(q_x).
@@ -622,16 +627,18 @@ void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t v0, i
       __m256i pairs[MR][NV];
 #pragma GCC unroll 8
       for (int j = g; j < g + kGroup; ++j) {
-        __m256i w[NV];
+        __m256i w[NV], magnitude[NV];
 #pragma GCC unroll 4
-        for (int n = 0; n < NV; ++n)
+        for (int n = 0; n < NV; ++n) {
           w[n] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pc + column_vector_at(v0 + n) + 64 * j));
+          magnitude[n] = kSignedQuants ? _mm256_abs_epi8(w[n]) : w[n];
+        }
 #pragma GCC unroll 8
         for (int m = 0; m < MR; ++m) {
           const __m256i xb = _mm256_set1_epi32(static_cast<int>(load_u32(xq + m * K + 32 * c + 4 * j)));
 #pragma GCC unroll 4
           for (int n = 0; n < NV; ++n) {
-            const __m256i p = _mm256_maddubs_epi16(w[n], xb);
+            const __m256i p = _mm256_maddubs_epi16(magnitude[n], kSignedQuants ? _mm256_sign_epi8(xb, w[n]) : xb);
             pairs[m][n] = j == g ? p : _mm256_add_epi16(pairs[m][n], p);
             opaque(pairs[m][n]);
           }
@@ -649,8 +656,8 @@ void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t v0, i
     return _mm256_load_ps(reinterpret_cast<const float*>(panel + c * kChunkBytes<kSub> + 1024) + i * kGemmRows +
                           8 * (v0 + n));
   };
-  if constexpr (!Rule::kSuper) {  // Q4_0: y += (a d_x) dot per chunk
-    static_assert(kSub == 1 && Rule::kOffset != 0);
+  if constexpr (!Rule::kSuper) {  // Q4_0, Q8_0: y += (a d_x) dot per chunk
+    static_assert(kSub == 1 && (Rule::kOffset != 0 || kSignedQuants));
     __m256 acc[MR][NV];
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m)
@@ -963,8 +970,9 @@ QBlockGemmFn avx2_block_gemm(graph::QuantizationEncoding e) {
     case QuantizationEncoding::q4_k: return block_gemm<QuantizationEncoding::q4_k>;
     case QuantizationEncoding::q5_k: return block_gemm<QuantizationEncoding::q5_k>;
     case QuantizationEncoding::q6_k: return block_gemm<QuantizationEncoding::q6_k>;
-    default: return nullptr;
+    case QuantizationEncoding::q8_0: return block_gemm<QuantizationEncoding::q8_0>;
   }
+  return nullptr;
 }
 }  // namespace kiln::kernels::quantized
 #else

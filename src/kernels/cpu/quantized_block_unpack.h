@@ -37,6 +37,17 @@ template <> struct Unpack<QuantizationEncoding::q4_0> {
   }
 };
 
+// Q8_0 (the AVX2 block GEMM only: VNNI has its own Q8_0 GEMM): the quants stay signed (u is q as a
+// byte, -127..127), a = d, b = 0; the AVX2 kernel multiplies |q| by the activations with q's sign.
+template <> struct Unpack<QuantizationEncoding::q8_0> {
+  static constexpr int kSub = 1, kBlockElems = 32;
+  static constexpr int64_t kBytes = graph::kQ8_0BlockBytes;
+  template <class Put> static void block(const uint8_t* b, uint8_t* u, Put&& put) {
+    std::memcpy(u, b + 2, 32);
+    put(0, load_f16(b), 0.0f);
+  }
+};
+
 template <bool kFive> struct UnpackQ4KQ5K {
   static constexpr int kSub = 1, kBlockElems = 256;
   static constexpr int64_t kBytes = kFive ? graph::kQ5_KBlockBytes : graph::kQ4_KBlockBytes;
