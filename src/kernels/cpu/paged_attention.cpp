@@ -546,6 +546,24 @@ float dot_in_8_lanes(const float* a, const float* b, int64_t n) {
   return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
 }
 
+// A row's n scores of a block (q . k * scale) softcapped, and its running max raised to theirs, what
+// was summed against the old max rescaled (exp(-inf) = 0 the first time): the online softmax's
+// step before the block's exps, shared by the scalar and AVX2 paths.
+void cap_and_rescale(const UnitRows& u, int64_t row, float* score, int64_t n, float softcap) {
+  if (softcap > 0)
+    for (int64_t t = 0; t < n; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
+  float block_max = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, score[t]);
+  float& m = u.max[row];
+  if (block_max > m) {
+    const float correction = std::exp(m - block_max);
+    u.sum[row] *= correction;
+    float* a = u.acc + row * u.hd;
+    for (int64_t d = 0; d < u.hd; ++d) a[d] *= correction;
+    m = block_max;
+  }
+}
+
 // The scalar path's work on one block for every row of the unit: keys [lo, lo + visible) of the
 // block are row's (token i's) visible ones.
 void attend_block_scalar(const Geometry& g, float scale, float softcap, const float* k_rows, int64_t k_stride,
@@ -562,19 +580,9 @@ void attend_block_scalar(const Geometry& g, float scale, float softcap, const fl
       const float* q_row = u.q + row * hd;
       float* a = u.acc + row * hd;
       for (int64_t t = 0; t < visible[i]; ++t) score[t] = dot_in_8_lanes(q_row, k_lo + t * k_stride, hd) * scale;
-      if (softcap > 0)
-        for (int64_t t = 0; t < visible[i]; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < visible[i]; ++t) block_max = std::max(block_max, score[t]);
-      float& m = u.max[row];
+      cap_and_rescale(u, row, score, visible[i], softcap);
+      const float m = u.max[row];
       float& l = u.sum[row];
-      if (block_max > m) {
-        // Rescale what was summed against the old max (exp(-inf) = 0 the first time).
-        const float correction = std::exp(m - block_max);
-        l *= correction;
-        for (int64_t d = 0; d < hd; ++d) a[d] *= correction;
-        m = block_max;
-      }
       for (int64_t t = 0; t < visible[i]; ++t) {
         const float p = std::exp(score[t] - m);
         l += p;
@@ -616,19 +624,9 @@ __attribute__((target("avx2,fma"))) void attend_block_avx2(const Geometry& g, fl
       const float* q_row = u.q + row * hd;
       float* a = u.acc + row * hd;
       for (int64_t t = 0; t < n; ++t) score[t] = dot(q_row, k_lo + t * k_stride) * scale;
-      if (softcap > 0)
-        for (int64_t t = 0; t < n; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, score[t]);
-      float& m = u.max[row];
+      cap_and_rescale(u, row, score, n, softcap);
+      const float m = u.max[row];
       float& l = u.sum[row];
-      if (block_max > m) {
-        // Rescale what was summed against the old max (exp(-inf) = 0 the first time).
-        const float correction = std::exp(m - block_max);
-        l *= correction;
-        for (int64_t d = 0; d < hd; ++d) a[d] *= correction;
-        m = block_max;
-      }
       // The scores past n up to a multiple of 8 are the scratch's (sized for it), never read after.
       for (int64_t t = 0; t < n; t += 8)
         _mm256_storeu_ps(score + t, vmath::exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(score + t), _mm256_set1_ps(m))));
