@@ -31,7 +31,6 @@
 #endif
 
 #include "kernels/cpu/convert.h"
-#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/strided.h"
 #include "kernels/cpu/vector_math.h"
@@ -805,9 +804,9 @@ void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& par
   }
   const Operands o{inputs[0], inputs[1], inputs[2], inputs[3], seq_ids, positions, outputs[0], params.layer};
   const bool simd = vmath::avx512_available();
-  // The AVX2 path where the AVX-512 one is not and the gemm level is avx2 (tests force generic to
-  // reach the scalar one).
-  const bool avx2 = !simd && gemm::active_isa() != gemm::Isa::generic && gemm::isa_supported(gemm::Isa::avx2);
+  // The AVX2 path (it takes vmath's AVX2 exp) where the AVX-512 one is not and vmath's loops run
+  // (tests force the generic level to reach the scalar one).
+  const bool avx2 = !simd && vmath::available();
   const auto num_runs = static_cast<int64_t>(runs.size());
   // A unit takes `span` of a run's kv heads: all of them while there are units enough to share out
   // (4 a thread, or a whole number a thread: one sequence's heads are equal work), else halved until

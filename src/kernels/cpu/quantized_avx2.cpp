@@ -580,6 +580,13 @@ inline void transpose_8_rows(const uint8_t* first_row, int64_t stride, uint8_t* 
 // trees, computing every product of a block first and spilling most of them (3x slower, Zen 3).
 inline void opaque(__m256i& v) { asm("" : "+x"(v)); }
 
+// The mask of a vector's first `cols` lanes (none for cols <= 0, all for cols >= 8): the columns of
+// a panel's last, partial column vector.
+inline __m256i column_mask(int64_t cols) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo(cols < 0 ? 0 : cols, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // The byte offset of column vector v (weight rows 8v .. 8v + 7) in a chunk's quants.
 constexpr int64_t column_vector_at(int64_t v) { return 512 * (v / 2) + 32 * (v % 2); }
 
@@ -732,16 +739,12 @@ void block_gemm_panel(const Q8Activations& x, const uint8_t* panel, int64_t rows
   constexpr int kVectors = 2;
   const int64_t chunks = x.K / 32, tiles = (rows + 8 * kVectors - 1) / (8 * kVectors);
   for (int64_t c0 = 0; c0 < chunks; c0 += kBlockGemmChunksPerPass) {
-    const int64_t c1 = chunks < c0 + kBlockGemmChunksPerPass ? chunks : c0 + kBlockGemmChunksPerPass;
+    const int64_t c1 = lo(chunks, c0 + kBlockGemmChunksPerPass);
     for (int64_t m = 0; m < x.M; m += kBlockGemmMR)
       for (int64_t t = 0; t < tiles; ++t) {
         __m256i mask[kVectors];
-        for (int n = 0; n < kVectors; ++n) {
-          const int64_t cols = rows - 8 * (kVectors * t + n);
-          mask[n] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols < 0 ? 0 : cols > 8 ? 8 : cols)),
-                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        }
-        with_tile_rows<kBlockGemmMR>(x.M - m < kBlockGemmMR ? x.M - m : kBlockGemmMR, [&]<int R>() {
+        for (int n = 0; n < kVectors; ++n) mask[n] = column_mask(rows - 8 * (kVectors * t + n));
+        with_tile_rows<kBlockGemmMR>(lo(x.M - m, kBlockGemmMR), [&]<int R>() {
           block_gemm_tile<R, kVectors, E>(x, panel, kVectors * t, m, c0, c1, y + 8 * kVectors * t, ldy, mask, c0 == 0);
         });
       }
@@ -754,7 +757,7 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
   uint8_t* panel = scratch;
   uint8_t* staged = scratch + x.K / 32 * kChunkBytes<Unpack<E>::kSub>;
   for (int64_t n = n0; n < n1; n += kGemmRows) {
-    const int64_t rows = n1 - n < kGemmRows ? n1 - n : kGemmRows;
+    const int64_t rows = lo(n1 - n, kGemmRows);
     unpack_panel<E>(w, row_bytes, n, rows, x.K, staged, panel);
     block_gemm_panel<E>(x, panel, rows, y + n, ldy);
   }
@@ -875,15 +878,7 @@ void q4_k_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t coun
     for (__m256& v : a) v = _mm256_setzero_ps();
   for (int64_t s = 0; s < supers; ++s)
     for (int64_t p = 0; p < count; ++p) q4_k_panel_super(x, panels + p * panel_bytes, m, s, acc[p]);
-  for (int64_t v = 0; v < 4 * count; ++v) {
-    const int64_t cols = rows - 8 * v;
-    if (cols >= 8)
-      _mm256_storeu_ps(y + 8 * v, acc[v / 4][v % 4]);
-    else if (cols > 0)
-      _mm256_maskstore_ps(y + 8 * v,
-                          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                          acc[v / 4][v % 4]);
-  }
+  for (int64_t v = 0; v < (rows + 7) / 8; ++v) _mm256_maskstore_ps(y + 8 * v, column_mask(rows - 8 * v), acc[v / 4][v % 4]);
 }
 
 // A Q4_K panel -> the block GEMM's panel: its quants and (a, b) = (d sc_j, dmin m_j) as unpack_panel
@@ -918,24 +913,22 @@ void q4_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
 }
 
 // Any M on Q4_K panels: up to kKPanelGemvRows rows the panels' GEMV, row by row, kPanelStreams panels
-// at a time (they stay in L2 for the rows after the first); more rows unpack each panel into the block GEMM's in `scratch`
-// and run its tiles, as block_gemm does from the rows.
+// at a time (they stay in L2 for the rows after the first); more rows unpack each panel into the
+// block GEMM's in `scratch` and run its tiles, as block_gemm does from the rows.
 void q4_k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
                  uint8_t* scratch) {
-  const int64_t K = x.K;
-  for (int64_t n = n0; n < n1; n += kGemmRows) {
-    const uint8_t* panel = panels + n / kGemmRows * k_panel_bytes(QuantizationEncoding::q4_k, K);
-    const int64_t rows = n1 - n < kGemmRows ? n1 - n : kGemmRows;
-    if (x.M <= kKPanelGemvRows) {
-      const int64_t count = (n1 - n + kGemmRows - 1) / kGemmRows < kPanelStreams ? (n1 - n + kGemmRows - 1) / kGemmRows
-                                                                                : kPanelStreams;
-      const int64_t stream_rows = n1 - n < count * kGemmRows ? n1 - n : count * kGemmRows;
-      for (int64_t m = 0; m < x.M; ++m) q4_k_panel_rows(x, panel, count, m, y + m * ldy + n, stream_rows);
-      n += (count - 1) * kGemmRows;
-      continue;
+  const int64_t panel_bytes = k_panel_bytes(QuantizationEncoding::q4_k, x.K);
+  if (x.M <= kKPanelGemvRows) {
+    for (int64_t n = n0; n < n1; n += kPanelStreams * kGemmRows) {
+      const int64_t rows = lo(n1 - n, kPanelStreams * kGemmRows), count = (rows + kGemmRows - 1) / kGemmRows;
+      for (int64_t m = 0; m < x.M; ++m)
+        q4_k_panel_rows(x, panels + n / kGemmRows * panel_bytes, count, m, y + m * ldy + n, rows);
     }
-    q4_k_panel_to_gemm_panel(panel, K, scratch);
-    block_gemm_panel<QuantizationEncoding::q4_k>(x, scratch, rows, y + n, ldy);
+    return;
+  }
+  for (int64_t n = n0; n < n1; n += kGemmRows) {
+    q4_k_panel_to_gemm_panel(panels + n / kGemmRows * panel_bytes, x.K, scratch);
+    block_gemm_panel<QuantizationEncoding::q4_k>(x, scratch, lo(n1 - n, kGemmRows), y + n, ldy);
   }
 }
 

@@ -32,10 +32,6 @@ using graph::QuantizationEncoding;
 
 constexpr int64_t kBlock = 32, kBlockBytes = 34;
 
-// Not std::min: library templates instantiated under the target pragma could replace the baseline
-// copies at link time (gemm.h).
-inline int64_t lo(int64_t a, int64_t b) { return a < b ? a : b; }
-
 // Lanes 0-7 take element 0 of a vector, lanes 8-15 element 1: one scale per block of a pair.
 inline __m512 spread_pair(__m128 two) {
   const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);

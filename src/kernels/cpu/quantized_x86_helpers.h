@@ -15,6 +15,10 @@
 namespace kiln::kernels::quantized {
 namespace {  // NOLINT(google-build-namespaces): internal linkage per including file, on purpose
 
+// Not std::min: library templates instantiated under the target pragma could replace the baseline
+// copies at link time (gemm.h).
+inline int64_t lo(int64_t a, int64_t b) { return a < b ? a : b; }
+
 inline float load_f16(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
