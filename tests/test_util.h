@@ -92,7 +92,8 @@ inline std::string chatml_prompt(const std::vector<std::pair<std::string, std::s
 // directory (the Rss fields of /proc/self/smaps).
 inline size_t resident_bytes_of(const std::filesystem::path& path) {
   std::ifstream smaps("/proc/self/smaps");
-  const std::string file = " " + path.string(), under = path.string() + "/";
+  const std::string name = std::filesystem::weakly_canonical(path).string();  // as smaps spells it
+  const std::string file = " " + name, under = name + "/";
   size_t kb = 0;
   bool in_file = false;
   for (std::string line; std::getline(smaps, line);) {

@@ -31,6 +31,7 @@
 namespace kiln::pipelines {
 namespace {
 namespace fs = std::filesystem;
+using kiln::testing::resident_bytes_of;
 
 const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_path();
 const fs::path kTiny = kRoot / "models" / "kiln-tiny";
@@ -166,21 +167,6 @@ TEST(GGUFModel, QuantizedFilesGenerateAsTheSafetensorsModelQuantizedAtLoad) {
     for (const char* prompt : {"Once upon a time", "The little dog"})
       EXPECT_EQ(from_gguf.generate(prompt, greedy).ids, from_dir.generate(prompt, greedy).ids) << prompt;
   }
-}
-
-// This process's resident bytes of its mappings of `file` (the Rss fields of /proc/self/smaps).
-size_t resident_bytes_of(const fs::path& file) {
-  std::ifstream smaps("/proc/self/smaps");
-  size_t kb = 0;
-  bool in_file = false;
-  for (std::string line; std::getline(smaps, line);) {
-    const std::string first = line.substr(0, line.find(' '));
-    if (!first.ends_with(':'))  // a mapping's header: "start-end perms offset dev inode path"
-      in_file = line.ends_with(" " + fs::canonical(file).string());
-    else if (in_file && first == "Rss:")
-      kb += std::stoul(line.substr(first.size()));
-  }
-  return kb * 1024;
 }
 
 // Why this CPU's kernels pack no matrix of a `type` file at init; empty when they pack them.
