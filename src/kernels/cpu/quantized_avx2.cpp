@@ -426,6 +426,12 @@ struct Q80 {
   }
 };
 
+// How far ahead of its reads a row stream prefetches: 16 KiB (a few rows). From DRAM one Zen 3 core
+// read Q8_0 rows at 17.6 -> 20.7 GB/s and Q6_K at 15.0 -> 17.4 with it instead of 1 KiB (two cores
+// 27.8 -> 30-33 and 26 -> 30-33; the other formats 2-10% up), bench_quantized BM_*/1/2048/8192; 2-4 KiB
+// slowed Q6_K's decode (11-12 GB/s).
+constexpr int64_t kRowPrefetchAhead = 16384;
+
 // Rows [n0, n1) of w: for each weight row, activation rows kRowsPerPass at a time; each group of
 // 256 weights decoded once per pass and multiplied into every row's accumulator. A row's arithmetic
 // is the same whatever M is.
@@ -449,7 +455,7 @@ void gemv(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
 #pragma GCC unroll 4
         for (int r = 0; r < kStreams; ++r) rows[r] = w + (n0 + r * part + i) * row_bytes;
         const auto step = [&](int r, int64_t g) {
-          __builtin_prefetch(rows[r] + g * Format::kBytes + 1024);
+          __builtin_prefetch(rows[r] + g * Format::kBytes + kRowPrefetchAhead);
           Format::fused(acc[r], rows[r] + g * Format::kBytes, x, 0, g);
         };
         for (int64_t g = 0; g < groups; ++g)
@@ -472,7 +478,7 @@ void gemv(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
       if constexpr (Format::kFused)
         if (rows == 1) {  // decode's usual case
           for (int64_t g = 0; g < groups; ++g) {
-            __builtin_prefetch(row + g * Format::kBytes + 1024);
+            __builtin_prefetch(row + g * Format::kBytes + kRowPrefetchAhead);
             Format::fused(acc[0], row + g * Format::kBytes, x, m0, g);
           }
           y[m0 * ldy + n] = acc[0].total();
@@ -481,7 +487,7 @@ void gemv(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int64_t n
       Format f;
       for (int64_t g = 0; g < groups; ++g) {
         if constexpr (Format::kPartialGroups) f.blocks = static_cast<int>(blocks - 8 * g < 8 ? blocks - 8 * g : 8);
-        __builtin_prefetch(row + g * Format::kBytes + 1024);
+        __builtin_prefetch(row + g * Format::kBytes + kRowPrefetchAhead);
         f.decode(row + g * Format::kBytes);
         for (int64_t r = 0; r < rows; ++r) f.update(acc[r], x, m0 + r, g);
       }
@@ -822,9 +828,19 @@ inline __m256i scale_pairs(const uint8_t* p) {
   const int32_t* xsums = x.sum + m * (K / 32) + s * 8;
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256 dx = _mm256_set1_ps(x.d[m * supers + s]);
+  // The super-block's 74 lines half a super-block ahead, 5 at each of its 16 sub-block steps: a Zen 3
+  // core's hardware prefetchers alone left these panels at 14.7 GB/s from DRAM (its plain read 23-28),
+  // with this 18-20 (bench_quantized BM_q4_k_packed/1/2048/8192/1; two cores 24-26 -> 28-35); a
+  // quarter, 1, 2 or 3.5 super-blocks ahead were no better.
+  constexpr int kPrefetchLines = 5;
+  constexpr int64_t kPrefetchAhead = kQ4KPanelSuperBytes / 2;
+  static_assert(16 * kPrefetchLines * 64 >= kQ4KPanelSuperBytes);
   for (int64_t half = 0; half < 2; ++half) {
     __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < 8; ++j) {
+      for (int l = 0; l < kPrefetchLines; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(ps + kPrefetchAhead + ((half * 8 + j) * kPrefetchLines + l) * 64),
+                     _MM_HINT_T1);
       const uint8_t* pj = ps + q4_k_quants_at(j) + 256 * half;
       __m256i pairs[2];
 #pragma GCC unroll 4
