@@ -398,7 +398,7 @@ TEST(BatchInvariance, BlockGemmGivesEveryRowTheSameBitsAtEveryMAboveEight) {
 // within a few roundings of the row GEMV on the file's rows); above 8 rows the block GEMM's
 // arithmetic (Q4_K up to 32 rows on the panels as stored, else on the panels unpacked), which gives
 // bitwise what it gives from the file's rows.
-// Without VNNI (AVX2), Q4_K's panels run the same way (its own kernels, the same contract).
+// Without VNNI (AVX2), Q4_K's and Q6_K's panels run the same way (their own kernels, the same contract).
 TEST(BatchInvariance, FixedKQuantWeightsRunTheirPanelsAtEveryM) {
   const bool vnni = __builtin_cpu_supports("avx512vnni") && gemm::isa_supported(Isa::avx512);
   if (!vnni && !gemm::isa_supported(Isa::avx2))
@@ -406,7 +406,8 @@ TEST(BatchInvariance, FixedKQuantWeightsRunTheirPanelsAtEveryM) {
   uint32_t seed = 160;
   std::vector<std::pair<Isa, graph::QuantizationEncoding>> runs;
   if (vnni) runs = {{Isa::avx512, graph::QuantizationEncoding::q4_k}, {Isa::avx512, graph::QuantizationEncoding::q6_k}};
-  if (gemm::isa_supported(Isa::avx2)) runs.emplace_back(Isa::avx2, graph::QuantizationEncoding::q4_k);
+  if (gemm::isa_supported(Isa::avx2))
+    for (auto e : {graph::QuantizationEncoding::q4_k, graph::QuantizationEncoding::q6_k}) runs.emplace_back(Isa::avx2, e);
   for (const auto& [isa, e] : runs) {
     ForcedIsa forced(isa);
     const std::string what = "fixed f32 x " + std::string(graph::encoding_name(e)) + " " + gemm::isa_name(isa);

@@ -360,7 +360,7 @@ TEST(DequantizeBlocks, DecodesGatheredRowsOfAnyLeadingShape) {
 // A fixed weight's panels packed at build on two threads (as a model's init does) give the launches
 // the bits of panels packed on one: Q8_0, Q4_K and Q6_K, several panels, the last one partial, at a
 // decode row, a few rows (Q4_K's panels as stored) and many (unpacked per call).
-// Where panels are packed at build (VNNI: Q8_0, Q4_K, Q6_K; AVX2 without VNNI: Q4_K), and only there.
+// Where panels are packed at build (VNNI: Q8_0, Q4_K, Q6_K; AVX2 without VNNI: Q4_K, Q6_K), and only there.
 TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
   const bool vnni = __builtin_cpu_supports("avx512vnni") && gemm::isa_supported(Isa::avx512);
   if (!vnni && !gemm::isa_supported(Isa::avx2))
@@ -382,7 +382,7 @@ TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
     ThreadedParallel two(2);
     const auto serial = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
     const auto threaded = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed, &two);
-    const bool packs = isa == Isa::avx512 || e == QuantizationEncoding::q4_k;
+    const bool packs = isa == Isa::avx512 || e != QuantizationEncoding::q8_0;
     EXPECT_EQ(qmatmul_packed_panels(*serial), packs) << name(e) << " " << gemm::isa_name(isa);
     if (!packs) continue;
     for (int64_t M : {1, 13, 40}) {
@@ -398,13 +398,14 @@ TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
   }
 }
 
-// Q4_K's panels are one layout: the AVX2 packer writes the AVX-512 one's bytes (N 101: a partial
-// last panel), and the AVX2 panels' decode gives the VNNI one's bits (the same integer sums and f32
-// steps) on them; above 8 rows both run the block GEMM's arithmetic, the same bits too.
-TEST(QMatmulBlocks, Avx2Q4KPanelsAreTheAvx512PanelsAndGiveTheirBits) {
+// Q4_K's and Q6_K's panels are one layout: the AVX2 packer writes the AVX-512 one's bytes (N 101: a
+// partial last panel), and the AVX2 panels' decode gives the VNNI one's bits (the same integer sums
+// and f32 steps) on them; above 8 rows both run the block GEMM's arithmetic, the same bits too.
+TEST(QMatmulBlocks, Avx2KQuantPanelsAreTheAvx512PanelsAndGiveTheirBits) {
   if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
-    GTEST_SKIP() << "this CPU has no AVX512-VNNI: the AVX2 Q4_K panels were not compared with its";
-  const QuantizationEncoding e = QuantizationEncoding::q4_k;
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: the AVX2 K-quant panels were not compared with its";
+  for (const QuantizationEncoding e : {QuantizationEncoding::q4_k, QuantizationEncoding::q6_k}) {
+  SCOPED_TRACE(name(e));
   const int64_t K = 4352, N = 101;
   const HostTensor w = quantized_weights(e, N, K, 91);
   const int64_t bytes = (N + quantized::kGemmRows - 1) / quantized::kGemmRows * quantized::k_panel_bytes(e, K);
@@ -435,6 +436,7 @@ TEST(QMatmulBlocks, Avx2Q4KPanelsAreTheAvx512PanelsAndGiveTheirBits) {
       kernel_test::run_built(*kernel, {xt.view(), w.view()}, {avx512.view()});
     }
     EXPECT_EQ(avx2.bytes, avx512.bytes) << "M " << M;
+  }
   }
 }
 

@@ -769,17 +769,21 @@ void block_gemm(const Q8Activations& x, const uint8_t* w, int64_t row_bytes, int
   }
 }
 
-// ---- Q4_K packed at init: nibble panels (quantized.h), on CPUs without AVX512-VNNI ----------------
+// ---- Q4_K and Q6_K packed at init: panels (quantized.h), on CPUs without AVX512-VNNI -------------
 
-// Weight rows [0, N) -> Q4_K panels, the AVX-512 packer's bytes (one layout, whichever CPU packed
-// them): each group of kGemmRows rows unpacked to u8 quants (Unpack), transposed 8 rows at a time,
-// each pair of dwords folded into one vector of nibbles; the scales copied as stored.
-void q4_k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
-  using U = Unpack<QuantizationEncoding::q4_k>;
-  const int64_t supers = K / 256, panel_bytes = k_panel_bytes(QuantizationEncoding::q4_k, K);
+// Weight rows [0, N) -> Q4_K or Q6_K panels, the AVX-512 packer's bytes (one layout, whichever CPU
+// packed them): each group of kGemmRows rows unpacked to u8 quants (Unpack), transposed 8 rows at a
+// time, each pair of dwords folded into one vector of nibbles (Q4_K), or the fourth of each 4 groups
+// of quants spread over the top bits of the other three (Q6_K); the scales copied as stored.
+template <QuantizationEncoding E>
+void k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* panels) {
+  constexpr bool kQ6 = E == QuantizationEncoding::q6_k;
+  using U = Unpack<E>;
+  const int64_t supers = K / 256, panel_bytes = k_panel_bytes(E, K);
+  const int64_t super_bytes = kQ6 ? kQ6KPanelSuperBytes : kQ4KPanelSuperBytes;
   std::vector<uint8_t> staged(static_cast<size_t>(kGemmRows * K));
   alignas(32) uint8_t dwords[8 * 64];  // one chunk of 32 quants of 8 rows: [8 dwords][8 rows][4], 64 apart
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i nibble = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
   for (int64_t n0 = 0; n0 < N; n0 += kGemmRows) {
     uint8_t* panel = panels + n0 / kGemmRows * panel_bytes;
     std::memset(panel, 0, static_cast<size_t>(panel_bytes));  // rows past N: scales and d zero
@@ -792,18 +796,32 @@ void q4_k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* b = w + (n0 + r) * row_bytes + s * U::kBytes;
         U::block(b, u + 256 * s, [](int, float, float) {});
-        put_q4_k_scales(b, r, panel + s * kQ4KPanelSuperBytes);
+        if constexpr (kQ6)
+          put_q6_k_scales(b, r, panel + s * super_bytes);
+        else
+          put_q4_k_scales(b, r, panel + s * super_bytes);
       }
     }
+    const auto group = [&](int g) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(dwords + 64 * g)); };
     for (int64_t c = 0; c < K / 32; ++c)
       for (int64_t v = 0; v < 4; ++v) {
         transpose_8_rows(staged.data() + 8 * v * K + 32 * c, K, dwords);
-        uint8_t* out = panel + c / 8 * kQ4KPanelSuperBytes + q4_k_quants_at(c % 8) + 256 * (v / 2) + 32 * (v % 2);
-        for (int i = 0; i < 4; ++i) {  // the low 4 bits of quants 8i + t and 8i + 4 + t in one byte
-          const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(dwords + 64 * (2 * i)));
-          const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(dwords + 64 * (2 * i + 1)));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * i),
-                             _mm256_or_si256(_mm256_and_si256(lo, nibble), _mm256_slli_epi16(_mm256_and_si256(hi, nibble), 4)));
+        uint8_t* ps = panel + c / 8 * super_bytes;
+        if constexpr (kQ6) {
+          uint8_t* out = ps + q6_k_quants_at(c % 8) + 384 * (v / 2) + 32 * (v % 2);
+          for (int q = 0; q < 2; ++q) {
+            const __m256i d = group(4 * q + 3);
+            for (int t = 0; t < 3; ++t) {  // D's bits 2t, 2t + 1 -> bits 6-7 (masked first: nothing crosses bytes)
+              const __m256i bits = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(d, 2 * t), two), 6);
+              _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * (3 * q + t)), _mm256_or_si256(group(4 * q + t), bits));
+            }
+          }
+        } else {
+          uint8_t* out = ps + q4_k_quants_at(c % 8) + 256 * (v / 2) + 32 * (v % 2);
+          for (int i = 0; i < 4; ++i)  // the low 4 bits of quants 8i + t and 8i + 4 + t in one byte
+            _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * i),
+                               _mm256_or_si256(_mm256_and_si256(group(2 * i), nibble),
+                                               _mm256_slli_epi16(_mm256_and_si256(group(2 * i + 1), nibble), 4)));
         }
       }
   }
@@ -882,19 +900,110 @@ inline __m256i scale_pairs(const uint8_t* p) {
   }
 }
 
+// Q6_K quants u of 8 rows as 8 groups of 4 per row (group g: quants 4g .. 4g + 3 of 32) from the 6
+// vectors at p, 64 bytes apart (the AVX-512 q6_k_groups' bytes, half of each vector): X, Y, Z hold
+// groups A, B, C in bits 0-5 and D's bits 0-1, 2-3, 4-5 in their bits 6-7.
+[[gnu::always_inline]] inline void q6_k_groups(const uint8_t* p, __m256i (&g)[8]) {
+  const __m256i six = _mm256_set1_epi8(0x3F);
+#pragma GCC unroll 2
+  for (int q = 0; q < 2; ++q) {
+    const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + (3 * q) * 64));
+    const __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + (3 * q + 1) * 64));
+    const __m256i z = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + (3 * q + 2) * 64));
+    g[4 * q] = _mm256_and_si256(x, six);
+    g[4 * q + 1] = _mm256_and_si256(y, six);
+    g[4 * q + 2] = _mm256_and_si256(z, six);
+    // The 16-bit shifts bring the next byte's bits in beside the two wanted; the masks drop them.
+    g[4 * q + 3] = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 6), _mm256_set1_epi8(0x03)),
+                        _mm256_and_si256(_mm256_srli_epi16(y, 4), _mm256_set1_epi8(0x0C))),
+        _mm256_and_si256(_mm256_srli_epi16(z, 2), _mm256_set1_epi8(0x30)));
+  }
+}
+
+// 8 rows' int8 scales at p -> int32 lanes (the int16 value in the low half, sign-extended).
+inline __m256i scales_i32(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+
+// q4_k_panel_super for a Q6_K panel and R activation rows from m0: the AVX-512 q6_k_panel_row's
+// integer sums, sum over the sub-blocks i of 16 of sc_i (dot_i - 32 sum_i(q_x)), on 8 weight rows
+// per vector, each vector's 6-bit quants unpacked once for the R rows (the unpacking costs as much
+// as the products). Two vpmaddubsw of u < 64 add in int16 (at most 2 * 2 * 63 * 128) and a vpmaddwd
+// applies sc_i to each such pair; the -32 sum_i(q_x) of both sub-blocks is one vpmaddwd of
+// (sc_2j, sc_2j+1) with the two sums. Integers exact in int32, then that kernel's f32 step, so its
+// bits, whatever R.
+template <int R>
+[[gnu::always_inline]] inline void q6_k_panel_super(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t s,
+                                                    __m256 (&acc)[R][4]) {
+  const int64_t K = x.K, supers = K / 256;
+  const uint8_t* ps = panel + s * kQ6KPanelSuperBytes;
+  // The next super-block's 105 lines, 4 at each of 32 steps (half a super-block ahead left one Zen 3
+  // core at 14.6-14.9 GB/s from DRAM, this 17.1-17.6; bench_quantized BM_q6_k_packed/1/2048/8192/1).
+  constexpr int kPrefetchLines = 4;
+  constexpr int64_t kPrefetchAhead = kQ6KPanelSuperBytes;
+  static_assert(32 * kPrefetchLines * 64 >= kQ6KPanelSuperBytes);
+#pragma GCC unroll 1
+  for (int v = 0; v < 4; ++v) {
+    __m256i isum[R];
+    for (__m256i& i : isum) i = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      for (int l = 0; l < kPrefetchLines; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(ps + kPrefetchAhead + ((v * 8 + j) * kPrefetchLines + l) * 64),
+                     _MM_HINT_T1);
+      __m256i u[8];
+      q6_k_groups(ps + q6_k_quants_at(j) + 384 * (v / 2) + 32 * (v % 2), u);
+      const __m256i sc_a = scales_i32(ps + q6_k_scales_at(j) + 8 * v);
+      const __m256i sc_b = scales_i32(ps + q6_k_scales_at(j) + kGemmRows + 8 * v);
+      const __m256i a2 = _mm256_or_si256(_mm256_and_si256(sc_a, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc_a, 16));
+      const __m256i b2 = _mm256_or_si256(_mm256_and_si256(sc_b, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc_b, 16));
+      const __m256i ab = _mm256_blend_epi16(sc_a, _mm256_slli_epi32(sc_b, 16), 0xAA);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* xs = x.x + (m0 + r) * K + s * 256 + 32 * j;
+        const int16_t* xs16 = x.sum16 + (m0 + r) * (K / 16) + s * 16 + 2 * j;
+        __m256i pairs[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m256i xa = _mm256_set1_epi32(static_cast<int>(load_u32(xs + 8 * i)));
+          const __m256i xb = _mm256_set1_epi32(static_cast<int>(load_u32(xs + 8 * i + 4)));
+          pairs[i] = _mm256_add_epi16(_mm256_maddubs_epi16(u[2 * i], xa), _mm256_maddubs_epi16(u[2 * i + 1], xb));
+        }
+        const __m256i sums = _mm256_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(xs16))));
+        const __m256i dots = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(pairs[0], a2), _mm256_madd_epi16(pairs[1], a2)),
+                                              _mm256_add_epi32(_mm256_madd_epi16(pairs[2], b2), _mm256_madd_epi16(pairs[3], b2)));
+        isum[r] = _mm256_add_epi32(isum[r], _mm256_sub_epi32(dots, _mm256_slli_epi32(_mm256_madd_epi16(ab, sums), 5)));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kQ6KDAt + 16 * v)));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[(m0 + r) * supers + s])),
+                                  acc[r][v]);
+  }
+}
+
 // One activation row m of x against `count` (at most kPanelStreams) consecutive Q4_K panels, their
 // super-blocks interleaved: y[0, rows), `rows` of the panels' weight rows existing. Each panel is a
 // forward stream; several at once keep the DRAM busy as the row GEMV's 4 row streams do (one panel
 // at a time, a Zen 3 core read them slower than the row GEMV reads its rows).
 constexpr int64_t kPanelStreams = 4;
-void q4_k_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t count, int64_t m, float* y, int64_t rows) {
-  const int64_t supers = x.K / 256, panel_bytes = supers * kQ4KPanelSuperBytes;
-  __m256 acc[kPanelStreams][4];
+template <QuantizationEncoding E, int R>
+void k_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t count, int64_t m0, float* y, int64_t ldy,
+                  int64_t rows) {
+  const int64_t supers = x.K / 256, panel_bytes = k_panel_bytes(E, x.K);
+  __m256 acc[kPanelStreams][R][4];
   for (auto& a : acc)
-    for (__m256& v : a) v = _mm256_setzero_ps();
+    for (auto& r : a)
+      for (__m256& v : r) v = _mm256_setzero_ps();
   for (int64_t s = 0; s < supers; ++s)
-    for (int64_t p = 0; p < count; ++p) q4_k_panel_super(x, panels + p * panel_bytes, m, s, acc[p]);
-  for (int64_t v = 0; v < (rows + 7) / 8; ++v) _mm256_maskstore_ps(y + 8 * v, column_mask(rows - 8 * v), acc[v / 4][v % 4]);
+    for (int64_t p = 0; p < count; ++p)
+      if constexpr (E == QuantizationEncoding::q6_k)
+        q6_k_panel_super<R>(x, panels + p * panel_bytes, m0, s, acc[p]);
+      else
+        q4_k_panel_super(x, panels + p * panel_bytes, m0, s, acc[p][0]);
+  for (int r = 0; r < R; ++r)
+    for (int64_t v = 0; v < (rows + 7) / 8; ++v)
+      _mm256_maskstore_ps(y + (m0 + r) * ldy + 8 * v, column_mask(rows - 8 * v), acc[v / 4][r][v % 4]);
 }
 
 // A Q4_K panel -> the block GEMM's panel: its quants and (a, b) = (d sc_j, dmin m_j) as unpack_panel
@@ -928,23 +1037,55 @@ void q4_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
   }
 }
 
-// Any M on Q4_K panels: up to kKPanelGemvRows rows the panels' GEMV, row by row, kPanelStreams panels
-// at a time (they stay in L2 for the rows after the first); more rows unpack each panel into the
-// block GEMM's in `scratch` and run its tiles, as block_gemm does from the rows.
-void q4_k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
-                 uint8_t* scratch) {
-  const int64_t panel_bytes = k_panel_bytes(QuantizationEncoding::q4_k, x.K);
+// A Q6_K panel -> the block GEMM's panel: the quants u and a = d sc_i as Unpack<q6_k> makes them
+// from the rows, so the GEMM gives the same bits from either (b = 32 a is not written: the GEMM
+// subtracts it in the integer dot).
+void q6_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_panel) {
+  for (int64_t s = 0; s < K / 256; ++s) {
+    const uint8_t* ps = panel + s * kQ6KPanelSuperBytes;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t* chunk = gemm_panel + (s * 8 + j) * kChunkBytes<2>;
+      for (int v = 0; v < 4; ++v) {
+        __m256i u[8];
+        q6_k_groups(ps + q6_k_quants_at(j) + 384 * (v / 2) + 32 * (v % 2), u);
+        for (int g = 0; g < 8; ++g)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(chunk + 512 * (v / 2) + 64 * g + 32 * (v % 2)), u[g]);
+      }
+      auto* ab = reinterpret_cast<float*>(chunk + 1024);
+      for (int t = 0; t < 2; ++t)
+        for (int v = 0; v < 4; ++v) {
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kQ6KDAt + 16 * v)));
+          const __m256 sc = _mm256_cvtepi32_ps(scales_i32(ps + q6_k_scales_at(j) + t * kGemmRows + 8 * v));
+          _mm256_store_ps(ab + t * kGemmRows + 8 * v, _mm256_mul_ps(d, sc));
+        }
+    }
+  }
+}
+
+// Any M on Q4_K or Q6_K panels: up to kKPanelGemvRows rows the panels' GEMV, row by row,
+// kPanelStreams panels at a time (they stay in L2 for the rows after the first); more rows unpack
+// each panel into the block GEMM's in `scratch` and run its tiles, as block_gemm does from the rows.
+template <QuantizationEncoding E>
+void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
+              uint8_t* scratch) {
+  const int64_t panel_bytes = k_panel_bytes(E, x.K);
   if (x.M <= kKPanelGemvRows) {
     for (int64_t n = n0; n < n1; n += kPanelStreams * kGemmRows) {
       const int64_t rows = lo(n1 - n, kPanelStreams * kGemmRows), count = (rows + kGemmRows - 1) / kGemmRows;
-      for (int64_t m = 0; m < x.M; ++m)
-        q4_k_panel_rows(x, panels + n / kGemmRows * panel_bytes, count, m, y + m * ldy + n, rows);
+      const uint8_t* first = panels + n / kGemmRows * panel_bytes;
+      if constexpr (E == QuantizationEncoding::q6_k)  // the rows together: one unpacking of the quants
+        with_tile_rows<kKPanelGemvRows>(x.M, [&]<int R>() { k_panel_rows<E, R>(x, first, count, 0, y + n, ldy, rows); });
+      else
+        for (int64_t m = 0; m < x.M; ++m) k_panel_rows<E, 1>(x, first, count, m, y + n, ldy, rows);
     }
     return;
   }
   for (int64_t n = n0; n < n1; n += kGemmRows) {
-    q4_k_panel_to_gemm_panel(panels + n / kGemmRows * panel_bytes, x.K, scratch);
-    block_gemm_panel<QuantizationEncoding::q4_k>(x, scratch, lo(n1 - n, kGemmRows), y + n, ldy);
+    if constexpr (E == QuantizationEncoding::q6_k)
+      q6_k_panel_to_gemm_panel(panels + n / kGemmRows * panel_bytes, x.K, scratch);
+    else
+      q4_k_panel_to_gemm_panel(panels + n / kGemmRows * panel_bytes, x.K, scratch);
+    block_gemm_panel<E>(x, scratch, lo(n1 - n, kGemmRows), y + n, ldy);
   }
 }
 
@@ -971,8 +1112,16 @@ QGemvFn pick(QuantizationEncoding e) {
 namespace kiln::kernels::quantized {
 QGemvFn avx2_block_gemv(graph::QuantizationEncoding e) { return pick(e); }
 QuantizeRows256Fn avx2_quantize_rows_256() { return quantize_rows_256; }
-Q8_0PackFn avx2_k_pack(graph::QuantizationEncoding e) { return e == QuantizationEncoding::q4_k ? q4_k_pack : nullptr; }
-KPanelsFn avx2_k_panels(graph::QuantizationEncoding e) { return e == QuantizationEncoding::q4_k ? q4_k_panels : nullptr; }
+Q8_0PackFn avx2_k_pack(graph::QuantizationEncoding e) {
+  return e == QuantizationEncoding::q4_k   ? k_pack<QuantizationEncoding::q4_k>
+         : e == QuantizationEncoding::q6_k ? k_pack<QuantizationEncoding::q6_k>
+                                           : nullptr;
+}
+KPanelsFn avx2_k_panels(graph::QuantizationEncoding e) {
+  return e == QuantizationEncoding::q4_k   ? k_panels<QuantizationEncoding::q4_k>
+         : e == QuantizationEncoding::q6_k ? k_panels<QuantizationEncoding::q6_k>
+                                           : nullptr;
+}
 QBlockGemmFn avx2_block_gemm(graph::QuantizationEncoding e) {
   switch (e) {
     case QuantizationEncoding::q4_0: return block_gemm<QuantizationEncoding::q4_0>;

@@ -776,14 +776,6 @@ void q4_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
   }
 }
 
-// Offsets within one super-block of a Q6_K panel (kGemmRows rows x 256 weights), in the order decode
-// reads them: d, then per pair j of sub-blocks (32 quants) the scales of both and the quants of two
-// halves of 16 rows (q6_k_groups' 6 vectors each).
-constexpr int64_t kQ6KDAt = 0, kQ6KSubBytes = 64 + 2 * 6 * 64;
-constexpr int64_t q6_k_scales_at(int64_t j) { return 64 + j * kQ6KSubBytes; }  // sub-block 2j; 2j + 1 32 on
-constexpr int64_t q6_k_quants_at(int64_t j) { return 64 + j * kQ6KSubBytes + 64; }
-static_assert(q6_k_quants_at(7) + 2 * 6 * 64 == kQ6KPanelSuperBytes);
-
 // Q6_K quants of 16 rows as 6 bits in a byte: for groups A, B, C, D (quants 4g .. 4g + 3 of 32, for
 // g = 4q .. 4q + 3) three vectors X, Y, Z hold A, B, C in bits 0-5 and D's bits 0-1, 2-3, 4-5 in
 // their bits 6-7, so a group costs 2.25 instructions on average beside its vpdpbusd (it was 4.25 with
@@ -907,8 +899,7 @@ void k_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_t* 
         U::block(b, u + 256 * s, [](int, float, float) {});
         uint8_t* ps = panel + s * super_bytes;
         if constexpr (kQ6) {
-          for (int i = 0; i < 16; ++i) ps[q6_k_scales_at(i / 2) + i % 2 * kGemmRows + r] = b[192 + i];
-          std::memcpy(ps + kQ6KDAt + 2 * r, b + 208, 2);
+          put_q6_k_scales(b, r, ps);
         } else {
           put_q4_k_scales(b, r, ps);
         }

@@ -175,5 +175,20 @@ inline void put_q4_k_scales(const uint8_t* block, int64_t r, uint8_t* ps) {
   std::memcpy(ps + kQ4KDminAt + 2 * r, block + 2, 2);
 }
 
+// Offsets within one super-block of a Q6_K panel (kGemmRows rows x 256 weights), in the order decode
+// reads them: d, then per pair j of sub-blocks (32 quants) the scales of both and the quants of two
+// halves of 16 rows (6 vectors of 64 bytes each: quantized_avx512_vnni.cpp's q6_k_groups; the AVX2
+// kernels read rows 8v .. 8v + 7 as the 32 bytes at 32 * (v % 2) of half v / 2's vectors).
+constexpr int64_t kQ6KDAt = 0, kQ6KSubBytes = 64 + 2 * 6 * 64;
+constexpr int64_t q6_k_scales_at(int64_t j) { return 64 + j * kQ6KSubBytes; }  // sub-block 2j; 2j + 1 32 on
+constexpr int64_t q6_k_quants_at(int64_t j) { return 64 + j * kQ6KSubBytes + 64; }
+static_assert(q6_k_quants_at(7) + 2 * 6 * 64 == kQ6KPanelSuperBytes);
+
+// A Q6_K block's scales and d into row r of its super-block in a panel (`ps`), as stored.
+inline void put_q6_k_scales(const uint8_t* block, int64_t r, uint8_t* ps) {
+  for (int i = 0; i < 16; ++i) ps[q6_k_scales_at(i / 2) + i % 2 * kGemmRows + r] = block[192 + i];
+  std::memcpy(ps + kQ6KDAt + 2 * r, block + 208, 2);
+}
+
 }  // namespace
 }  // namespace kiln::kernels::quantized
