@@ -982,8 +982,9 @@ template <int R>
   }
 }
 
-// One activation row m of x against `count` (at most kPanelStreams) consecutive Q4_K panels, their
-// super-blocks interleaved: y[0, rows), `rows` of the panels' weight rows existing. Each panel is a
+// Activation rows [m0, m0 + R) of x (Q4_K: R = 1) against `count` (at most kPanelStreams) consecutive
+// panels, their super-blocks interleaved: y[m][0, rows), `rows` of the panels' weight rows existing,
+// row m at y + m * ldy. Each panel is a
 // forward stream; several at once keep the DRAM busy as the row GEMV's 4 row streams do (one panel
 // at a time, a Zen 3 core read them slower than the row GEMV reads its rows).
 constexpr int64_t kPanelStreams = 4;
