@@ -833,13 +833,12 @@ inline __m256i scale_pairs(const uint8_t* p) {
   return _mm256_or_si256(b, _mm256_slli_epi32(b, 16));
 }
 
-// Super-block s of a Q4_K panel (its 32 rows' 4 vectors of 8) for activation row m, added to acc:
-// the AVX-512 q4_k_panel_row's integer sums on 8 rows per vector. Per sub-block j, the 8 vpmaddubsw
-// of a row's 32 quants add in int16 (at most 8 * 2 * 15 * 127) and one vpmaddwd applies sc_j, where
-// the row GEMV needs a vpmaddwd per vpmaddubsw (the multiplier is what bounds these kernels on Zen 3);
-// then sum_j m_j sum_j(q_x) and that kernel's f32 scaling, in its order, so its bits.
-[[gnu::always_inline]] inline void q4_k_panel_super(const Q8Activations& x, const uint8_t* panel, int64_t m, int64_t s,
-                                                    __m256 (&acc)[4]) {
+// q4_k_panel_super (below) for one activation row m, in another order: each activation dword is
+// broadcast once for both vectors of a half (decode's usual case: unpacking one vector at a time,
+// as below, read 15.3-15.8 GB/s from DRAM on a Zen 3 core against this order's 19.2-19.8). The same
+// integer sums and f32 steps, so the same bits.
+[[gnu::always_inline]] inline void q4_k_panel_super_one_row(const Q8Activations& x, const uint8_t* panel, int64_t m,
+                                                            int64_t s, __m256 (&acc)[4]) {
   const int64_t K = x.K, supers = K / 256;
   const uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
   const uint8_t* xs = x.x + m * K + s * 256;
@@ -896,6 +895,74 @@ inline __m256i scale_pairs(const uint8_t* p) {
       __m256& a = acc[2 * half + k];
       a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_mul_ps(d, dx), a);
       a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[k]), _mm256_mul_ps(dmin, dx), a);
+    }
+  }
+}
+
+// Super-block s of a Q4_K panel (its 32 rows' 4 vectors of 8) for activation rows [m0, m0 + R),
+// added to acc[r]: the AVX-512 q4_k_panel_row's integer sums on 8 rows per vector, each vector's
+// nibbles unpacked once for the R rows. Per sub-block j, the 8 vpmaddubsw of a row's 32 quants add
+// in int16 (at most 8 * 2 * 15 * 127) and one vpmaddwd applies sc_j, where the row GEMV needs a
+// vpmaddwd per vpmaddubsw (the multiplier is what bounds these kernels on Zen 3); then
+// sum_j m_j sum_j(q_x) and that kernel's f32 scaling, in its order, so its bits whatever R.
+template <int R>
+[[gnu::always_inline]] inline void q4_k_panel_super(const Q8Activations& x, const uint8_t* panel, int64_t m0, int64_t s,
+                                                    __m256 (&acc)[R][4]) {
+  const int64_t K = x.K, supers = K / 256;
+  const uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  // The super-block's 74 lines half a super-block ahead, 3 at each of its 32 steps: a Zen 3 core's
+  // hardware prefetchers alone left these panels at 14.7 GB/s from DRAM (its plain read 23-28),
+  // with a prefetch 18-20 (bench_quantized BM_q4_k_packed/1/2048/8192/1; two cores 24-26 -> 28-35);
+  // a quarter, 1, 2 or 3.5 super-blocks ahead were no better.
+  constexpr int kPrefetchLines = 3;
+  constexpr int64_t kPrefetchAhead = kQ4KPanelSuperBytes / 2;
+  static_assert(32 * kPrefetchLines * 64 >= kQ4KPanelSuperBytes);
+#pragma GCC unroll 1
+  for (int v = 0; v < 4; ++v) {
+    const int64_t half = v / 2, k = v % 2;
+    __m256i isum[R], msum[R];
+    for (int r = 0; r < R; ++r) isum[r] = msum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      for (int l = 0; l < kPrefetchLines; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(ps + kPrefetchAhead + ((v * 8 + j) * kPrefetchLines + l) * 64),
+                     _MM_HINT_T1);
+      const uint8_t* pj = ps + q4_k_quants_at(j) + 256 * half + 32 * k;
+      __m256i lo_q[4], hi_q[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(pj + 64 * i));
+        lo_q[i] = _mm256_and_si256(q, low);
+        hi_q[i] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+      }
+      const __m256i sc = scale_pairs(ps + q4_k_scales_at(j) + 8 * v);
+      // m_j (low int16 of each lane, the high one 0), times sum_j(q_x) below
+      const __m256i mn = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ps + q4_k_mins_at(j) + 8 * v)));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* xs = x.x + (m0 + r) * K + s * 256 + 32 * j;
+        __m256i pairs;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m256i xa = _mm256_set1_epi32(static_cast<int>(load_u32(xs + 8 * i)));
+          const __m256i xb = _mm256_set1_epi32(static_cast<int>(load_u32(xs + 8 * i + 4)));
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo_q[i], xa), _mm256_maddubs_epi16(hi_q[i], xb));
+          pairs = i == 0 ? p : _mm256_add_epi16(pairs, p);
+          opaque(pairs);
+        }
+        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, sc));
+        msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(mn, _mm256_set1_epi32(x.sum[(m0 + r) * (K / 32) + s * 8 + j])));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kQ4KDAt + 16 * v)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + kQ4KDminAt + 16 * v)));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 dx = _mm256_set1_ps(x.d[(m0 + r) * supers + s]);
+      __m256& a = acc[r][v];
+      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, dx), a);
+      a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[r]), _mm256_mul_ps(dmin, dx), a);
     }
   }
 }
@@ -982,7 +1049,7 @@ template <int R>
   }
 }
 
-// Activation rows [m0, m0 + R) of x (Q4_K: R = 1) against `count` (at most kPanelStreams) consecutive
+// Activation rows [m0, m0 + R) of x against `count` (at most kPanelStreams) consecutive
 // panels, their super-blocks interleaved: y[m][0, rows), `rows` of the panels' weight rows existing,
 // row m at y + m * ldy. Each panel is a
 // forward stream; several at once keep the DRAM busy as the row GEMV's 4 row streams do (one panel
@@ -1001,7 +1068,10 @@ void k_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t count, 
       if constexpr (E == QuantizationEncoding::q6_k)
         q6_k_panel_super<R>(x, panels + p * panel_bytes, m0, s, acc[p]);
       else
-        q4_k_panel_super(x, panels + p * panel_bytes, m0, s, acc[p][0]);
+        if constexpr (R == 1)
+          q4_k_panel_super_one_row(x, panels + p * panel_bytes, m0, s, acc[p][0]);
+        else
+          q4_k_panel_super<R>(x, panels + p * panel_bytes, m0, s, acc[p]);
   for (int r = 0; r < R; ++r)
     for (int64_t v = 0; v < (rows + 7) / 8; ++v)
       _mm256_maskstore_ps(y + (m0 + r) * ldy + 8 * v, column_mask(rows - 8 * v), acc[v / 4][r][v % 4]);
@@ -1073,11 +1143,8 @@ void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t
   if (x.M <= kKPanelGemvRows) {
     for (int64_t n = n0; n < n1; n += kPanelStreams * kGemmRows) {
       const int64_t rows = lo(n1 - n, kPanelStreams * kGemmRows), count = (rows + kGemmRows - 1) / kGemmRows;
-      const uint8_t* first = panels + n / kGemmRows * panel_bytes;
-      if constexpr (E == QuantizationEncoding::q6_k)  // the rows together: one unpacking of the quants
-        with_tile_rows<kKPanelGemvRows>(x.M, [&]<int R>() { k_panel_rows<E, R>(x, first, count, 0, y + n, ldy, rows); });
-      else
-        for (int64_t m = 0; m < x.M; ++m) k_panel_rows<E, 1>(x, first, count, m, y + n, ldy, rows);
+      const uint8_t* first = panels + n / kGemmRows * panel_bytes;  // the rows together: one unpacking
+      with_tile_rows<kKPanelGemvRows>(x.M, [&]<int R>() { k_panel_rows<E, R>(x, first, count, 0, y + n, ldy, rows); });
     }
     return;
   }
