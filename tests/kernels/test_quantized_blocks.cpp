@@ -405,38 +405,38 @@ TEST(QMatmulBlocks, Avx2KQuantPanelsAreTheAvx512PanelsAndGiveTheirBits) {
   if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
     GTEST_SKIP() << "this CPU has no AVX512-VNNI: the AVX2 K-quant panels were not compared with its";
   for (const QuantizationEncoding e : {QuantizationEncoding::q4_k, QuantizationEncoding::q6_k}) {
-  SCOPED_TRACE(name(e));
-  const int64_t K = 4352, N = 101;
-  const HostTensor w = quantized_weights(e, N, K, 91);
-  const int64_t bytes = (N + quantized::kGemmRows - 1) / quantized::kGemmRows * quantized::k_panel_bytes(e, K);
-  struct Aligned {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  const auto panels = [&](quantized::Q8_0PackFn pack) {
-    std::unique_ptr<uint8_t, Aligned> p(static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes))));
-    pack(w.bytes.data(), w.shape[1], N, K, p.get());
-    return std::vector<uint8_t>(p.get(), p.get() + bytes);
-  };
-  EXPECT_EQ(panels(quantized::avx2_k_pack(e)), panels(quantized::avx512_vnni_k_pack(e)));
-  TensorView symbolic_lhs;
-  symbolic_lhs.dtype = DType::f32;
-  const bool fixed[] = {false, true};
-  for (int64_t M : {1, 3, 8, 13, 40}) {
-    const std::vector<float> x = random_floats(M * K, static_cast<uint32_t>(M + 5));
-    const HostTensor xt = kernel_test::tensor<float>({M, K}, x);
-    HostTensor avx2(DType::f32, {M, N}), avx512(DType::f32, {M, N});
-    {
-      ForcedIsa forced(Isa::avx2);
-      const auto kernel = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
-      kernel_test::run_built(*kernel, {xt.view(), w.view()}, {avx2.view()});
+    SCOPED_TRACE(name(e));
+    const int64_t K = 4352, N = 101;
+    const HostTensor w = quantized_weights(e, N, K, 91);
+    const int64_t bytes = (N + quantized::kGemmRows - 1) / quantized::kGemmRows * quantized::k_panel_bytes(e, K);
+    struct Aligned {
+      void operator()(uint8_t* p) const { std::free(p); }
+    };
+    const auto panels = [&](quantized::Q8_0PackFn pack) {
+      std::unique_ptr<uint8_t, Aligned> p(static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes))));
+      pack(w.bytes.data(), w.shape[1], N, K, p.get());
+      return std::vector<uint8_t>(p.get(), p.get() + bytes);
+    };
+    EXPECT_EQ(panels(quantized::avx2_k_pack(e)), panels(quantized::avx512_vnni_k_pack(e)));
+    TensorView symbolic_lhs;
+    symbolic_lhs.dtype = DType::f32;
+    const bool fixed[] = {false, true};
+    for (int64_t M : {1, 3, 8, 13, 40}) {
+      const std::vector<float> x = random_floats(M * K, static_cast<uint32_t>(M + 5));
+      const HostTensor xt = kernel_test::tensor<float>({M, K}, x);
+      HostTensor avx2(DType::f32, {M, N}), avx512(DType::f32, {M, N});
+      {
+        ForcedIsa forced(Isa::avx2);
+        const auto kernel = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
+        kernel_test::run_built(*kernel, {xt.view(), w.view()}, {avx2.view()});
+      }
+      {
+        ForcedIsa forced(Isa::avx512);
+        const auto kernel = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
+        kernel_test::run_built(*kernel, {xt.view(), w.view()}, {avx512.view()});
+      }
+      EXPECT_EQ(avx2.bytes, avx512.bytes) << "M " << M;
     }
-    {
-      ForcedIsa forced(Isa::avx512);
-      const auto kernel = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
-      kernel_test::run_built(*kernel, {xt.view(), w.view()}, {avx512.view()});
-    }
-    EXPECT_EQ(avx2.bytes, avx512.bytes) << "M " << M;
-  }
   }
 }
 

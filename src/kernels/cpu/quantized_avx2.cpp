@@ -911,10 +911,7 @@ template <int R>
   const int64_t K = x.K, supers = K / 256;
   const uint8_t* ps = panel + s * kQ4KPanelSuperBytes;
   const __m256i low = _mm256_set1_epi8(0x0F);
-  // The super-block's 74 lines half a super-block ahead, 3 at each of its 32 steps: a Zen 3 core's
-  // hardware prefetchers alone left these panels at 14.7 GB/s from DRAM (its plain read 23-28),
-  // with a prefetch 18-20 (bench_quantized BM_q4_k_packed/1/2048/8192/1; two cores 24-26 -> 28-35);
-  // a quarter, 1, 2 or 3.5 super-blocks ahead were no better.
+  // As q4_k_panel_super_one_row: half a super-block ahead, here 3 lines at each of 32 steps.
   constexpr int kPrefetchLines = 3;
   constexpr int64_t kPrefetchAhead = kQ4KPanelSuperBytes / 2;
   static_assert(32 * kPrefetchLines * 64 >= kQ4KPanelSuperBytes);
@@ -990,6 +987,10 @@ template <int R>
 
 // 8 rows' int8 scales at p -> int32 lanes (the int16 value in the low half, sign-extended).
 inline __m256i scales_i32(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+// The int32 lanes of scales_i32 as the int16 pairs (sc, sc), for vpmaddwd (scale_pairs for int8).
+inline __m256i signed_scale_pairs(__m256i sc) {
+  return _mm256_or_si256(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc, 16));
+}
 
 // q4_k_panel_super for a Q6_K panel and R activation rows from m0: the AVX-512 q6_k_panel_row's
 // integer sums, sum over the sub-blocks i of 16 of sc_i (dot_i - 32 sum_i(q_x)), on 8 weight rows
@@ -1021,8 +1022,7 @@ template <int R>
       q6_k_groups(ps + q6_k_quants_at(j) + 384 * (v / 2) + 32 * (v % 2), u);
       const __m256i sc_a = scales_i32(ps + q6_k_scales_at(j) + 8 * v);
       const __m256i sc_b = scales_i32(ps + q6_k_scales_at(j) + kGemmRows + 8 * v);
-      const __m256i a2 = _mm256_or_si256(_mm256_and_si256(sc_a, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc_a, 16));
-      const __m256i b2 = _mm256_or_si256(_mm256_and_si256(sc_b, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc_b, 16));
+      const __m256i a2 = signed_scale_pairs(sc_a), b2 = signed_scale_pairs(sc_b);
       const __m256i ab = _mm256_blend_epi16(sc_a, _mm256_slli_epi32(sc_b, 16), 0xAA);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -1049,11 +1049,10 @@ template <int R>
   }
 }
 
-// Activation rows [m0, m0 + R) of x against `count` (at most kPanelStreams) consecutive
-// panels, their super-blocks interleaved: y[m][0, rows), `rows` of the panels' weight rows existing,
-// row m at y + m * ldy. Each panel is a
-// forward stream; several at once keep the DRAM busy as the row GEMV's 4 row streams do (one panel
-// at a time, a Zen 3 core read them slower than the row GEMV reads its rows).
+// Activation rows [m0, m0 + R) of x against `count` (at most kPanelStreams) consecutive panels, their
+// super-blocks interleaved: y[m][0, rows), `rows` of the panels' weight rows existing, row m at
+// y + m * ldy. Each panel is a forward stream; several at once keep the DRAM busy as the row GEMV's
+// 4 row streams do (one panel at a time, a Zen 3 core read them slower than the row GEMV reads its rows).
 constexpr int64_t kPanelStreams = 4;
 template <QuantizationEncoding E, int R>
 void k_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t count, int64_t m0, float* y, int64_t ldy,
@@ -1067,11 +1066,10 @@ void k_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t count, 
     for (int64_t p = 0; p < count; ++p)
       if constexpr (E == QuantizationEncoding::q6_k)
         q6_k_panel_super<R>(x, panels + p * panel_bytes, m0, s, acc[p]);
+      else if constexpr (R == 1)
+        q4_k_panel_super_one_row(x, panels + p * panel_bytes, m0, s, acc[p][0]);
       else
-        if constexpr (R == 1)
-          q4_k_panel_super_one_row(x, panels + p * panel_bytes, m0, s, acc[p][0]);
-        else
-          q4_k_panel_super<R>(x, panels + p * panel_bytes, m0, s, acc[p]);
+        q4_k_panel_super<R>(x, panels + p * panel_bytes, m0, s, acc[p]);
   for (int r = 0; r < R; ++r)
     for (int64_t v = 0; v < (rows + 7) / 8; ++v)
       _mm256_maskstore_ps(y + (m0 + r) * ldy + 8 * v, column_mask(rows - 8 * v), acc[v / 4][r][v % 4]);
@@ -1133,9 +1131,9 @@ void q6_k_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_pan
   }
 }
 
-// Any M on Q4_K or Q6_K panels: up to kKPanelGemvRows rows the panels' GEMV, row by row,
-// kPanelStreams panels at a time (they stay in L2 for the rows after the first); more rows unpack
-// each panel into the block GEMM's in `scratch` and run its tiles, as block_gemm does from the rows.
+// Any M on Q4_K or Q6_K panels: up to kKPanelGemvRows rows the panels' GEMV, all the rows together,
+// kPanelStreams panels at a time; more rows unpack each panel into the block GEMM's in `scratch`
+// and run its tiles, as block_gemm does from the rows.
 template <QuantizationEncoding E>
 void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t n1, float* y, int64_t ldy,
               uint8_t* scratch) {
@@ -1143,7 +1141,7 @@ void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t
   if (x.M <= kKPanelGemvRows) {
     for (int64_t n = n0; n < n1; n += kPanelStreams * kGemmRows) {
       const int64_t rows = lo(n1 - n, kPanelStreams * kGemmRows), count = (rows + kGemmRows - 1) / kGemmRows;
-      const uint8_t* first = panels + n / kGemmRows * panel_bytes;  // the rows together: one unpacking
+      const uint8_t* first = panels + n / kGemmRows * panel_bytes;
       with_tile_rows<kKPanelGemvRows>(x.M, [&]<int R>() { k_panel_rows<E, R>(x, first, count, 0, y + n, ldy, rows); });
     }
     return;
