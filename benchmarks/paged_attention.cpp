@@ -39,8 +39,8 @@ void decode(benchmark::State& state, DType cache_dtype) {
         static_cast<uint8_t*>(kiln::allocate_aligned(static_cast<size_t>(cache_elems * elem))), &std::free);
     for (int64_t i = 0; i < cache_elems; ++i) {
       const float x = dist(rng);
-      if (cache_dtype == DType::bf16) {
-        const uint16_t h = kiln::f32_to_bf16(x);
+      if (cache_dtype != DType::f32) {
+        const uint16_t h = cache_dtype == DType::bf16 ? kiln::f32_to_bf16(x) : kiln::f32_to_f16(x);
         std::memcpy(bytes.get() + i * 2, &h, 2);
       } else {
         std::memcpy(bytes.get() + i * 4, &x, 4);
@@ -87,6 +87,7 @@ void decode(benchmark::State& state, DType cache_dtype) {
 
 void BM_f32(benchmark::State& state) { decode(state, DType::f32); }
 void BM_bf16(benchmark::State& state) { decode(state, DType::bf16); }
+void BM_f16(benchmark::State& state) { decode(state, DType::f16); }
 
 void shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"seqs", "length", "threads"});
@@ -94,10 +95,12 @@ void shapes(benchmark::internal::Benchmark* b) {
     for (int64_t length : {64, 512, 2048}) b->Args({16, length, threads});
   b->Args({1, 4096, 1});
   for (int64_t threads : {1, 2}) b->Args({1, 48, threads});  // one stream, a short context: the launch itself
+  for (int64_t threads : {1, 2}) b->Args({1, 192, threads});  // kiln bench's decode: 128 + 64 positions
 }
 
 }  // namespace
 
 BENCHMARK(BM_f32)->Apply(shapes)->UseRealTime();
 BENCHMARK(BM_bf16)->Apply(shapes)->UseRealTime();
+BENCHMARK(BM_f16)->Apply(shapes)->UseRealTime();
 BENCHMARK_MAIN();

@@ -7,9 +7,9 @@
 // split into units of (kv heads, run of up to kRunTokens consecutive tokens of one sequence), shared
 // out between threads. A unit walks its sequence's blocks once, each block for all its kv heads in
 // turn; every query head of the GQA group and every token of the run reuse each K and V block while
-// it is in L1. A cache with contiguous elements is read in place (the AVX-512 path widens bf16 / f16
-// as it loads; the scalar path converts half caches to f32 rows per block), and the next block is
-// prefetched. Decode (one token per sequence) has one unit per token, or per part of its kv heads
+// it is in L1. A cache with contiguous elements is read in place (the AVX-512 and AVX2 paths widen
+// bf16 / f16 as they load; the scalar path converts half caches to f32 rows per block), and the SIMD
+// paths prefetch the next block. Decode (one token per sequence) has one unit per token, or per part of its kv heads
 // when there are too few tokens to share out.
 //
 // Batch invariance: a token's arithmetic is a function of its own sequence and position only. It
@@ -482,8 +482,8 @@ KILN_AVX512 void attend_chunk_rows(const UnitRows& u, const __mmask16* seen, con
 #endif
 
 // A unit's working set: each of its kv heads' query rows and accumulators, one head's block of K and
-// V rows converted to f32 (only for a cache whose elements are not contiguous, or a half cache without
-// AVX-512; others are read in place), and the AVX-512 path's transposed key chunk. One per thread,
+// K and V rows converted to f32 (only for a cache whose elements are not contiguous, or a half cache
+// on the scalar path; others are read in place), and the AVX-512 path's transposed key chunk. One per thread,
 // kept between launches: a decode step's launch is a few microseconds of work.
 struct Scratch {
   std::vector<float> q_rows, acc, running_max, running_sum, k_tile, v_tile, scores, k_chunk;
@@ -545,14 +545,9 @@ float dot_in_8_lanes(const float* a, const float* b, int64_t n) {
   return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
 }
 
-// A row's n scores of a block (q . k * scale) softcapped, and its running max raised to theirs, what
-// was summed against the old max rescaled (exp(-inf) = 0 the first time): the online softmax's
-// step before the block's exps, shared by the scalar and AVX2 paths.
-void cap_and_rescale(const UnitRows& u, int64_t row, float* score, int64_t n, float softcap) {
-  if (softcap > 0)
-    for (int64_t t = 0; t < n; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
-  float block_max = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, score[t]);
+// A row's running max raised to a block's max, what was summed against the old max rescaled
+// (exp(-inf) = 0 the first time): the online softmax's step before the block's exps.
+void raise_max(const UnitRows& u, int64_t row, float block_max) {
   float& m = u.max[row];
   if (block_max > m) {
     const float correction = std::exp(m - block_max);
@@ -561,6 +556,16 @@ void cap_and_rescale(const UnitRows& u, int64_t row, float* score, int64_t n, fl
     for (int64_t d = 0; d < u.hd; ++d) a[d] *= correction;
     m = block_max;
   }
+}
+
+// A row's n scores of a block (q . k * scale) softcapped, then raise_max to their max: shared by the
+// scalar path and the AVX2 path's soft-capped models.
+void cap_and_rescale(const UnitRows& u, int64_t row, float* score, int64_t n, float softcap) {
+  if (softcap > 0)
+    for (int64_t t = 0; t < n; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
+  float block_max = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, score[t]);
+  raise_max(u, row, block_max);
 }
 
 // The scalar path's work on one block for every row of the unit: keys [lo, lo + visible) of the
@@ -593,52 +598,128 @@ void attend_block_scalar(const Geometry& g, float scale, float softcap, const fl
 }
 
 #if defined(__x86_64__)
-// attend_block_scalar on CPUs with AVX2 and FMA but not AVX-512: the same steps with 8 head dims per
-// instruction (q . k in 8 FMA lanes, the V rows added with FMA) and the scores' exp 8 at a time by
-// vmath::exp_avx2 (exp_avx512's bits), where libm's expf, called per score, and one-lane loops made
-// the attention a third of a stories15M prefill's compute on Zen 3. A token's arithmetic still
-// depends on nothing but its own keys.
-__attribute__((target("avx2,fma"))) void attend_block_avx2(const Geometry& g, float scale, float softcap,
-                                                           const float* k_rows, int64_t k_stride, const float* v_rows,
-                                                           int64_t v_stride, int64_t count, const int64_t* lo,
-                                                           const int64_t* visible, const UnitRows& u, Scratch& w) {
-  const int64_t hd = g.head_dim, vectors = hd / 8 * 8;
+// attend_block_scalar on CPUs with AVX2, FMA and F16C but not AVX-512, for head dims a multiple of 8,
+// reading the cache in place (a bf16 / f16 row widened as it is loaded). Scores 8 keys at a time:
+// each key's q . k in 8 FMA lanes over the head dims in order, the 8 keys' lanes then added in one
+// fixed tree (dots8), so a key's score has the same bits whichever lane it lands in; exps 8 at a
+// time by vmath::exp_avx2 (exp_avx512's bits); the weighted sum of V rows keeps up to 64 head dims
+// of the row in registers while it walks the keys in order. Widening each block into f32 tiles, a
+// horizontal sum per key and the accumulator's store-to-load round trip per key made this path
+// 6-12x slower (bench_paged_attention, llama-1B's geometry, 192 positions, Zen 3).
+#define KILN_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+KILN_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+KILN_AVX2 inline __m256 load8(const f16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+KILN_AVX2 inline __m256 load8(const bf16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// Lane j: q . k_j for the 8 rows k_j (`stride` elements apart) of hd elements, hd a multiple of 8.
+template <class C> KILN_AVX2 __m256 dots8(const float* q, const C* const (&k)[8], int64_t hd) {
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < hd; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(k[j] + d), acc[j]);
+  }
+  // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]: two rounds leave key j's
+  // lanes 0-3 summed in lane j % 4 of the low half (j < 4) or of h4567, and lanes 4-7 in the high half.
+  const __m256 h0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 h4567 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+// a[0, 8V) += sum over keys t < n in order of p[t] * v_t[0, 8V) (rows `stride` elements apart).
+template <int V, class C>
+KILN_AVX2 void weigh_values_avx2(float* a, const float* p, const C* v, int64_t stride, int64_t n) {
+  __m256 acc[V];
+#pragma GCC unroll 8
+  for (int i = 0; i < V; ++i) acc[i] = _mm256_loadu_ps(a + 8 * i);
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 pv = _mm256_set1_ps(p[t]);
+    const C* row = v + t * stride;
+#pragma GCC unroll 8
+    for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(pv, load8(row + 8 * i), acc[i]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < V; ++i) _mm256_storeu_ps(a + 8 * i, acc[i]);
+}
+
+// Calls f.template operator()<V>() for V = vectors in [1, 8].
+template <class F> void with_vectors(int64_t vectors, F&& f) {
+  switch (vectors) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    case 6: return f.template operator()<6>();
+    case 7: return f.template operator()<7>();
+    default: return f.template operator()<8>();
+  }
+}
+
+template <class C>
+KILN_AVX2 void attend_block_avx2(const Geometry& g, float scale, float softcap, const C* k_rows, int64_t k_stride,
+                                 const C* v_rows, int64_t v_stride, int64_t count, const int64_t* lo,
+                                 const int64_t* visible, const NextRows& next, const UnitRows& u, Scratch& w) {
+  const int64_t hd = g.head_dim;
+  // The next block's rows of this kv head into L2 (the block table scatters blocks, which no hardware
+  // prefetcher follows), a whole block's work ahead of their use.
+  if (next.k != nullptr) {
+    const int64_t bytes = hd * static_cast<int64_t>(sizeof(C));
+    for (int64_t r = 0; r < next.rows; ++r)
+      for (int64_t offset = 0; offset < bytes; offset += 64) {
+        __builtin_prefetch(next.k + r * next.k_stride + offset, 0, 2);
+        __builtin_prefetch(next.v + r * next.v_stride + offset, 0, 2);
+      }
+  }
   float* score = w.scores.data();
-  const auto dot = [&](const float* a, const float* b) __attribute__((target("avx2,fma"))) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < vectors; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    float total = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-    for (int64_t d = vectors; d < hd; ++d) total = std::fma(a[d], b[d], total);
-    return total;
-  };
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = visible[i];
     if (n <= 0) continue;
-    const float* k_lo = k_rows + lo[i] * k_stride;
-    const float* v_lo = v_rows + lo[i] * v_stride;
+    const C* k_lo = k_rows + lo[i] * k_stride;
+    const C* v_lo = v_rows + lo[i] * v_stride;
     for (int64_t gi = 0; gi < g.group; ++gi) {
       const int64_t row = i * g.group + gi;
       const float* q_row = u.q + row * hd;
-      float* a = u.acc + row * hd;
-      for (int64_t t = 0; t < n; ++t) score[t] = dot(q_row, k_lo + t * k_stride) * scale;
-      cap_and_rescale(u, row, score, n, softcap);
-      const float m = u.max[row];
-      float& l = u.sum[row];
-      // The scores past n up to a multiple of 8 are the scratch's (sized for it), never read after.
-      for (int64_t t = 0; t < n; t += 8)
-        _mm256_storeu_ps(score + t, vmath::exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(score + t), _mm256_set1_ps(m))));
-      for (int64_t t = 0; t < n; ++t) {
-        const float p = score[t];
-        l += p;
-        const float* v_row = v_lo + t * v_stride;
-        const __m256 pv = _mm256_set1_ps(p);
-        int64_t d = 0;
-        for (; d < vectors; d += 8)
-          _mm256_storeu_ps(a + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v_row + d), _mm256_loadu_ps(a + d)));
-        for (; d < hd; ++d) a[d] = std::fma(p, v_row[d], a[d]);
+      // Scores past n up to a multiple of 8 (the last key's again) fill the scratch, never read.
+      for (int64_t t = 0; t < n; t += 8) {
+        const C* k[8];
+        for (int j = 0; j < 8; ++j) k[j] = k_lo + std::min<int64_t>(t + j, n - 1) * k_stride;
+        _mm256_storeu_ps(score + t, _mm256_mul_ps(dots8(q_row, k, hd), _mm256_set1_ps(scale)));
       }
+      if (softcap > 0) {
+        cap_and_rescale(u, row, score, n, softcap);
+      } else {  // the lanes past n repeat key n - 1's score, so they leave the max as it is
+        __m256 most = _mm256_loadu_ps(score);
+        for (int64_t t = 8; t < n; t += 8) most = _mm256_max_ps(most, _mm256_loadu_ps(score + t));
+        __m128 half = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+        half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+        raise_max(u, row, _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half))));
+      }
+      // The exps, and their sum (lanes past n masked off) in lanes, then in one fixed tree.
+      const __m256 m = _mm256_set1_ps(u.max[row]);
+      __m256 total = _mm256_setzero_ps();
+      for (int64_t t = 0; t < n; t += 8) {
+        const __m256 e = vmath::exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(score + t), m));
+        _mm256_storeu_ps(score + t, e);
+        const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n - t, 8))),
+                                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        total = _mm256_add_ps(total, _mm256_and_ps(e, _mm256_castsi256_ps(lanes)));
+      }
+      __m128 half = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+      half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+      u.sum[row] += _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+      float* a = u.acc + row * hd;
+      for (int64_t d0 = 0; d0 < hd; d0 += 64)
+        with_vectors(std::min<int64_t>(8, (hd - d0) / 8),
+                     [&]<int V>() { weigh_values_avx2<V>(a + d0, score, v_lo + d0, v_stride, n); });
     }
   }
 }
@@ -708,11 +789,11 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, bo
 
   const C* k_data = o.k.as<C>();
   const C* v_data = o.v.as<C>();
-  // A cache whose elements are contiguous is read where it lies (the AVX-512 path widens bf16 / f16
-  // as it loads; the scalar path reads f32 only): a block's rows of one kv head are cache.strides[2]
+  // A cache whose elements are contiguous is read where it lies (the SIMD paths widen bf16 / f16 as
+  // they load; the scalar path reads f32 only): a block's rows of one kv head are cache.strides[2]
   // apart. Otherwise each block's rows are converted to f32 rows of the tiles.
   const bool contiguous = o.k.strides[4] == 1 && o.v.strides[4] == 1;
-  const bool in_place = contiguous && (simd || std::is_same_v<C, float>);
+  const bool in_place = contiguous && (simd || avx2 || std::is_same_v<C, float>);
   static const bool f16c = has_f16c();
   // Blocks wholly before every token's window are never read.
   for (int64_t b = min_first / bs; b <= max_position / bs; ++b) {
@@ -737,7 +818,7 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, bo
         }
       }
 #if defined(__x86_64__)
-      if (simd) {
+      if (simd || avx2) {
         NextRows next;
         if (in_place && next_block >= 0) {
           const auto elem = static_cast<int64_t>(sizeof(C));
@@ -745,27 +826,29 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, bo
                   reinterpret_cast<const char*>(v_data + cache_row(o.v, o.layer, next_block, 0, kv)),
                   o.k.strides[2] * elem, o.v.strides[2] * elem, std::min(bs, max_position + 1 - (b + 1) * bs)};
         }
-        if (in_place)
+        if (simd && in_place)
           attend_block_avx512(g, scale, softcap, k_block, o.k.strides[2], v_block, o.v.strides[2], block_rows, count,
                               lo, visible, next, u, w);
-        else
+        else if (simd)
           attend_block_avx512(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, block_rows, count, lo,
                               visible, next, u, w);
+        else if (in_place)
+          attend_block_avx2(g, scale, softcap, k_block, o.k.strides[2], v_block, o.v.strides[2], count, lo, visible,
+                            next, u, w);
+        else
+          attend_block_avx2(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, count, lo, visible, next, u,
+                            w);
         continue;
       }
 #endif
-#if defined(__x86_64__)
-      const auto attend_block = avx2 ? attend_block_avx2 : attend_block_scalar;
-#else
-      const auto attend_block = attend_block_scalar;
-#endif
       if constexpr (std::is_same_v<C, float>) {
         if (in_place) {
-          attend_block(g, scale, softcap, k_block, o.k.strides[2], v_block, o.v.strides[2], count, lo, visible, u, w);
+          attend_block_scalar(g, scale, softcap, k_block, o.k.strides[2], v_block, o.v.strides[2], count, lo, visible,
+                              u, w);
           continue;
         }
       }
-      attend_block(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, count, lo, visible, u, w);
+      attend_block_scalar(g, scale, softcap, w.k_tile.data(), hd, w.v_tile.data(), hd, count, lo, visible, u, w);
     }
   }
 
@@ -804,9 +887,9 @@ void paged_attention_kernel(const KernelContext& ctx, const AttentionParams& par
   }
   const Operands o{inputs[0], inputs[1], inputs[2], inputs[3], seq_ids, positions, outputs[0], params.layer};
   const bool simd = vmath::avx512_available();
-  // The AVX2 path (it takes vmath's AVX2 exp) where the AVX-512 one is not and vmath's loops run
-  // (tests force the generic level to reach the scalar one).
-  const bool avx2 = !simd && vmath::available();
+  // The AVX2 path (it takes vmath's AVX2 exp) where the AVX-512 one is not, vmath's loops run (tests
+  // force the generic level to reach the scalar one) and the head dims fill whole vectors.
+  const bool avx2 = !simd && vmath::available() && has_f16c() && g.head_dim % 8 == 0;
   const auto num_runs = static_cast<int64_t>(runs.size());
   // A unit takes `span` of a run's kv heads: all of them while there are units enough to share out
   // (4 a thread, or a whole number a thread: one sequence's heads are equal work), else halved until
