@@ -729,11 +729,16 @@ void block_gemm_tile(const Q8Activations& x, const uint8_t* panel, int64_t v0, i
           const __m256 a = ab_row(c, t, n);
 #pragma GCC unroll 8
           for (int m = 0; m < MR; ++m) part[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][n]), a, part[m][n]);
-          if constexpr (Rule::kOffset == 0) {
-            const __m256 b = ab_row(c, kSub + t, n);
+        }
+        if constexpr (Rule::kOffset == 0) {  // each activation row's sum broadcast once for the NV vectors
+          __m256 b[NV];
+#pragma GCC unroll 4
+          for (int n = 0; n < NV; ++n) b[n] = ab_row(c, kSub + t, n);
 #pragma GCC unroll 8
-            for (int m = 0; m < MR; ++m)
-              part[m][n] = _mm256_fnmadd_ps(b, _mm256_set1_ps(x.sum_f32[(m0 + m) * blocks + kSub * c + t]), part[m][n]);
+          for (int m = 0; m < MR; ++m) {
+            const __m256 sum = _mm256_set1_ps(x.sum_f32[(m0 + m) * blocks + kSub * c + t]);
+#pragma GCC unroll 4
+            for (int n = 0; n < NV; ++n) part[m][n] = _mm256_fnmadd_ps(b[n], sum, part[m][n]);
           }
         }
       }
