@@ -1073,13 +1073,16 @@ template <int R>
 // Activation rows [m0, m0 + R) of x against `count` (at most kPanelStreams) consecutive panels, their
 // super-blocks interleaved: y[m][0, rows), `rows` of the panels' weight rows existing, row m at
 // y + m * ldy. Each panel is a forward stream; several at once keep the DRAM busy as the row GEMV's
-// 4 row streams do (one panel at a time, a Zen 3 core read them slower than the row GEMV reads its rows).
-constexpr int64_t kPanelStreams = 4;
+// 4 row streams do (one panel at a time, a Zen 3 core read them slower than the row GEMV reads its
+// rows). Q4_K's panels read faster two at a time than four (BM_q4_k_packed/1/2048/8192, Zen 3: one
+// core 19.1-20.1 -> 21.8-22.1 GB/s, two 32.4-32.9 -> 34.6-36.0), Q6_K's slower (18.3 -> 14.7, 30.4 -> 27.2).
+template <QuantizationEncoding E>
+constexpr int64_t kPanelStreams = E == QuantizationEncoding::q4_k ? 2 : 4;
 template <QuantizationEncoding E, int R>
 void k_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t count, int64_t m0, float* y, int64_t ldy,
                   int64_t rows) {
   const int64_t supers = x.K / 256, panel_bytes = k_panel_bytes(E, x.K);
-  __m256 acc[kPanelStreams][R][4];
+  __m256 acc[kPanelStreams<E>][R][4];
   for (auto& a : acc)
     for (auto& r : a)
       for (__m256& v : r) v = _mm256_setzero_ps();
@@ -1160,8 +1163,8 @@ void k_panels(const Q8Activations& x, const uint8_t* panels, int64_t n0, int64_t
               uint8_t* scratch) {
   const int64_t panel_bytes = k_panel_bytes(E, x.K);
   if (x.M <= kKPanelGemvRows) {
-    for (int64_t n = n0; n < n1; n += kPanelStreams * kGemmRows) {
-      const int64_t rows = lo(n1 - n, kPanelStreams * kGemmRows), count = (rows + kGemmRows - 1) / kGemmRows;
+    for (int64_t n = n0; n < n1; n += kPanelStreams<E> * kGemmRows) {
+      const int64_t rows = lo(n1 - n, kPanelStreams<E> * kGemmRows), count = (rows + kGemmRows - 1) / kGemmRows;
       const uint8_t* first = panels + n / kGemmRows * panel_bytes;
       with_tile_rows<kKPanelGemvRows>(x.M, [&]<int R>() { k_panel_rows<E, R>(x, first, count, 0, y + n, ldy, rows); });
     }
