@@ -699,9 +699,7 @@ KILN_AVX2 void attend_block_avx2(const Geometry& g, float scale, float softcap, 
       } else {  // the lanes past n repeat key n - 1's score, so they leave the max as it is
         __m256 most = _mm256_loadu_ps(score);
         for (int64_t t = 8; t < n; t += 8) most = _mm256_max_ps(most, _mm256_loadu_ps(score + t));
-        __m128 half = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
-        half = _mm_max_ps(half, _mm_movehl_ps(half, half));
-        raise_max(u, row, _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half))));
+        raise_max(u, row, vmath::hmax_avx2(most));
       }
       // The exps, and their sum (lanes past n masked off) in lanes, then in one fixed tree.
       const __m256 m = _mm256_set1_ps(u.max[row]);
@@ -713,9 +711,7 @@ KILN_AVX2 void attend_block_avx2(const Geometry& g, float scale, float softcap, 
                                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         total = _mm256_add_ps(total, _mm256_and_ps(e, _mm256_castsi256_ps(lanes)));
       }
-      __m128 half = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-      half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-      u.sum[row] += _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+      u.sum[row] += vmath::hsum_avx2(total);
       float* a = u.acc + row * hd;
       for (int64_t d0 = 0; d0 < hd; d0 += 64)
         with_vectors(std::min<int64_t>(8, (hd - d0) / 8),

@@ -90,6 +90,18 @@ KILN_VMATH_AVX2 inline __m256 exp_avx2(__m256 x) {
   return _mm256_mul_ps(_mm256_mul_ps(y, first), second);
 }
 
+// The sum and the max of v's 8 lanes, in one fixed order: the halves, then pairs, then the last two.
+KILN_VMATH_AVX2 inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+KILN_VMATH_AVX2 inline float hmax_avx2(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
 // r[j] <- column j of the 16 x 16 matrix whose rows are r[0..15] (unpack, then 128-bit shuffles):
 // the GEMM's packing of transposed operands and paged attention's key tiles.
 [[gnu::always_inline]] KILN_VMATH_AVX512 inline void transpose16_avx512(__m512* r) {
