@@ -373,33 +373,53 @@ inline int64_t row_block(int64_t rows) {
 
 // One row of A (decode) times B packed ahead (f32 panels, or 16-bit ones widened as loaded), columns
 // [n0, n1) of c: micro_rows<1>'s steps and sums (each depth block's from zero, added to the blocks'
-// before it, as store_tile adds them to C) with every panel in one pass, its sums in registers, in a
-// loop of its own. From DRAM that streams the panels faster than the tile machinery does: on Zen 4,
+// before it, as store_tile adds them to C) with every panel in one pass (kRowPanels of them side by
+// side), its sums in registers, in a loop of its own. From DRAM that streams the panels faster than the tile machinery does: on Zen 4,
 // stories110M f32 decode steps went from 84% to 89-90% of the same second's read bandwidth (medians,
 // slow phase; docs/performance.md, session 27).
+// Panels taken together by one_row_on_panels. With AVX2's 2 vectors a panel, one panel at a time
+// bound a Zen 3 core to the FMA's latency (2 chains): 51-53 GB/s from cache, 23 from DRAM
+// (bench_quantized BM_f32_packed/1/*/1); 2 panels at once 63-70 and 28, 4 (8 chains, 4 forward
+// streams) 74 and 27-30. AVX-512's 4 vectors a panel keep one (session 20's single stream, Zen 4).
+constexpr int kRowPanels = kNV >= 4 ? 1 : 8 / kNV;
+
 template <class BT>
 void one_row_on_panels(const float* a, int64_t K, const BT* panels, int64_t panel_stride, int64_t n0, int64_t n1,
                        float* c) {
   constexpr int64_t kStep = kPairedB<BT> ? 2 : 1;
-  for (int64_t n = n0; n < n1; n += kNR) {
-    const BT* bp = panels + n / kNR * panel_stride;
-    V total[1][kNV];
+  // P panels from column n (the last may be partial), each summed exactly as alone.
+  const auto run = [&]<int P>(int64_t n) {
+    const BT* bp[P];
+#pragma GCC unroll 4
+    for (int q = 0; q < P; ++q) bp[q] = panels + (n / kNR + q) * panel_stride;
+    V total[P][1][kNV];
     for (int64_t pc = 0; pc < K; pc += kKC) {
       const int64_t kc = lo(kKC, K - pc);
-      const BT* b = bp + pc * kNR;
-      V acc[1][kNV];
+      V acc[P][1][kNV];
+#pragma GCC unroll 4
+      for (int q = 0; q < P; ++q)
 #pragma GCC unroll 8
-      for (int v = 0; v < kNV; ++v) acc[0][v] = Vec::zero();
-      for (int64_t k = 0; k + kStep <= kc; k += kStep) micro_step(acc, a + pc, K, b, k);
+        for (int v = 0; v < kNV; ++v) acc[q][0][v] = Vec::zero();
+      for (int64_t k = 0; k + kStep <= kc; k += kStep)
+#pragma GCC unroll 4
+        for (int q = 0; q < P; ++q) micro_step(acc[q], a + pc, K, bp[q] + pc * kNR, k);
 #if defined(KILN_GEMM_BF16_DOT)
       if constexpr (kPairedB<BT>)
-        if (kc % 2) micro_step(acc, a + pc, K, b, kc - 1, /*both=*/false);
+        if (kc % 2)
+          for (int q = 0; q < P; ++q) micro_step(acc[q], a + pc, K, bp[q] + pc * kNR, kc - 1, /*both=*/false);
 #endif
+#pragma GCC unroll 4
+      for (int q = 0; q < P; ++q)
 #pragma GCC unroll 8
-      for (int v = 0; v < kNV; ++v) total[0][v] = pc == 0 ? acc[0][v] : Vec::add(acc[0][v], total[0][v]);
+        for (int v = 0; v < kNV; ++v) total[q][0][v] = pc == 0 ? acc[q][0][v] : Vec::add(acc[q][0][v], total[q][0][v]);
     }
-    store_tile(total, c + n, 0, lo(kNR, n1 - n), /*accumulate=*/false);
-  }
+#pragma GCC unroll 4
+    for (int q = 0; q < P; ++q) store_tile(total[q], c + n + q * kNR, 0, lo(kNR, n1 - n - q * kNR), /*accumulate=*/false);
+  };
+  int64_t n = n0;
+  if constexpr (kRowPanels > 1)
+    for (; n1 - n > (kRowPanels - 1) * kNR; n += kRowPanels * kNR) run.template operator()<kRowPanels>(n);
+  for (; n < n1; n += kNR) run.template operator()<1>(n);
 }
 
 // gemm_f32 for one row tile (m1 - m0 <= kMR: decode, small batches) on B packed ahead: each B
