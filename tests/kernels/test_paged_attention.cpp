@@ -371,6 +371,58 @@ TEST(PagedAttentionKernel, KvHeadsSharedOutUnevenlyBetweenUnits) {
   check(s, DType::bf16);
 }
 
+// A cache whose head dims are not contiguous (every other element of a wider cache: a view the
+// kernels cannot read in place) is widened into f32 rows per block: the same values and the same
+// steps as the cache read in place, so bitwise its result, on every ISA and cache dtype.
+TEST(PagedAttentionKernel, CachesWhoseElementsAreNotContiguousGiveTheInPlaceBits) {
+  PagedBatch s{24, 4, 2, 16, 4, {13, 1, 22, 5}, {}};
+  s.tokens = concat({{{0, 12}}, chunk(2, 11, 11), {{1, 0}}, chunk(3, 0, 5)});
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (gemm::Isa isa : supported_isas()) {
+      SCOPED_TRACE(::testing::Message() << gemm::isa_name(isa) << " " << dtype_name(dtype));
+      ForcedIsa forced(isa);
+      HostTensor k_cache = nan_cache(s, dtype), v_cache = nan_cache(s, dtype);
+      const std::vector<int64_t> table_values = shuffled_tables(s, 11);
+      const HostTensor tables = i64_tensor({s.seqs(), s.max_blocks()}, table_values);
+      fill(s, table_values, k_cache, v_cache);
+      const auto n = static_cast<int64_t>(s.tokens.size());
+      const HostTensor q =
+          tensor_from_doubles(DType::f32, {n, s.heads, s.head_dim}, pseudo_random(n * s.heads * s.head_dim, 13));
+      std::vector<size_t> all(s.tokens.size());
+      std::iota(all.begin(), all.end(), 0);
+      const double scale = 0.25;
+      const HostTensor want = run_paged(s, s.tokens, q, all, k_cache, v_cache, tables, scale);
+
+      // The same cache in the even elements of one twice as wide (the odd ones NaN: read, they poison).
+      const int64_t elem = dtype_size(dtype);
+      auto spread = [&](const HostTensor& cache) {
+        HostTensor wide(dtype, {kLayers, s.num_blocks, s.block_size, s.kv_heads, 2 * s.head_dim});
+        std::fill(wide.bytes.begin(), wide.bytes.end(), uint8_t{0xFF});
+        for (int64_t i = 0; i < cache.numel(); ++i)
+          std::memcpy(wide.bytes.data() + 2 * i * elem, cache.bytes.data() + i * elem, static_cast<size_t>(elem));
+        return wide;
+      };
+      const HostTensor k_wide = spread(k_cache), v_wide = spread(v_cache);
+      auto strided = [&](const HostTensor& wide) {
+        TensorView v = wide.view();
+        v.shape.back() = s.head_dim;
+        v.strides.back() = 2;
+        return v;
+      };
+      HostTensor got(DType::f32, {n, s.heads, s.head_dim});
+      std::vector<int64_t> seq_ids, positions;
+      for (const auto& [seq, position] : s.tokens) {
+        seq_ids.push_back(seq);
+        positions.push_back(position);
+      }
+      run_kernel(Op::paged_attention, graph::Attrs{{"layer", kLayer}, {"scale", scale}},
+                 {q.view(), strided(k_wide), strided(v_wide), tables.view(), i64_tensor({n}, seq_ids).view(),
+                  i64_tensor({n}, positions).view()},
+                 {got.view()});
+      EXPECT_EQ(got.bytes, want.bytes);
+    }
+}
+
 TEST(PagedAttentionKernel, OneSequenceInterruptedByAnotherStartsANewRun) {
   // Sequence 0's tokens are not all adjacent in the batch: each adjacent group is its own run.
   PagedBatch s{16, 2, 1, 4, 2, {9, 3}, {}};
