@@ -201,7 +201,7 @@ std::vector<float> dense_attention(const PagedBatch& s, const History& h, const 
 
 // Runs paged_attention over `tokens` (a sub-batch of s.tokens, or all of them).
 HostTensor run_paged(const PagedBatch& s, const std::vector<std::pair<int64_t, int64_t>>& tokens, const HostTensor& q_all,
-                     const std::vector<size_t>& rows, const HostTensor& k_cache, const HostTensor& v_cache,
+                     const std::vector<size_t>& rows, const TensorView& k_cache, const TensorView& v_cache,
                      const HostTensor& tables, double scale, Parallel* parallel = nullptr) {
   const auto n = static_cast<int64_t>(tokens.size());
   const int64_t row = s.heads * s.head_dim;
@@ -219,8 +219,7 @@ HostTensor run_paged(const PagedBatch& s, const std::vector<std::pair<int64_t, i
   if (s.window > 0) attrs.emplace("window", s.window);
   if (s.softcap > 0) attrs.emplace("softcap", s.softcap);
   run_kernel(Op::paged_attention, attrs,
-             {q.view(), k_cache.view(), v_cache.view(), tables.view(), i64_tensor({n}, seq_ids).view(),
-              i64_tensor({n}, positions).view()},
+             {q.view(), k_cache, v_cache, tables.view(), i64_tensor({n}, seq_ids).view(), i64_tensor({n}, positions).view()},
              {out.view()}, parallel);
   return out;
 }
@@ -238,7 +237,7 @@ void check_on_isa(const PagedBatch& s, DType dtype) {
   std::vector<size_t> all(s.tokens.size());
   std::iota(all.begin(), all.end(), 0);
 
-  const HostTensor got = run_paged(s, s.tokens, q, all, k_cache, v_cache, tables, scale);
+  const HostTensor got = run_paged(s, s.tokens, q, all, k_cache.view(), v_cache.view(), tables, scale);
   const std::vector<double> want = naive_paged(s, h, q, scale);
   const std::vector<float> dense = dense_attention(s, h, q, scale);
   for (int64_t i = 0; i < got.numel(); ++i) {
@@ -249,13 +248,13 @@ void check_on_isa(const PagedBatch& s, DType dtype) {
 
   // Threads split the units; each unit's arithmetic is the same either way.
   ThreadedParallel threads(3);
-  EXPECT_EQ(run_paged(s, s.tokens, q, all, k_cache, v_cache, tables, scale, &threads).bytes, got.bytes);
+  EXPECT_EQ(run_paged(s, s.tokens, q, all, k_cache.view(), v_cache.view(), tables, scale, &threads).bytes, got.bytes);
 
   // Batch invariance: each token alone gives the bits it gave in the batch, and so does each
   // sequence's part of the batch without the other sequences.
   const int64_t row_bytes = s.heads * s.head_dim * 4;
   for (size_t t = 0; t < s.tokens.size(); ++t) {
-    const HostTensor alone = run_paged(s, {s.tokens[t]}, q, {t}, k_cache, v_cache, tables, scale);
+    const HostTensor alone = run_paged(s, {s.tokens[t]}, q, {t}, k_cache.view(), v_cache.view(), tables, scale);
     ASSERT_EQ(std::memcmp(alone.bytes.data(), got.bytes.data() + static_cast<int64_t>(t) * row_bytes,
                           static_cast<size_t>(row_bytes)),
               0)
@@ -270,7 +269,7 @@ void check_on_isa(const PagedBatch& s, DType dtype) {
         rows.push_back(t);
       }
     if (mine.empty()) continue;
-    const HostTensor part = run_paged(s, mine, q, rows, k_cache, v_cache, tables, scale);
+    const HostTensor part = run_paged(s, mine, q, rows, k_cache.view(), v_cache.view(), tables, scale);
     for (size_t r = 0; r < rows.size(); ++r)
       ASSERT_EQ(std::memcmp(part.bytes.data() + static_cast<int64_t>(r) * row_bytes,
                             got.bytes.data() + static_cast<int64_t>(rows[r]) * row_bytes, static_cast<size_t>(row_bytes)),
@@ -391,7 +390,7 @@ TEST(PagedAttentionKernel, CachesWhoseElementsAreNotContiguousGiveTheInPlaceBits
       std::vector<size_t> all(s.tokens.size());
       std::iota(all.begin(), all.end(), 0);
       const double scale = 0.25;
-      const HostTensor want = run_paged(s, s.tokens, q, all, k_cache, v_cache, tables, scale);
+      const HostTensor want = run_paged(s, s.tokens, q, all, k_cache.view(), v_cache.view(), tables, scale);
 
       // The same cache in the even elements of one twice as wide (the odd ones NaN: read, they poison).
       const int64_t elem = dtype_size(dtype);
@@ -409,16 +408,7 @@ TEST(PagedAttentionKernel, CachesWhoseElementsAreNotContiguousGiveTheInPlaceBits
         v.strides.back() = 2;
         return v;
       };
-      HostTensor got(DType::f32, {n, s.heads, s.head_dim});
-      std::vector<int64_t> seq_ids, positions;
-      for (const auto& [seq, position] : s.tokens) {
-        seq_ids.push_back(seq);
-        positions.push_back(position);
-      }
-      run_kernel(Op::paged_attention, graph::Attrs{{"layer", kLayer}, {"scale", scale}},
-                 {q.view(), strided(k_wide), strided(v_wide), tables.view(), i64_tensor({n}, seq_ids).view(),
-                  i64_tensor({n}, positions).view()},
-                 {got.view()});
+      const HostTensor got = run_paged(s, s.tokens, q, all, strided(k_wide), strided(v_wide), tables, scale);
       EXPECT_EQ(got.bytes, want.bytes);
     }
 }

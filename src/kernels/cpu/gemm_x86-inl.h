@@ -371,18 +371,18 @@ inline int64_t row_block(int64_t rows) {
   return (tiles + blocks - 1) / blocks * kMR;
 }
 
-// One row of A (decode) times B packed ahead (f32 panels, or 16-bit ones widened as loaded), columns
-// [n0, n1) of c: micro_rows<1>'s steps and sums (each depth block's from zero, added to the blocks'
-// before it, as store_tile adds them to C) with every panel in one pass (kRowPanels of them side by
-// side), its sums in registers, in a loop of its own. From DRAM that streams the panels faster than the tile machinery does: on Zen 4,
-// stories110M f32 decode steps went from 84% to 89-90% of the same second's read bandwidth (medians,
-// slow phase; docs/performance.md, session 27).
 // Panels taken together by one_row_on_panels. With AVX2's 2 vectors a panel, one panel at a time
 // bound a Zen 3 core to the FMA's latency (2 chains): 51-53 GB/s from cache, 23 from DRAM
 // (bench_quantized BM_f32_packed/1/*/1); 2 panels at once 63-70 and 28, 4 (8 chains, 4 forward
 // streams) 74 and 27-30. AVX-512's 4 vectors a panel keep one (session 20's single stream, Zen 4).
 constexpr int kRowPanels = kNV >= 4 ? 1 : 8 / kNV;
 
+// One row of A (decode) times B packed ahead (f32 panels, or 16-bit ones widened as loaded), columns
+// [n0, n1) of c: micro_rows<1>'s steps and sums (each depth block's from zero, added to the blocks'
+// before it, as store_tile adds them to C) with every panel in one pass (kRowPanels of them side by
+// side), its sums in registers, in a loop of its own. From DRAM that streams the panels faster than
+// the tile machinery does: on Zen 4, stories110M f32 decode steps went from 84% to 89-90% of the same
+// second's read bandwidth (medians, slow phase; docs/performance.md, session 27).
 template <class BT>
 void one_row_on_panels(const float* a, int64_t K, const BT* panels, int64_t panel_stride, int64_t n0, int64_t n1,
                        float* c) {

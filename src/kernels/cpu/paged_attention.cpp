@@ -513,7 +513,10 @@ thread_local Scratch t_scratch;
 // same way), where converting element by element cost a stories110M decode with an f16 cache
 // 0.65-0.70x of its speed with an f32 one (Zen 3).
 #if defined(__x86_64__)
-bool has_f16c() { return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"); }
+bool has_f16c() {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
 __attribute__((target("avx,f16c"))) void widen_f16c(const f16_t* src, int64_t n, float* dst) {
   int64_t d = 0;
   for (; d + 8 <= n; d += 8)
@@ -791,7 +794,7 @@ void attend_unit(const Geometry& g, const AttentionParams& params, bool simd, bo
   // apart. Otherwise each block's rows are converted to f32 rows of the tiles.
   const bool contiguous = o.k.strides[4] == 1 && o.v.strides[4] == 1;
   const bool in_place = contiguous && (simd || avx2 || std::is_same_v<C, float>);
-  static const bool f16c = has_f16c();
+  const bool f16c = has_f16c();
   // Blocks wholly before every token's window are never read.
   for (int64_t b = min_first / bs; b <= max_position / bs; ++b) {
     const int64_t block = at2(o.tables, seq, b);
