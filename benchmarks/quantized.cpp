@@ -146,12 +146,14 @@ void BM_q5_k(benchmark::State& s) { gemv(s, "q5_k"); }
 void BM_q6_k(benchmark::State& s) { gemv(s, "q6_k"); }
 
 // Q8_0 on its packed GEMM panels, Q4_K and Q6_K on their nibble panels (what a fixed weight runs on where VNNI
-// is; Q4_K's on AVX2 without it), every copy packed ahead; skipped without the kernels.
+// or AVX2 is), every copy packed ahead; skipped without the kernels.
 void packed(benchmark::State& state, kiln::graph::QuantizationEncoding e) {
   namespace q = kiln::kernels::quantized;
   const bool k_quant = e != kiln::graph::QuantizationEncoding::q8_0;
   const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
-  const q::Q8_0PackFn pack = !vnni   ? (__builtin_cpu_supports("avx2") ? q::avx2_k_pack(e) : nullptr)
+  const q::Q8_0PackFn pack = !vnni   ? (!__builtin_cpu_supports("avx2") ? nullptr
+                                        : k_quant                         ? q::avx2_k_pack(e)
+                                                                          : q::avx2_q8_0_pack())
                              : k_quant ? q::avx512_vnni_k_pack(e)
                                        : q::avx512_vnni_q8_0_pack();
   if (!pack) {
@@ -163,7 +165,7 @@ void packed(benchmark::State& state, kiln::graph::QuantizationEncoding e) {
   const kiln::kernels::KernelContext ctx{&pool};
   const std::vector<uint8_t> one = weight_bytes(std::string(kiln::graph::encoding_name(e)), N, K);
   const int64_t panel_bytes =
-      (N + q::kGemmRows - 1) / q::kGemmRows * (k_quant ? q::k_panel_bytes(e, K) : q::gemm_panel_bytes(K));
+      (N + q::kGemmRows - 1) / q::kGemmRows * q::packed_panel_bytes(e, K);
   const size_t copies = std::max<size_t>(1, kFootprint / static_cast<size_t>(panel_bytes));
   kiln::kernels::AlignedScratch<uint8_t> panels;
   uint8_t* base = panels.get(copies * static_cast<size_t>(panel_bytes));

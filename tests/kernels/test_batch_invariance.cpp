@@ -353,21 +353,39 @@ void expect_rows_the_same_at_every_m(const std::vector<Product>& products, const
   }
 }
 
-// A model's Q8_0 weights (fixed at build) on VNNI CPUs: every step, one-row decode included, runs the
-// packed GEMM, whose rows never depend on the batch: each row of every M from 1 to 20 (across its
-// 6-row tiles and kGemmRows panels) is bitwise that row at M = 20, and within the reference's
-// tolerance; grouped too.
+// A model's Q8_0 weights (fixed at build) run on their packed panels at every step, one-row decode
+// included: VNNI's GEMM, or without VNNI (AVX2) the panels' one-row kernel and above one row the
+// block GEMM on each panel unpacked. Their rows never depend on the batch: each row of every M from 1
+// to 20 (across tiles and kGemmRows panels) is bitwise that row at M = 20, and within the reference's
+// tolerance; grouped too. On AVX2 the rows above 8 are bitwise what the block GEMM gives from the
+// file's rows (the same arithmetic), so one-row decode is too.
 TEST(BatchInvariance, FixedQ8_0WeightsGiveEveryRowTheSameBitsAtEveryM) {
-  if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
-    GTEST_SKIP() << "this CPU has no AVX512-VNNI: no packed Q8_0 GEMM to check";
-  ForcedIsa forced(Isa::avx512);
-  const int64_t K = 1120;
-  const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {20, K}, kernel_test::pseudo_random(20 * K, 110));
-  std::vector<std::vector<double>> w;
-  const std::vector<Product> products =
-      grouped_and_alone(graph::QuantizationEncoding::q8_0, {70, 40, 33}, K, 111, /*fixed=*/true, w);
-  const int64_t Ms[] = {1, 2, 3, 5, 6, 7, 8, 9, 12, 13, 19};
-  expect_rows_the_same_at_every_m(products, w, x, Ms, 32, "fixed f32 x q8_0");
+  const bool vnni = __builtin_cpu_supports("avx512vnni") && gemm::isa_supported(Isa::avx512);
+  if (!vnni && !gemm::isa_supported(Isa::avx2))
+    GTEST_SKIP() << "this CPU has neither AVX512-VNNI nor AVX2: no packed Q8_0 panels to check";
+  std::vector<Isa> isas;
+  if (vnni) isas.push_back(Isa::avx512);
+  if (gemm::isa_supported(Isa::avx2)) isas.push_back(Isa::avx2);
+  for (const Isa isa : isas) {
+    ForcedIsa forced(isa);
+    const std::string what = std::string("fixed f32 x q8_0 ") + gemm::isa_name(isa);
+    const int64_t K = 1120;
+    const HostTensor x = kernel_test::tensor_from_doubles(DType::f32, {20, K}, kernel_test::pseudo_random(20 * K, 110));
+    std::vector<std::vector<double>> w;
+    const std::vector<Product> products =
+        grouped_and_alone(graph::QuantizationEncoding::q8_0, {70, 40, 33}, K, 111, /*fixed=*/true, w);
+    const int64_t Ms[] = {1, 2, 3, 5, 6, 7, 8, 9, 12, 13, 19};
+    expect_rows_the_same_at_every_m(products, w, x, Ms, 32, what);
+    if (isa != Isa::avx2) continue;
+    ThreadedParallel two(2);
+    for (const Product& p : products) {
+      Product from_rows = p;
+      from_rows.fixed_weights = false;
+      const std::vector<HostTensor> want = from_rows.run(x, 0, 20, nullptr), got = p.run(x, 0, 20, &two);
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(got[i].bytes, want[i].bytes) << what << " result " << i << " of " << p.widths.size();
+    }
+  }
 }
 
 // Q4_0 and the K-quants on VNNI CPUs: steps of more than 8 rows run the block GEMM (quantized.h),

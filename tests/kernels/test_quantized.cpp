@@ -185,7 +185,9 @@ TEST(QMatmul, MatchesDecodedWeightsWithinActivationRoundingOnEveryIsa) {
 
 // Integer activations with max |x| = 127 in every block quantize exactly (d = 1), as do integer
 // weights with max |w| = 127 (d = 1 in f16), and every partial sum stays below 2^24: the result is
-// the exact integer dot product, whatever the path. A sign or +128 offset slip shows at once.
+// the exact integer dot product, whatever the path: the weight's rows, and its panels packed at build
+// (a fixed weight). A sign or +128 offset slip shows at once. Some quants are then set to -128 (a
+// file may hold them though ggml writes -127..127): |q| = 128 must not wrap.
 TEST(QMatmul, IntegerBlocksGiveTheExactIntegerProductOnEveryIsa) {
   const int64_t K = 256, N = 35;
   std::mt19937 rng(3);
@@ -196,22 +198,35 @@ TEST(QMatmul, IntegerBlocksGiveTheExactIntegerProductOnEveryIsa) {
     for (int64_t i = 0; i < rows * K; i += 32) v[static_cast<size_t>(i + i / 32 % 32)] = (i / 32) % 2 ? 127.0f : -127.0f;
     return v;
   };
-  const std::vector<float> wf = integer_rows(N);
+  std::vector<float> wf = integer_rows(N);
   HostTensor w(DType::u8, {N, K / 32 * 34});
   for (int64_t n = 0; n < N; ++n) graph::quantize_q8_0(wf.data() + n * K, K, w.bytes.data() + n * (K / 32 * 34));
+  for (int64_t n = 0; n < N; n += 3)  // every third row: 5 quants of -128 per block, beside its +-127
+    for (int64_t k = 0; k < K; k += 7)
+      if (std::fabs(wf[static_cast<size_t>(n * K + k)]) != 127.0f) {
+        w.bytes[static_cast<size_t>(n * (K / 32 * 34) + k / 32 * 34 + 2 + k % 32)] = 0x80;
+        wf[static_cast<size_t>(n * K + k)] = -128.0f;
+      }
+  TensorView symbolic_lhs;
+  symbolic_lhs.dtype = DType::f32;
+  const bool fixed[] = {false, true};
   for (int64_t M : {1, 5, 8, 16, 33}) {
     const std::vector<float> x = integer_rows(M);
+    const HostTensor xt = kernel_test::tensor<float>({M, K}, x);
     for (Isa isa : supported_isas()) {
       ForcedIsa forced(isa);
-      const HostTensor y = qmatmul(x, w, M, K, N);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-          int64_t ref = 0;
-          for (int64_t k = 0; k < K; ++k)
-            ref += static_cast<int64_t>(x[m * K + k]) * static_cast<int64_t>(wf[n * K + k]);
-          ASSERT_EQ(y.at<float>(m * N + n), static_cast<float>(ref)) << gemm::isa_name(isa) << " M " << M << " m " << m
-                                                                     << " n " << n;
-        }
+      HostTensor packed(DType::f32, {M, N});
+      kernel_test::run_built(*kernel_test::build_kernel(Op::qmatmul, kQ8Attrs, {symbolic_lhs, w.view()}, {}, fixed),
+                             {xt.view(), w.view()}, {packed.view()});
+      for (const auto& [y, path] : {std::pair{qmatmul(x, w, M, K, N), "rows"}, std::pair{packed, "fixed"}})
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            int64_t ref = 0;
+            for (int64_t k = 0; k < K; ++k)
+              ref += static_cast<int64_t>(x[m * K + k]) * static_cast<int64_t>(wf[n * K + k]);
+            ASSERT_EQ(y.at<float>(m * N + n), static_cast<float>(ref))
+                << gemm::isa_name(isa) << " " << path << " M " << M << " m " << m << " n " << n;
+          }
     }
   }
 }
@@ -253,12 +268,13 @@ TEST(QMatmul, OneAndTwoThreadsGiveIdenticalBitsOnEveryIsa) {
 }
 
 // The weight's GEMM panels packed at build (the qmatmul kernel of a fixed weight) against packing per
-// call: the same bits on 1 and 2 threads, for row counts that are not a multiple of the 32-row panel,
-// a symbolic lhs (empty shape at init) and a static one; decode-sized lhs shapes prepare nothing.
+// call (VNNI) or the block GEMM on the rows (AVX2): the same bits on 1 and 2 threads, for row counts
+// that are not a multiple of the 32-row panel, a symbolic lhs (empty shape at init) and a static one,
+// on every ISA level but the portable one (which packs nothing); decode shapes pack too.
 TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
   for (Isa isa : supported_isas()) {
     ForcedIsa forced(isa);
-    const bool vnni = (isa == Isa::avx512 || isa == Isa::avx512_bf16) && __builtin_cpu_supports("avx512vnni");
+    const bool packs = isa != Isa::generic;  // VNNI's panels, else AVX2's (the same bytes)
     for (const QCase& c : {QCase{9, 96, 70}, QCase{40, 256, 33}, QCase{13, 64, 64}}) {
       const std::vector<float> x = random_floats(c.M * c.K, 41);
       const HostTensor w = quantized_weights(c.N, c.K, 42);
@@ -273,8 +289,8 @@ TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
         }
         const auto prepared = kernel_test::build_kernel(Op::qmatmul, kQ8Attrs, {lhs_at_init, w.view()}, {}, fixed);
         const std::string what = std::string(gemm::isa_name(isa)) + " M " + std::to_string(c.M);
-        EXPECT_EQ(qmatmul_packed_panels(*prepared), vnni)
-            << what << ": panels are packed exactly where the VNNI GEMM runs";
+        EXPECT_EQ(qmatmul_packed_panels(*prepared), packs)
+            << what << ": panels are packed exactly where a kernel for them runs";
         if (!qmatmul_packed_panels(*prepared)) continue;
         for (int threads : {1, 2}) {
           const HostTensor want = qmatmul(x, w, c.M, c.K, c.N, threads);
@@ -289,7 +305,7 @@ TEST(QMatmul, PreparedPanelsGiveTheSameBitsAsPackingPerCall) {
       decode_lhs.shape = {1, c.K};
       decode_lhs.strides = {c.K, 1};
       EXPECT_EQ(qmatmul_packed_panels(*kernel_test::build_kernel(Op::qmatmul, kQ8Attrs, {decode_lhs, w.view()}, {}, fixed)),
-                vnni)
+                packs)
           << "a decode-shaped lhs runs on the panels too";
     }
   }

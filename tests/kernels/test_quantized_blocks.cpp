@@ -359,8 +359,8 @@ TEST(DequantizeBlocks, DecodesGatheredRowsOfAnyLeadingShape) {
 
 // A fixed weight's panels packed at build on two threads (as a model's init does) give the launches
 // the bits of panels packed on one: Q8_0, Q4_K and Q6_K, several panels, the last one partial, at a
-// decode row, a few rows (Q4_K's panels as stored) and many (unpacked per call).
-// Where panels are packed at build (VNNI: Q8_0, Q4_K, Q6_K; AVX2 without VNNI: Q4_K, Q6_K), and only there.
+// decode row, a few rows (Q4_K's panels as stored, AVX2's Q8_0 unpacked) and many (unpacked per call),
+// on VNNI and on AVX2.
 TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
   const bool vnni = __builtin_cpu_supports("avx512vnni") && gemm::isa_supported(Isa::avx512);
   if (!vnni && !gemm::isa_supported(Isa::avx2))
@@ -382,10 +382,8 @@ TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
     ThreadedParallel two(2);
     const auto serial = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed);
     const auto threaded = kernel_test::build_kernel(Op::qmatmul, attrs(e), {symbolic_lhs, w.view()}, {}, fixed, &two);
-    const bool packs = isa == Isa::avx512 || e != QuantizationEncoding::q8_0;
-    EXPECT_EQ(qmatmul_packed_panels(*serial), packs) << name(e) << " " << gemm::isa_name(isa);
-    if (!packs) continue;
-    for (int64_t M : {1, 13, 40}) {
+    ASSERT_TRUE(qmatmul_packed_panels(*serial)) << name(e) << " " << gemm::isa_name(isa);
+    for (int64_t M : {1, 3, 13, 40}) {
       const std::vector<float> x = random_floats(M * K, static_cast<uint32_t>(M));
       const HostTensor xt = kernel_test::tensor<float>({M, K}, x);
       HostTensor want(DType::f32, {M, N}), got(DType::f32, {M, N});
@@ -398,17 +396,19 @@ TEST(QMatmulBlocks, PanelsPackedOnSeveralThreadsGiveTheSameBits) {
   }
 }
 
-// Q4_K's and Q6_K's panels are one layout: the AVX2 packer writes the AVX-512 one's bytes (N 101: a
-// partial last panel), and the AVX2 panels' decode gives the VNNI one's bits (the same integer sums
-// and f32 steps) on them; above 8 rows both run the block GEMM's arithmetic, the same bits too.
-TEST(QMatmulBlocks, Avx2KQuantPanelsAreTheAvx512PanelsAndGiveTheirBits) {
+// Q8_0's, Q4_K's and Q6_K's panels are one layout each: the AVX2 packer writes the AVX-512 one's bytes
+// (N 101: a partial last panel), and the AVX2 panels' decode gives the VNNI one's bits (the same
+// integer sums and f32 steps) on them; above (Q8_0: above 1 row) both run the same arithmetic on the
+// block GEMM's (Q8_0: VNNI's GEMM tile's), the same bits too.
+TEST(QMatmulBlocks, Avx2PanelsAreTheAvx512PanelsAndGiveTheirBits) {
   if (!__builtin_cpu_supports("avx512vnni") || !gemm::isa_supported(Isa::avx512))
-    GTEST_SKIP() << "this CPU has no AVX512-VNNI: the AVX2 K-quant panels were not compared with its";
-  for (const QuantizationEncoding e : {QuantizationEncoding::q4_k, QuantizationEncoding::q6_k}) {
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: the AVX2 panels were not compared with its";
+  for (const QuantizationEncoding e : {QuantizationEncoding::q8_0, QuantizationEncoding::q4_k, QuantizationEncoding::q6_k}) {
     SCOPED_TRACE(name(e));
-    const int64_t K = 4352, N = 101;
+    const bool q8_0 = e == QuantizationEncoding::q8_0;
+    const int64_t K = q8_0 ? 1120 : 4352, N = 101;
     const HostTensor w = quantized_weights(e, N, K, 91);
-    const int64_t bytes = (N + quantized::kGemmRows - 1) / quantized::kGemmRows * quantized::k_panel_bytes(e, K);
+    const int64_t bytes = (N + quantized::kGemmRows - 1) / quantized::kGemmRows * quantized::packed_panel_bytes(e, K);
     struct Aligned {
       void operator()(uint8_t* p) const { std::free(p); }
     };
@@ -417,7 +417,8 @@ TEST(QMatmulBlocks, Avx2KQuantPanelsAreTheAvx512PanelsAndGiveTheirBits) {
       pack(w.bytes.data(), w.shape[1], N, K, p.get());
       return std::vector<uint8_t>(p.get(), p.get() + bytes);
     };
-    EXPECT_EQ(panels(quantized::avx2_k_pack(e)), panels(quantized::avx512_vnni_k_pack(e)));
+    EXPECT_EQ(panels(q8_0 ? quantized::avx2_q8_0_pack() : quantized::avx2_k_pack(e)),
+              panels(q8_0 ? quantized::avx512_vnni_q8_0_pack() : quantized::avx512_vnni_k_pack(e)));
     TensorView symbolic_lhs;
     symbolic_lhs.dtype = DType::f32;
     const bool fixed[] = {false, true};

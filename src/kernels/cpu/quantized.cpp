@@ -281,6 +281,14 @@ void block_gemm(const KernelContext& ctx, quantized::QBlockGemmFn fn, Quantizati
                });
 }
 
+// The kernel of packed panels at the active ISA level: VNNI's K-quant panels (nullptr for Q8_0,
+// which runs VNNI's Q8_0 GEMM on them), else AVX2's Q8_0 or K-quant panels, else nullptr (no panels).
+quantized::KPanelsFn panels_kernel(QuantizationEncoding e) {
+  if (use_vnni()) return quantized::avx512_vnni_k_panels(e);
+  if (!use_avx2()) return nullptr;
+  return e == QuantizationEncoding::q8_0 ? quantized::avx2_q8_0_panels() : quantized::avx2_k_panels(e);
+}
+
 }  // namespace
 
 void quantized::qmatmul_gemv_group(const KernelContext& ctx, QuantizationEncoding encoding, const TensorView& lhs,
@@ -317,11 +325,11 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
   int64_t panels = 0;  // of all targets, concatenated
   for (const PackedTarget& t : targets) panels += panels_of(t);
   if (M == 0 || panels == 0) return;
-  const KPanelsFn k_quant = use_vnni() ? avx512_vnni_k_panels(encoding) : avx2_k_panels(encoding);  // else Q8_0
+  const KPanelsFn panels_fn = panels_kernel(encoding);  // else VNNI's Q8_0 GEMM
   Q8Activations acts = quantize_lhs(ctx, encoding, lhs, M, K, /*offset=*/false);
-  if (k_quant && M > kKPanelGemvRows) add_f32_sums(encoding, acts);
+  if (panels_fn && M > kKPanelGemvRows) add_f32_sums(encoding, acts);
   const Q8_0GemmFn q8_0 = avx512_vnni_q8_0_gemm();
-  const int64_t panel_bytes = k_quant ? k_panel_bytes(encoding, K) : gemm_panel_bytes(K);
+  const int64_t panel_bytes = packed_panel_bytes(encoding, K);
   // The panels cut into gemm::parts_per_thread(M) chunks per thread, claimed as
   // threads come free (a core slowed by another job hands its share on), each at least 32 KiB of
   // weights times rows of x. Each row's sum is the same however the panels are cut.
@@ -329,7 +337,8 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
   const int64_t parts = gemm::parts_per_thread(M) * threads;
   parallel_for(ctx, panels, std::max<int64_t>({1, 32768 / (panel_bytes * M), panels / parts}),
                [&](int64_t begin, int64_t end) {
-                 uint8_t* scratch = k_quant && M > kKPanelGemvRows
+                 // (AVX2's Q8_0 panels unpack for M > 1, the K-quants' for M > kKPanelGemvRows.)
+                 uint8_t* scratch = panels_fn && M > 1
                                         ? t_scratch.panel.get(static_cast<size_t>(block_gemm_panel_bytes(encoding, K)))
                                         : nullptr;
                  int64_t first = 0;  // the target's first panel in the concatenation
@@ -337,8 +346,8 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
                    const int64_t p0 = std::max(begin, first) - first, p1 = std::min(end, first + panels_of(t)) - first;
                    if (p0 < p1) {
                      const int64_t n0 = p0 * kGemmRows, n1 = std::min(t.N, p1 * kGemmRows);
-                     if (k_quant)
-                       k_quant(acts, t.panels, n0, n1, t.y, t.N, scratch);
+                     if (panels_fn)
+                       panels_fn(acts, t.panels, n0, n1, t.y, t.N, scratch);
                      else
                        q8_0(acts, nullptr, 0, n0, n1, t.y, t.N, t.panels, nullptr);
                    }
@@ -406,9 +415,7 @@ class QmatmulKernel final : public Kernel {
     return panels_->panels.get();
   }
   // Whether this CPU (at the active level) has a kernel for the encoding's packed panels.
-  static bool panels_run(QuantizationEncoding e) {
-    return use_vnni() || (use_avx2() && quantized::avx2_k_panels(e) != nullptr);
-  }
+  static bool panels_run(QuantizationEncoding e) { return use_vnni() || panels_kernel(e) != nullptr; }
 
  private:
   QuantizationEncoding encoding_;
@@ -422,10 +429,11 @@ class QmatmulKernel final : public Kernel {
 // from their panels (quantized.h).
 QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(init)) {
   const bool k_quant = encoding_ == QuantizationEncoding::q4_k || encoding_ == QuantizationEncoding::q6_k;
+  const bool vnni = use_vnni();
   const quantized::Q8_0PackFn pack =
       !panels_run(encoding_) ? nullptr
-      : k_quant              ? (use_vnni() ? quantized::avx512_vnni_k_pack(encoding_) : quantized::avx2_k_pack(encoding_))
-      : encoding_ == QuantizationEncoding::q8_0 ? quantized::avx512_vnni_q8_0_pack()
+      : k_quant              ? (vnni ? quantized::avx512_vnni_k_pack(encoding_) : quantized::avx2_k_pack(encoding_))
+      : encoding_ == QuantizationEncoding::q8_0 ? (vnni ? quantized::avx512_vnni_q8_0_pack() : quantized::avx2_q8_0_pack())
                                                 : nullptr;
   if (init.inputs.size() != 2 || !init.is_fixed(1) || !pack) return;
   const TensorView &a = init.inputs[0], &w = init.inputs[1];  // a's shape is empty when symbolic
@@ -436,7 +444,7 @@ QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(ini
     return;  // the launch reports what is wrong
   const int64_t N = w.shape[0], K = w.shape[1] / block_bytes * block_size;
   if (!a.shape.empty() && a.shape.back() != K) return;  // a static lhs of another K: the launch says so
-  const int64_t panel_bytes = k_quant ? quantized::k_panel_bytes(encoding_, K) : quantized::gemm_panel_bytes(K);
+  const int64_t panel_bytes = quantized::packed_panel_bytes(encoding_, K);
   PackedPanels& p = panels_.emplace();
   p.source = w.data;
   p.N = N;

@@ -57,7 +57,11 @@ using QGemvFn = void (*)(const Q8Activations& x, const uint8_t* w, int64_t row_b
 // The GEMM's packing unit, and the scratch one call needs: kGemmRows rows x K as int8 + f16 scales,
 // as many bytes as the rows themselves (so a packed one-row product streams what the GEMV would).
 inline constexpr int64_t kGemmRows = 32;
-inline int64_t gemm_panel_bytes(int64_t K) { return K / 32 * kGemmRows * (32 + 2); }
+// A panel's bytes per block of 32 quants: [8 dwords][2 halves][16 rows][4 quants + 128], then
+// [2 halves][16 rows] f16 scales as stored (the rows' own 32 x 34); rows past the weight are zero
+// (quants 128, scale 0). A 256-bit vector at dword j, byte 32 v holds rows 8v .. 8v + 7.
+inline constexpr int64_t kQ8_0PanelBlockBytes = kGemmRows * (32 + 2);
+inline int64_t gemm_panel_bytes(int64_t K) { return K / 32 * kQ8_0PanelBlockBytes; }
 
 // Same contract as QGemvFn for any M, x not offset (with sums); n0 a multiple of kGemmRows.
 // `packed`: all of w's panels (Q8_0PackFn's layout) packed ahead, or nullptr: each panel is then
@@ -73,6 +77,12 @@ QGemvFn avx512_vnni_q8_0_gemv();
 Q8_0GemmFn avx512_vnni_q8_0_gemm();
 Q8_0PackFn avx512_vnni_q8_0_pack();
 QuantizeRowsFn avx512_quantize_rows();
+// Without VNNI (AVX2), a fixed Q8_0 weight is packed at init into the same panels (avx2_q8_0_pack
+// writes avx512_vnni_q8_0_pack's bytes) and every M runs on them (avx2_q8_0_panels, a KPanelsFn
+// below): one activation row (decode) streams the panels 32 rows at a time with no horizontal sums,
+// the VNNI kernel's integer dots (|q| times q_x with q's sign) and f32 steps in its order, so its
+// bits; more rows unpack each panel into the AVX2 block GEMM's and run its tiles, whose f32 steps
+// are the same, so every row has the same bits whatever M is.
 
 // One quantized weight of a GEMV: rows [0, N) of `w`, `row_stride` bytes apart, into y [M][N].
 struct QGemvTarget {
@@ -203,6 +213,13 @@ KPanelsFn avx512_vnni_k_panels(graph::QuantizationEncoding e);
 // (so its bits), more rows through the AVX2 block GEMM (the bits it gives from the rows).
 Q8_0PackFn avx2_k_pack(graph::QuantizationEncoding e);
 KPanelsFn avx2_k_panels(graph::QuantizationEncoding e);
+// Q8_0's (above, near the VNNI GEMM): its panels are gemm_panel_bytes(K) each, x not offset (with sums).
+Q8_0PackFn avx2_q8_0_pack();
+KPanelsFn avx2_q8_0_panels();
+// The bytes of one packed panel of encoding e (Q8_0, Q4_K or Q6_K) and inner dim K.
+inline int64_t packed_panel_bytes(graph::QuantizationEncoding e, int64_t K) {
+  return e == graph::QuantizationEncoding::q8_0 ? gemm_panel_bytes(K) : k_panel_bytes(e, K);
+}
 
 int64_t block_gemm_panel_bytes(graph::QuantizationEncoding e, int64_t K);
 // One chunk of 32 quants of a block GEMM panel: the quants of kGemmRows rows, then their (a, b) per

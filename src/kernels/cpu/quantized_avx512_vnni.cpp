@@ -212,12 +212,12 @@ void quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* 
 
 // ---- GEMM ----------------------------------------------------------------------------------------
 
-// Panel of kGemmRows weight rows, per block: [8 dwords][2 halves][16 rows][4 quants + 128], then
-// [2 halves][16 rows] f16 scales as stored: 1088 bytes, the rows' own 32 x 34. Rows past the weight
-// are zero (quants 128, scale 0). The GEMM reads a block's bytes in this order, so a pass over the
-// panels is one forward stream: with the two halves 512 bytes apart (two interleaved streams) a Zen 4
-// core read 12 GB/s from DRAM without a software prefetch and 15-18 with one.
-constexpr int64_t kPanelBlockBytes = 2 * 8 * 64 + 2 * 16 * 2;
+// Panel of kGemmRows weight rows: kQ8_0PanelBlockBytes per block (quantized.h's layout). The GEMM
+// reads a block's bytes in this order, so a pass over the panels is one forward stream: with the two
+// halves 512 bytes apart (two interleaved streams) a Zen 4 core read 12 GB/s from DRAM without a
+// software prefetch and 15-18 with one.
+constexpr int64_t kPanelBlockBytes = kQ8_0PanelBlockBytes;
+static_assert(kPanelBlockBytes == 2 * 8 * 64 + 2 * 16 * 2);
 
 // 32 quants of each of 16 rows (`stride` bytes apart) -> [8 dwords][16 rows], each byte xor `flip`:
 // an 8 x 8 dword transpose in each 256-bit half (rows r and r + 8 share a vector), as in the AVX
