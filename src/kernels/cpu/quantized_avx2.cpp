@@ -1250,6 +1250,7 @@ void q8_0_panel_row(const Q8Activations& x, const uint8_t* panels, int64_t count
               _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 128 * j + 32 * v)), flip);
           dot[v] = _mm256_add_epi32(
               dot[v], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(xq, q)), ones));
+          opaque(dot[v]);  // else all 32 products first, spilled (1.4x slower from cache)
         }
       }
 #pragma GCC unroll 4
