@@ -1218,11 +1218,11 @@ void q8_0_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_
   }
 }
 
-// Panels read side by side by one activation row. From DRAM 1, 2 and 4 streams, with or without a
-// software prefetch 2-8 blocks ahead, all read 20.5-21.5 GB/s on one Zen 3 core (84% of its plain
-// read) and 29-36 on two (bench_quantized BM_q8_0_packed/1/2048/8192, two rounds): the hardware
-// prefetchers keep up; 2 as the K-quants' panels.
-constexpr int64_t kQ8_0PanelStreams = 2;
+// Panels read side by side by one activation row. In bench_quantized (BM_q8_0_packed/1/2048/8192,
+// from DRAM) 1, 2 and 4 streams, with or without a software prefetch 2-8 blocks ahead, all read
+// 20.5-21.5 GB/s on one Zen 3 core (84% of its plain read) and 29-36 on two; in llama-1B Q8_0's
+// decode (2 threads, alternated 3 times) 4 ran 24.4-28.3 tok/s, 2 23.8-27.8, 1 21.5-24.1, 8 23.5-24.4.
+constexpr int64_t kQ8_0PanelStreams = 4;
 
 // One activation row on `count` (at most kQ8_0PanelStreams) consecutive Q8_0 panels, their blocks
 // interleaved: y[0, rows). Per block and 8 weight rows, the 8 dwords' |q| times q_x with q's sign
