@@ -337,7 +337,7 @@ void quantized::packed_gemm_group(const KernelContext& ctx, QuantizationEncoding
   const int64_t parts = gemm::parts_per_thread(M) * threads;
   parallel_for(ctx, panels, std::max<int64_t>({1, 32768 / (panel_bytes * M), panels / parts}),
                [&](int64_t begin, int64_t end) {
-                 // (AVX2's Q8_0 panels unpack for M > 1, the K-quants' for M > kKPanelGemvRows.)
+                 // (AVX2's Q8_0 panels unpack from M = 3, the K-quants' above kKPanelGemvRows.)
                  uint8_t* scratch = panels_fn && M > 1
                                         ? t_scratch.panel.get(static_cast<size_t>(block_gemm_panel_bytes(encoding, K)))
                                         : nullptr;
