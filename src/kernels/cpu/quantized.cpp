@@ -1,14 +1,15 @@
 // qmatmul (f32 activations x quantized weight rows) and dequantize. The activations are quantized
 // once per call to int8 blocks (quantized.h) on every path, so each result has one definition:
 // for Q8_0, y = sum over blocks of (d_x * d_w) * int32 dot(q_x, q_w), up to f32 rounding. Where
-// AVX512-VNNI is available a fixed weight runs the int8 GEMM on its packed panels at every M,
-// one-row decode included. Otherwise few rows (decode) run the
-// int8 GEMV, reading the weights in place, and more
-// rows (prefill) the VNNI GEMM packing as it goes, else the f32 GEMM of gemm.h (BStorage::q8_0) or
-// a portable loop on the dequantized activations d_x * q_x. The other encodings (quantized.h's last
+// AVX512-VNNI or AVX2 is available a fixed weight runs on its packed panels at every M, one-row
+// decode included (the VNNI GEMM, or AVX2's panel kernels: the same bits). Otherwise few rows
+// (decode) run the int8 GEMV, reading the weights in place, and more rows (prefill) the VNNI GEMM
+// packing as it goes or the AVX2 block GEMM, else the f32 GEMM of gemm.h (BStorage::q8_0) or a
+// portable loop on the dequantized activations d_x * q_x. The other encodings (quantized.h's last
 // section) run their int8 GEMV up to gemm::kSmallM rows, reading the weights in place (for the
 // K-quants' single activation row, its AVX-512 form where VNNI is there, the same bits), and above
-// it the block GEMM where VNNI is there (else the GEMV for every M); the K-quants' activations are
+// it the block GEMM where VNNI or AVX2 is there (else the GEMV for every M); a fixed Q4_K or Q6_K
+// weight runs on its packed panels at every M where VNNI or AVX2 is; the K-quants' activations are
 // quantized per 256 instead of 32 (ggml's q8_K).
 #include "kernels/cpu/quantized.h"
 #include "kernels/cpu/scratch.h"
@@ -407,7 +408,7 @@ class QmatmulKernel final : public Kernel {
   bool packed() const { return panels_.has_value(); }
   QuantizationEncoding encoding() const { return encoding_; }
   // The panels packed from w that a launch (lhs inner dim K) runs on, where a kernel for them is
-  // active (VNNI's, or AVX2's for Q4_K); else nullptr.
+  // active (VNNI's, or AVX2's for Q8_0, Q4_K and Q6_K); else nullptr.
   const uint8_t* panels_for(const TensorView& w, int64_t K) const {
     if (!panels_ || panels_->source != w.data || panels_->N != w.shape[0] || panels_->K != K ||
         panels_->row_stride != w.strides[0] || !panels_run(encoding_))
@@ -422,7 +423,7 @@ class QmatmulKernel final : public Kernel {
   std::optional<PackedPanels> panels_;
 };
 
-// A fixed Q8_0 weight's GEMM panels, or a fixed Q4_K or Q6_K weight's nibble panels, where VNNI is: every
+// A fixed Q8_0 weight's GEMM panels, or a fixed Q4_K or Q6_K weight's nibble panels, where VNNI or AVX2 is: every
 // launch then runs on them, and the file's rows are not read again, so they are reported as copied
 // (a mapped file's pages of them are dropped: the weight is held once). Packing Q8_0 per call was a
 // fifth of a stories110M q8_0 prefill's GEMM time; the K-quants' decode reads 16 rows per instruction

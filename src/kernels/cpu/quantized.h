@@ -79,10 +79,10 @@ Q8_0PackFn avx512_vnni_q8_0_pack();
 QuantizeRowsFn avx512_quantize_rows();
 // Without VNNI (AVX2), a fixed Q8_0 weight is packed at init into the same panels (avx2_q8_0_pack
 // writes avx512_vnni_q8_0_pack's bytes) and every M runs on them (avx2_q8_0_panels, a KPanelsFn
-// below): one activation row (decode) streams the panels 32 rows at a time with no horizontal sums,
-// the VNNI kernel's integer dots (|q| times q_x with q's sign) and f32 steps in its order, so its
-// bits; more rows unpack each panel into the AVX2 block GEMM's and run its tiles, whose f32 steps
-// are the same, so every row has the same bits whatever M is.
+// below): one or two activation rows (decode) stream the panels 32 rows at a time with no horizontal
+// sums, the VNNI kernels' integer dots (|q| times q_x with q's sign) and f32 steps in their order, so
+// their bits; more rows unpack each panel into the AVX2 block GEMM's and run its tiles, whose f32
+// steps are the same, so every row has the same bits whatever M is.
 
 // One quantized weight of a GEMV: rows [0, N) of `w`, `row_stride` bytes apart, into y [M][N].
 struct QGemvTarget {
@@ -230,13 +230,13 @@ constexpr int64_t block_gemm_chunk_bytes(int sub_blocks) { return 32 * kGemmRows
 
 namespace kiln::kernels {
 // The qmatmul kernel of a step: its encoding checked once, and a fixed Q8_0 weight's GEMM panels
-// (a Q4_K or Q6_K weight's nibble panels) packed at build where VNNI is (they then serve every launch,
-// whatever its M).
+// (a Q4_K or Q6_K weight's nibble panels) packed at build where VNNI or AVX2 is (they then serve every
+// launch, whatever its M).
 std::unique_ptr<const Kernel> make_qmatmul_kernel(const KernelInit& init);
 // Tests: whether a qmatmul kernel (make_qmatmul_kernel) packed its fixed weight's panels at build.
 bool qmatmul_packed_panels(const Kernel& qmatmul);
 // qmatmul(lhs, w) -> out checked as qmatmul checks it (its errors); the packed target a qmatmul kernel
-// runs it on (its panels are w's and the VNNI GEMM is active), else nullopt.
+// runs it on (its panels are w's and a kernel for them is active), else nullopt.
 std::optional<quantized::PackedTarget> qmatmul_packed_target(const Kernel& qmatmul, const TensorView& lhs,
                                                                const TensorView& w, const TensorView& out);
 }  // namespace kiln::kernels

@@ -1204,10 +1204,12 @@ void q8_0_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_
         __m256i z[8], d[8];
         for (int64_t r = 0; r < 8; ++r) {
           const int64_t row = 8 * v + r;
-          const uint8_t* block = w + (n + row) * row_bytes + b * graph::kQ8_0BlockBytes;
-          z[r] = row < rows ? load256(block + 2) : _mm256_setzero_si256();
+          z[r] = _mm256_setzero_si256();
           scales[row] = 0;
-          if (row < rows) std::memcpy(&scales[row], block, 2);
+          if (row >= rows) continue;
+          const uint8_t* block = w + (n + row) * row_bytes + b * graph::kQ8_0BlockBytes;
+          z[r] = load256(block + 2);
+          std::memcpy(&scales[row], block, 2);
         }
         transpose_dwords(z, d);
 #pragma GCC unroll 8
@@ -1262,7 +1264,7 @@ void q8_0_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t coun
           for (int m = 0; m < R; ++m) {
             dot[m][v] = _mm256_add_epi32(
                 dot[m][v], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xq[m], q)), ones));
-            opaque(dot[m][v]);  // else all of a block's products first, spilled (1.4x slower from cache)
+            opaque(dot[m][v]);  // else GCC computes a block's 32 products first and spills them
           }
         }
       }
