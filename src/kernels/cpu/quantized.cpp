@@ -289,6 +289,13 @@ quantized::KPanelsFn panels_kernel(QuantizationEncoding e) {
   if (!use_avx2()) return nullptr;
   return e == QuantizationEncoding::q8_0 ? quantized::avx2_q8_0_panels() : quantized::avx2_k_panels(e);
 }
+// The packer of those panels at the active ISA level (nullptr where none run).
+quantized::Q8_0PackFn panels_pack(QuantizationEncoding e) {
+  const bool q8_0 = e == QuantizationEncoding::q8_0;
+  if (use_vnni()) return q8_0 ? quantized::avx512_vnni_q8_0_pack() : quantized::avx512_vnni_k_pack(e);
+  if (!use_avx2()) return nullptr;
+  return q8_0 ? quantized::avx2_q8_0_pack() : quantized::avx2_k_pack(e);
+}
 
 }  // namespace
 
@@ -429,13 +436,7 @@ class QmatmulKernel final : public Kernel {
 // fifth of a stories110M q8_0 prefill's GEMM time; the K-quants' decode reads 16 rows per instruction
 // from their panels (quantized.h).
 QmatmulKernel::QmatmulKernel(const KernelInit& init) : encoding_(encoding_of(init)) {
-  const bool k_quant = encoding_ == QuantizationEncoding::q4_k || encoding_ == QuantizationEncoding::q6_k;
-  const bool vnni = use_vnni();
-  const quantized::Q8_0PackFn pack =
-      !panels_run(encoding_) ? nullptr
-      : k_quant              ? (vnni ? quantized::avx512_vnni_k_pack(encoding_) : quantized::avx2_k_pack(encoding_))
-      : encoding_ == QuantizationEncoding::q8_0 ? (vnni ? quantized::avx512_vnni_q8_0_pack() : quantized::avx2_q8_0_pack())
-                                                : nullptr;
+  const quantized::Q8_0PackFn pack = panels_pack(encoding_);
   if (init.inputs.size() != 2 || !init.is_fixed(1) || !pack) return;
   const TensorView &a = init.inputs[0], &w = init.inputs[1];  // a's shape is empty when symbolic
   const int64_t block_bytes = graph::quantized_row_bytes(encoding_, graph::block_size(encoding_));

@@ -1226,6 +1226,12 @@ void q8_0_pack(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, uint8_
 // decode (2 threads, alternated 3 times) 4 ran 24.4-28.3 tok/s, 2 23.8-27.8, 1 21.5-24.1, 8 23.5-24.4.
 constexpr int64_t kQ8_0PanelStreams = 4;
 
+// Rows 8v .. 8v + 7's dword j of a Q8_0 panel block as signed bytes (the stored + 128 undone).
+inline __m256i q8_0_panel_quants(const uint8_t* block, int j, int v) {
+  return _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(block + 128 * j + 32 * v)),
+                          _mm256_set1_epi8(static_cast<char>(0x80)));
+}
+
 // Activation rows [0, R) on `count` (at most S) consecutive Q8_0 panels, their blocks interleaved:
 // y[m * ldy + n], n in [0, rows). Per block and 8 weight rows, the 8 dwords' |q| (once for the R
 // rows) times q_x with q's sign (vpmaddubsw pairs at most 2 * 128 * 127), widened and added in int32:
@@ -1236,13 +1242,15 @@ template <int R, int S>
 void q8_0_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t count, float* y, int64_t ldy,
                      int64_t rows) {
   const int64_t K = x.K, blocks = K / 32, panel_bytes = gemm_panel_bytes(K);
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[S][R][4];
   for (auto& a : acc)
     for (auto& r : a)
       for (__m256& v : r) v = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* xb = x.x + 32 * b;
+    __m256 dx[R];
+    for (int m = 0; m < R; ++m) dx[m] = _mm256_set1_ps(x.d[m * blocks + b]);
 #pragma GCC unroll 4
     for (int p = 0; p < S; ++p) {
       if (p >= count) break;
@@ -1257,8 +1265,7 @@ void q8_0_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t coun
         for (int m = 0; m < R; ++m) xq[m] = _mm256_set1_epi32(static_cast<int>(load_u32(xb + m * K + 4 * j)));
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
-          const __m256i q =
-              _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 128 * j + 32 * v)), flip);
+          const __m256i q = q8_0_panel_quants(pb, j, v);
           const __m256i magnitude = _mm256_abs_epi8(q);
 #pragma GCC unroll 4
           for (int m = 0; m < R; ++m) {
@@ -1273,8 +1280,7 @@ void q8_0_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t coun
         const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(pb + 1024 + 16 * v)));
 #pragma GCC unroll 4
         for (int m = 0; m < R; ++m)
-          acc[p][m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][v]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[m * blocks + b])),
-                                         acc[p][m][v]);
+          acc[p][m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][v]), _mm256_mul_ps(dw, dx[m]), acc[p][m][v]);
       }
     }
   }
@@ -1286,14 +1292,12 @@ void q8_0_panel_rows(const Q8Activations& x, const uint8_t* panels, int64_t coun
 // A Q8_0 panel -> the AVX2 block GEMM's panel: the quants back to signed bytes (xor 0x80) in its
 // column vectors, a = d_w as f32 (Unpack<q8_0>'s), b = 0.
 void q8_0_panel_to_gemm_panel(const uint8_t* panel, int64_t K, uint8_t* gemm_panel) {
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int64_t c = 0; c < K / 32; ++c) {
     const uint8_t* pb = panel + c * kQ8_0PanelBlockBytes;
     uint8_t* chunk = gemm_panel + c * kChunkBytes<1>;
     for (int j = 0; j < 8; ++j)
       for (int v = 0; v < 4; ++v)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(chunk + column_vector_at(v) + 64 * j),
-                           _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 128 * j + 32 * v)), flip));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(chunk + column_vector_at(v) + 64 * j), q8_0_panel_quants(pb, j, v));
     auto* ab = reinterpret_cast<float*>(chunk + 1024);
     for (int v = 0; v < 4; ++v) {
       _mm256_store_ps(ab + 8 * v, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(pb + 1024 + 16 * v))));
