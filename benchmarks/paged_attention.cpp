@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/cpu/thread_pool.h"
@@ -107,9 +108,9 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 4096, 1, 32, 8, 0});
   for (int64_t threads : {1, 2}) b->Args({1, 48, threads, 32, 8, 0});  // one stream, a short context: the launch itself
   // kiln bench's decode (128 + 64 positions), llama-1B's and stories110M's heads, from cache and DRAM
-  for (int64_t heads : {32, 12})
+  for (const auto& [heads, kv_heads] : {std::pair<int64_t, int64_t>{32, 8}, {12, 12}})
     for (int64_t cold : {0, 1})
-      for (int64_t threads : {1, 2}) b->Args({1, 192, threads, heads, heads == 32 ? 8 : 12, cold});
+      for (int64_t threads : {1, 2}) b->Args({1, 192, threads, heads, kv_heads, cold});
 }
 
 }  // namespace

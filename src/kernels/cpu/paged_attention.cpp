@@ -679,13 +679,13 @@ KILN_AVX2 void attend_block_avx2(const Geometry& g, float scale, float softcap, 
   // prefetches filled the core's miss queue and the loads behind them waited as if the block had
   // been read first (bench_paged_attention, cold: 1, from DRAM: 8-20% slower).
   const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(C));
-  int64_t fetched_k = next.k != nullptr ? 0 : next.rows, fetched_v = fetched_k;
+  int64_t fetched_k = 0, fetched_v = 0;  // no next block: next.rows is 0
   auto fetch = [&](const char* base, int64_t stride, int64_t& fetched, int64_t upto) {
     for (; fetched < std::min(upto, next.rows); ++fetched)
       for (int64_t offset = 0; offset < row_bytes; offset += 64)
         __builtin_prefetch(base + fetched * stride + offset, 0, 2);  // locality 2: into L2 (T1)
   };
-  auto fetch_rows = [&](int64_t upto) { fetch(next.k, next.k_stride, fetched_k, upto); };
+  auto fetch_k_rows = [&](int64_t upto) { fetch(next.k, next.k_stride, fetched_k, upto); };
   auto fetch_v_rows = [&](int64_t upto) { fetch(next.v, next.v_stride, fetched_v, upto); };
   float* score = w.scores.data();
   for (int64_t i = 0; i < count; ++i) {
@@ -701,7 +701,7 @@ KILN_AVX2 void attend_block_avx2(const Geometry& g, float scale, float softcap, 
         const C* k[8];
         for (int j = 0; j < 8; ++j) k[j] = k_lo + std::min<int64_t>(t + j, n - 1) * k_stride;
         _mm256_storeu_ps(score + t, _mm256_mul_ps(dots8(q_row, k, hd), _mm256_set1_ps(scale)));
-        fetch_rows(t + 8);
+        fetch_k_rows(t + 8);
       }
       if (softcap > 0) {
         cap_and_rescale(u, row, score, n, softcap);
@@ -728,7 +728,7 @@ KILN_AVX2 void attend_block_avx2(const Geometry& g, float scale, float softcap, 
                      [&]<int V>() { weigh_values_avx2<V>(a + d0, score, v_lo + d0, v_stride, n); });
     }
   }
-  fetch_rows(next.rows);  // rows past every token's keys here
+  fetch_k_rows(next.rows);  // rows past every token's keys here
   fetch_v_rows(next.rows);
 }
 
