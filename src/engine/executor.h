@@ -114,6 +114,9 @@ class Executor {
   };
   class Interner;  // kernels::SymbolSlots over symbolic_dims_
 
+  // executor_profile.cpp: the bytes of a step's weight operands (StepProfile::weight_bytes).
+  int64_t weight_bytes(const compiler::Step& step) const;
+
   // executor_init.cpp
   void intern_shapes();
   void bind_constants();

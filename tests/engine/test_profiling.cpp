@@ -66,6 +66,8 @@ TEST(Profiling, CountsEveryLaunchOfEveryRunAndTheirTime) {
     EXPECT_GE(s.seconds, 0.0) << s.op;
     EXPECT_NE(s.op, "reshape") << "an alias launches nothing";
   }
+  // The matmul's weight operand is w, f32 [3, 2]: 24 bytes; the elementwise tail reads no weight.
+  for (const auto& s : p.steps) EXPECT_EQ(s.weight_bytes, s.op == "matmul" ? 24 : 0) << s.op;
   // Launches are timed inside their run.
   EXPECT_GT(p.seconds, 0.0);
   EXPECT_LE(total_step_seconds(p), p.seconds);

@@ -336,6 +336,64 @@ TEST(QuantizeRows256, SimdQuantizersGiveThePortableBits) {
   if (ran == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512 VNNI: only the portable quantizer exists";
 }
 
+// Q8_0's activation quantizer by hand: max|x| = 127, so the scale is 1 and each level is x rounded
+// half to even; a NaN quantizes to 127 and is skipped by the max; offset adds 128.
+TEST(QuantizeRows, PortableQuantizerRoundsHalfToEven) {
+  std::vector<float> x(32, 0.0f);
+  const float given[] = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 3.49f, -127.0f, std::nanf("")};
+  std::copy(std::begin(given), std::end(given), x.begin());
+  const int want[] = {127, 0, 2, 2, 0, -2, -2, 3, -127, 127};
+  for (bool offset : {false, true}) {
+    std::vector<uint8_t> q(32);
+    float d = 0;
+    int32_t sum = 0;
+    quantized::portable_quantize_rows(x.data(), 1, 32, offset, q.data(), &d, &sum);
+    EXPECT_EQ(d, 1.0f);
+    EXPECT_EQ(sum, 127 + 2 + 2 - 2 - 2 + 3 - 127 + 127);
+    for (int i = 0; i < 32; ++i)
+      EXPECT_EQ(q[i], static_cast<uint8_t>((i < 10 ? want[i] : 0) + (offset ? 128 : 0))) << "offset " << offset << " i " << i;
+  }
+}
+
+// Q8_0's activation quantizers of each ISA level give the portable one's bits, offset or not, with
+// sums or without: ordinary blocks, an all-zero one, halves to round to even, a NaN and an infinity.
+TEST(QuantizeRows, SimdQuantizersGiveThePortableBits) {
+  constexpr int64_t M = 3, K = 1024;
+  std::vector<float> x = random_floats(M * K, 78, 3.0f);
+  std::fill(x.begin() + 32, x.begin() + 64, 0.0f);
+  for (int i = 0; i < 32; ++i) x[64 + i] = static_cast<float>(i % 2 ? -(i % 9) : i % 7) + 0.5f;
+  x[64 + 5] = 127.0f;
+  for (int j = 0; j < 32; ++j) x[(8 + j) * 32 + j] = std::nanf("");  // a NaN at each place in a block
+  x[2 * K + 255] = INFINITY;
+  x[2 * K + 7] = -INFINITY;
+  struct Out {
+    std::vector<uint8_t> q = std::vector<uint8_t>(M * K);
+    std::vector<float> d = std::vector<float>(M * K / 32);
+    std::vector<int32_t> sum = std::vector<int32_t>(M * K / 32, -1);
+    bool operator==(const Out& o) const {
+      return q == o.q && sum == o.sum && std::memcmp(d.data(), o.d.data(), d.size() * 4) == 0;
+    }
+  };
+  const auto run = [&](quantized::QuantizeRowsFn fn, bool offset, bool sums) {
+    Out o;
+    fn(x.data(), M, K, offset, o.q.data(), o.d.data(), sums ? o.sum.data() : nullptr);
+    return o;
+  };
+  int ran = 0;
+  for (const auto& [name, fn] : {std::pair{"avx2", gemm::isa_supported(Isa::avx2) ? quantized::avx2_quantize_rows() : nullptr},
+                                 std::pair{"avx512", __builtin_cpu_supports("avx512vnni") && gemm::isa_supported(Isa::avx512)
+                                                         ? quantized::avx512_quantize_rows()
+                                                         : nullptr}}) {
+    if (!fn) continue;
+    ++ran;
+    for (bool offset : {false, true})
+      for (bool sums : {false, true})
+        EXPECT_TRUE(run(fn, offset, sums) == run(quantized::portable_quantize_rows, offset, sums))
+            << name << " offset " << offset << " sums " << sums;
+  }
+  if (ran == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512 VNNI: only the portable quantizer exists";
+}
+
 TEST(QMatmulBlocks, Avx2KernelsRanOnThisCpu) {
   if (!gemm::isa_supported(Isa::avx2)) GTEST_SKIP() << "this CPU has no AVX2: only the portable kernels were tested";
   SUCCEED() << "the tests above ran the AVX2 kernels (and the portable ones, forced)";

@@ -277,6 +277,19 @@ TEST(BenchModel, ProfileSplitsTheDecodeStepByOp) {
     }
   }
   EXPECT_NEAR(fractions, 1.0, 1e-9);
+  // stories15M's matrices (dim 288, hidden 768, vocab 32000) in f32: each layer's 4 attention
+  // projections share a line, as its 2 w1/w3 and its w2 do; the LM head is one.
+  const auto matrix_launches = [&](int64_t bytes) {
+    double launches = 0;
+    for (const DecodeProfileEntry& e : r.decode_profile)
+      if (e.weight_bytes_per_launch == bytes && e.op.find("matmul") != std::string::npos) {
+        launches += e.launches_per_token;
+        EXPECT_GT(e.weight_bytes_per_s(), 0) << e.op;
+      }
+    return launches;
+  };
+  EXPECT_DOUBLE_EQ(matrix_launches(int64_t{288} * 32000 * 4), 1) << "the LM head";
+  EXPECT_DOUBLE_EQ(matrix_launches(int64_t{768} * 288 * 4), 6) << "one w2 per layer";
   const std::string table = profile_table(r);
   EXPECT_NE(table.find("model: paged_attention"), std::string::npos) << table;
   EXPECT_NE(table.find("ms per token"), std::string::npos) << table;

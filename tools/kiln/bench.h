@@ -142,6 +142,11 @@ struct DecodeProfileEntry {
   double launches_per_token = 0;
   double seconds_per_token = 0;
   double fraction = 0;  // of the decode step's wall-clock time
+  // Each launch's weight operands (StepProfile::weight_bytes): an op's steps are one line per size,
+  // so a model's matrices of one kind (every layer's down projection) share a line.
+  int64_t weight_bytes_per_launch = 0;
+  // The rate those bytes were read at (0 for ops without weights, or that read only some rows).
+  double weight_bytes_per_s() const;
 };
 
 struct ModelBenchResult {

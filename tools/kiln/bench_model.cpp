@@ -152,6 +152,12 @@ void set_bandwidth(ModelBenchResult& r, double read_bytes_per_s) {
   r.roofline_fraction = r.decode_tokens_per_s / r.roofline_tokens_per_s;
 }
 
+double DecodeProfileEntry::weight_bytes_per_s() const {
+  // A gather reads only the rows its indices pick, not its whole table.
+  if (weight_bytes_per_launch == 0 || seconds_per_token <= 0 || op == "gather") return 0;
+  return static_cast<double>(weight_bytes_per_launch) * launches_per_token / seconds_per_token;
+}
+
 namespace {
 
 // Nearest-rank percentile of unsorted values (0 when empty).
@@ -174,19 +180,28 @@ std::vector<DecodeProfileEntry> collect_profile(const std::map<std::string, engi
     model.stop_profiling();
     const engine::ModelProfile p = model.profile();
     if (p.runs == 0) continue;
-    std::map<std::string, std::pair<int64_t, double>> by_op;  // launches, seconds
+    // (op, weight bytes) -> launches, seconds
+    std::map<std::pair<std::string, int64_t>, std::pair<int64_t, double>> by_op;
     double in_kernels = 0;
     for (const engine::StepProfile& step : p.steps) {
-      by_op[step.op].first += step.launches;
-      by_op[step.op].second += step.seconds;
+      auto& [launches, seconds] = by_op[{step.op, step.weight_bytes}];
+      launches += step.launches;
+      seconds += step.seconds;
       in_kernels += step.seconds;
     }
-    for (const auto& [op, totals] : by_op)
-      entries.push_back({name, op, static_cast<double>(totals.first) / steps, totals.second / steps, 0});
-    entries.push_back({name, "(run)", static_cast<double>(p.runs) / steps, (p.seconds - in_kernels) / steps, 0});
+    for (const auto& [key, totals] : by_op)
+      entries.push_back({.graph = name,
+                         .op = key.first,
+                         .launches_per_token = static_cast<double>(totals.first) / steps,
+                         .seconds_per_token = totals.second / steps,
+                         .weight_bytes_per_launch = key.second});
+    entries.push_back({.graph = name,
+                       .op = "(run)",
+                       .launches_per_token = static_cast<double>(p.runs) / steps,
+                       .seconds_per_token = (p.seconds - in_kernels) / steps});
     in_graphs += p.seconds;
   }
-  entries.push_back({"", "(pipeline)", 0, (wall_seconds - in_graphs) / steps, 0});
+  entries.push_back({.graph = "", .op = "(pipeline)", .seconds_per_token = (wall_seconds - in_graphs) / steps});
   for (DecodeProfileEntry& e : entries) e.fraction = e.seconds_per_token * steps / wall_seconds;
   std::sort(entries.begin(), entries.end(),
             [](const auto& a, const auto& b) { return a.seconds_per_token > b.seconds_per_token; });

@@ -28,7 +28,9 @@ nlohmann::json to_json(const ModelBenchResult& r) {
                          {"op", e.op},
                          {"launches_per_token", e.launches_per_token},
                          {"seconds_per_token", e.seconds_per_token},
-                         {"fraction", e.fraction}});
+                         {"fraction", e.fraction},
+                         {"weight_bytes_per_launch", e.weight_bytes_per_launch},
+                         {"weight_gb_per_s", e.weight_bytes_per_s() * 1e-9}});
     json["decode_profile"] = std::move(profile);
   }
   if (r.paired)
@@ -180,17 +182,30 @@ std::string table_row(const LlamaCppRounds& r) {
 
 namespace {
 
-// `unit`: what the rows count per ("token" of a single stream, "step" of the engine).
+// `unit`: what the rows count per ("token" of a single stream, "step" of the engine). With a measured
+// `read_bytes_per_s`, the ops that stream weights say how close to that read they ran.
 std::string profile_rows(const std::string& title, const std::vector<DecodeProfileEntry>& entries,
-                         const char* unit) {
+                         const char* unit, double read_bytes_per_s) {
   double step = 0;
   for (const DecodeProfileEntry& e : entries) step += e.seconds_per_token;
   std::string out = fmt::format("  {}: {:.3f} ms per {}\n", title, step * 1e3, unit);
-  out += fmt::format("  {:<30} {:>14} {:>12} {:>8}\n", "graph: op", fmt::format("launches/{}", unit),
-                     fmt::format("us/{}", unit), "share");
-  for (const DecodeProfileEntry& e : entries)
-    out += fmt::format("  {:<30} {:>14.1f} {:>12.1f} {:>7.1f}%\n", e.graph.empty() ? e.op : e.graph + ": " + e.op,
-                       e.launches_per_token, e.seconds_per_token * 1e6, 100.0 * e.fraction);
+  out += fmt::format("  {:<40} {:>14} {:>12} {:>8} {:>12} {:>8}\n", "graph: op (weights per launch)",
+                     fmt::format("launches/{}", unit), fmt::format("us/{}", unit), "share", "weight GB/s",
+                     "of read");
+  for (const DecodeProfileEntry& e : entries) {
+    std::string label = e.graph.empty() ? e.op : e.graph + ": " + e.op;
+    if (const double bytes = static_cast<double>(e.weight_bytes_per_launch); bytes >= 1e6)
+      label += fmt::format(" ({:.2f} MB)", bytes * 1e-6);
+    else if (bytes > 0)
+      label += fmt::format(" ({:.1f} kB)", bytes * 1e-3);
+    out += fmt::format("  {:<40} {:>14.1f} {:>12.1f} {:>7.1f}%", label, e.launches_per_token,
+                       e.seconds_per_token * 1e6, 100.0 * e.fraction);
+    if (const double rate = e.weight_bytes_per_s(); rate > 0) {
+      out += fmt::format(" {:>12.1f}", rate * 1e-9);
+      if (read_bytes_per_s > 0) out += fmt::format(" {:>7.1f}%", 100.0 * rate / read_bytes_per_s);
+    }
+    out += "\n";
+  }
   return out;
 }
 
@@ -200,14 +215,14 @@ std::string profile_table(const ModelBenchResult& r) {
   if (r.decode_profile.empty()) return "";
   return profile_rows(fmt::format("decode step profile ({} {}, {} threads)", r.model,
                                   r.dtype, r.threads),
-                      r.decode_profile, "token");
+                      r.decode_profile, "token", r.read_bytes_per_s);
 }
 
 std::string profile_table(const ConcurrencyBenchResult& r) {
   if (r.step_profile.empty()) return "";
   return profile_rows(fmt::format("engine step profile ({} {}, {} threads, concurrency {}, {} steps)", r.model,
                                   r.dtype, r.threads, r.concurrency, r.steps),
-                      r.step_profile, "step");
+                      r.step_profile, "step", 0);
 }
 
 std::string gemm_table_header() {

@@ -19,6 +19,9 @@ struct StepProfile {
   int64_t node = 0;       // its node in the compiled graph, as execute errors name it
   int64_t launches = 0;   // kernel launches of this step
   double seconds = 0;     // their wall-clock time, summed
+  // Bytes of its weight operands as bound (a weight, or a fixed window of one), which a launch that
+  // reads them whole (a matmul's) streams once: with `seconds`, the rate its weights were read at.
+  int64_t weight_bytes = 0;
 };
 struct ModelProfile {
   int64_t runs = 0;       // execute() and replay() calls

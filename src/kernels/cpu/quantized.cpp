@@ -56,30 +56,14 @@ bool use_avx2() {
   return avx2 && gemm::active_isa() != gemm::Isa::generic;
 }
 
-// The definition of the activation quantization (quantized.h); avx512_quantize_rows gives the same
-// bits. d = max|x| / 127, q = round-half-even(x * (127 / max|x|)), clamped to [-127, 127].
-void portable_quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d, int32_t* sum) {
-  const int64_t blocks = K / graph::kQ8_0BlockSize;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* src = x + m * K + b * 32;
-      float amax = 0.0f;
-      for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(src[i]));
-      const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
-      d[m * blocks + b] = amax / 127.0f;
-      int32_t total = 0;
-      for (int i = 0; i < 32; ++i) {
-        const int v = static_cast<int>(std::fmax(-127.0f, std::fmin(127.0f, std::nearbyint(src[i] * inv))));
-        total += v;
-        q[m * K + b * 32 + i] = static_cast<uint8_t>(offset ? v + 128 : v);
-      }
-      if (sum) sum[m * blocks + b] = total;
-    }
-}
-
+// The quantizer of the active ISA level (the same bits at every level).
 void quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d, int32_t* sum) {
-  static const quantized::QuantizeRowsFn simd = cpu_has_avx512_vnni() ? quantized::avx512_quantize_rows() : nullptr;
-  (use_vnni() && simd ? simd : portable_quantize_rows)(x, M, K, offset, q, d, sum);
+  static const quantized::QuantizeRowsFn avx512 = cpu_has_avx512_vnni() ? quantized::avx512_quantize_rows() : nullptr;
+  const quantized::QuantizeRowsFn avx2 = quantized::avx2_quantize_rows();
+  const quantized::QuantizeRowsFn fn = use_vnni() && avx512 ? avx512
+                                       : use_avx2() && avx2 ? avx2
+                                                            : quantized::portable_quantize_rows;
+  fn(x, M, K, offset, q, d, sum);
 }
 
 // Per-thread buffers reused across calls: the hot path allocates only when a call needs more than
@@ -176,8 +160,41 @@ void sums_of_16(const uint8_t* q, int64_t elements, int16_t* sum16) {
 
 }  // namespace
 
+namespace {
+
+// x * (127 / max|x|) -> round-half-even, clamped to [-127, 127] (NaN: 127, as std::fmin gives). The
+// clamped value is below 2^22 in magnitude, so adding 1.5 * 2^23 rounds it half to even as vcvtps2dq
+// does, without a library call.
+int quantized_level(float scaled) {
+  const float v = std::fmax(-127.0f, std::fmin(127.0f, scaled)) + 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
+}  // namespace
+
+// The definition of the activation quantization (quantized.h).
+void quantized::portable_quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d, int32_t* sum) {
+  const int64_t blocks = K / graph::kQ8_0BlockSize;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* src = x + m * K + b * 32;
+      float amax = 0.0f;
+      for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(src[i]));
+      const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+      d[m * blocks + b] = amax / 127.0f;
+      int32_t total = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int v = quantized_level(src[i] * inv);
+        total += v;
+        q[m * K + b * 32 + i] = static_cast<uint8_t>(offset ? v + 128 : v);
+      }
+      if (sum) sum[m * blocks + b] = total;
+    }
+}
+
 // The K-quants' activations (ggml's q8_K): quantize_rows' rule over blocks of 256, with sums per 32.
-// |v| <= 127, so adding 1.5 * 2^23 rounds it half to even as vcvtps2dq does, without a library call.
 void quantized::portable_quantize_rows_256(const float* x, int64_t M, int64_t K, uint8_t* q, float* d, int32_t* sum,
                                            int16_t* sum16) {
   for (int64_t b = 0; b < M * K / 256; ++b) {
@@ -189,10 +206,7 @@ void quantized::portable_quantize_rows_256(const float* x, int64_t M, int64_t K,
     for (int g = 0; g < 8; ++g) {
       int32_t total = 0;
       for (int i = 32 * g; i < 32 * g + 32; ++i) {
-        const float v = std::fmax(-127.0f, std::fmin(127.0f, src[i] * inv)) + 12582912.0f;
-        int32_t bits;
-        std::memcpy(&bits, &v, 4);
-        const int level = (bits & 0x007fffff) - 0x00400000;
+        const int level = quantized_level(src[i] * inv);
         total += level;
         q[b * 256 + i] = static_cast<uint8_t>(level);
       }

@@ -44,10 +44,14 @@ struct Q8Activations {
   const float* sum_f32 = nullptr;
 };
 
-// x [M][K] (K a multiple of 32, rows K apart) -> q [M][K], d and sum [M][K / 32]; q holds q_x + 128
-// when `offset`. Every implementation gives the same bits.
+// x [M][K] (K a multiple of 32, rows K apart) -> q [M][K], d and sum [M][K / 32] (sum may be null);
+// q holds q_x + 128 when `offset`. Every implementation gives the portable one's bits: d = max|x| /
+// 127, q_x = round-half-even(x * (127 / max|x|)) clamped to [-127, 127]. The AVX2 and AVX-512 ones
+// are nullptr where not compiled for x86-64 (the caller checks the CPU).
 using QuantizeRowsFn = void (*)(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d,
                                 int32_t* sum);
+void portable_quantize_rows(const float* x, int64_t M, int64_t K, bool offset, uint8_t* q, float* d, int32_t* sum);
+QuantizeRowsFn avx2_quantize_rows();
 
 // y[m * ldy + n] for weight rows n in [n0, n1) of w (encoded rows `row_bytes` apart). Q8_0: x offset
 // by +128, M <= gemm::kSmallM.
