@@ -149,19 +149,6 @@ const float* lhs_rows(const KernelContext& ctx, const TensorView& a, int64_t ele
   return copy;
 }
 
-// Sums of q_x per 16 (Q6_K's sub-blocks) from the quantized activations [M][K].
-void sums_of_16(const uint8_t* q, int64_t elements, int16_t* sum16) {
-  for (int64_t g = 0; g < elements / 16; ++g) {
-    int total = 0;
-    for (int i = 0; i < 16; ++i) total += static_cast<int8_t>(q[g * 16 + i]);
-    sum16[g] = static_cast<int16_t>(total);  // |total| <= 16 * 127
-  }
-}
-
-}  // namespace
-
-namespace {
-
 // x * (127 / max|x|) -> round-half-even, clamped to [-127, 127] (NaN: 127, as std::fmin gives). The
 // clamped value is below 2^22 in magnitude, so adding 1.5 * 2^23 rounds it half to even as vcvtps2dq
 // does, without a library call.
@@ -170,6 +157,15 @@ int quantized_level(float scaled) {
   int32_t bits;
   std::memcpy(&bits, &v, 4);
   return (bits & 0x007fffff) - 0x00400000;
+}
+
+// Sums of q_x per 16 (Q6_K's sub-blocks) from the quantized activations [M][K].
+void sums_of_16(const uint8_t* q, int64_t elements, int16_t* sum16) {
+  for (int64_t g = 0; g < elements / 16; ++g) {
+    int total = 0;
+    for (int i = 0; i < 16; ++i) total += static_cast<int8_t>(q[g * 16 + i]);
+    sum16[g] = static_cast<int16_t>(total);  // |total| <= 16 * 127
+  }
 }
 
 }  // namespace
